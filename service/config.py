@@ -1,0 +1,47 @@
+"""Settings from the environment, prefix ``QM_`` (see DESIGN.md, "Contracts")."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Defaults suit standalone mode on one machine."""
+
+    model_config = SettingsConfigDict(env_prefix="QM_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of Postgres (postgresql+psycopg://...). "
+        "Unset: standalone mode starts an embedded Postgres in the data directory.",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="Redis URL for Celery. Unset: standalone mode starts an embedded Redis.",
+    )
+    data_dir: Path = Field(
+        default=Path(".qm-data"),
+        description="Where standalone mode keeps its embedded databases and state.",
+    )
+    secret_key: str = Field(
+        default="dev-insecure-secret-key-change-me",
+        description="Encrypts member-cluster credentials at rest.",
+    )
+    ledger_signing_key: str | None = Field(
+        default=None,
+        description="Ed25519 private key (base64, 32 bytes) that signs ledger checkpoints.",
+    )
+    bootstrap_token: str | None = Field(
+        default=None, description="When set, an admin bearer token valid from start-up."
+    )
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
