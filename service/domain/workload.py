@@ -1,0 +1,127 @@
+"""Workloads (gangs of pod sets) and their admissions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from service.domain.quota import (
+    DEFAULT_WORKLOAD_CLASS,
+    LabelSelector,
+    Toleration,
+    WorkloadClass,
+)
+
+__all__ = [
+    "Admission",
+    "AdmittedWorkload",
+    "PodSet",
+    "PodSetAssignment",
+    "RequeueState",
+    "TopologyRequest",
+    "Workload",
+]
+
+TopologyMode = Literal["required", "preferred", "unconstrained"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """``podSets[].topologyRequest``: all pods within one domain of ``level``.
+
+    ``level`` is a node-label key of the flavor's topology (usually the island
+    level); ``None`` means the island level of whichever flavor is assigned.
+    """
+
+    mode: TopologyMode = "required"
+    level: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    name: str
+    count: int
+    #: Requests of one pod, canonical integer units.
+    requests: Mapping[str, int]
+    topology_request: TopologyRequest | None = None
+    tolerations: tuple[Toleration, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+    def total(self) -> dict[str, int]:
+        return {resource: amount * self.count for resource, amount in self.requests.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueState:
+    """``status.requeueState``: evictions for readiness timeout so far, and when to retry."""
+
+    count: int = 0
+    requeue_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A gang: admitted whole, in one cluster, or not at all.
+
+    ``priority`` is the resolved value; when ``None`` the engine resolves
+    ``priority_class_name`` against the snapshot's WorkloadPriorityClasses
+    (missing class → 0). Times are seconds on the injected clock.
+    """
+
+    namespace: str
+    name: str
+    queue_name: str
+    pod_sets: tuple[PodSet, ...]
+    creation_time: float = 0.0
+    priority: int | None = None
+    priority_class_name: str | None = None
+    workload_class: WorkloadClass = DEFAULT_WORKLOAD_CLASS
+    #: Member clusters the workload may run in, by cluster labels.
+    cluster_selector: LabelSelector | None = None
+    active: bool = True
+    requeue_state: RequeueState | None = None
+    #: When the workload was last queued (after an eviction); orders it in queue
+    #: like Kueue's ``queueOrderingTimestamp``. ``None`` → ``creation_time``.
+    queued_at: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def queue_key(self) -> str:
+        return f"{self.namespace}/{self.queue_name}"
+
+    @property
+    def ordering_time(self) -> float:
+        return self.creation_time if self.queued_at is None else self.queued_at
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetAssignment:
+    """Where one pod set goes: flavor per resource, islands, and pods per node."""
+
+    name: str
+    count: int
+    flavors: Mapping[str, str]
+    resource_usage: Mapping[str, int]
+    #: ``(node name, pods on it)`` in a stable order.
+    placement: tuple[tuple[str, int], ...] = ()
+    islands: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    cluster_queue: str
+    cluster: str
+    pod_set_assignments: tuple[PodSetAssignment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedWorkload:
+    """A workload holding quota and capacity (admitted and not yet finished or evicted)."""
+
+    workload: Workload
+    admission: Admission
+    admitted_at: float = 0.0
