@@ -1,0 +1,81 @@
+"""The unit of work: one transaction for a command's events, outbox messages
+and ledger entries — they commit together or not at all."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import Connection, Engine, RootTransaction
+
+from service.eventstore.port import OutboxMessage
+from service.eventstore.postgres import PostgresEventRecorder
+from service.ledger.chain import LedgerEntry, NewLedgerEntry
+from service.ledger.postgres import PostgresLedgerWriter
+
+_OUTBOX = (
+    "INSERT INTO outbox (message_id, topic, payload) VALUES (%(id)s, %(topic)s, %(payload)s) "
+    "ON CONFLICT (message_id) DO NOTHING"
+)
+
+
+class SqlUnitOfWork:
+    """``with uow: uow.events.append(...); uow.publish(...); uow.commit()``.
+
+    Leaving the block without ``commit()`` rolls everything back.
+    """
+
+    events: PostgresEventRecorder
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Connection | None = None
+        self._tx: RootTransaction | None = None
+
+    def __enter__(self) -> Self:
+        self._conn = self._engine.connect()
+        self._tx = self._conn.begin()
+        self.events = PostgresEventRecorder(self._conn)
+        self._ledger = PostgresLedgerWriter(self._conn)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._conn is not None and self._tx is not None
+        try:
+            if self._tx.is_active:
+                self._tx.rollback()
+        finally:
+            self._conn.close()
+            self._conn = self._tx = None
+
+    @property
+    def connection(self) -> Connection:
+        assert self._conn is not None, "use the unit of work in a with block"
+        return self._conn
+
+    def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        """Queue messages for the outbox relay; they exist only if we commit."""
+        if messages:
+            self.connection.exec_driver_sql(
+                _OUTBOX,
+                [
+                    {"id": m.message_id, "topic": m.topic, "payload": Jsonb(dict(m.payload))}
+                    for m in messages
+                ],
+            )
+
+    def record(self, entries: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
+        """Chain ledger entries; call after appending events (lock order:
+        event_head before ledger_head, in every unit of work)."""
+        return self._ledger.append(entries)
+
+    def commit(self) -> None:
+        assert self._tx is not None
+        self._tx.commit()

@@ -1,0 +1,140 @@
+"""The ledger's hash chain: pure functions, no storage.
+
+Every entry is hashed over its RFC 8785 canonical JSON, which includes the hash
+of the entry before it. Changing, removing, inserting or reordering any entry
+breaks either a recomputed hash, the ``prev_hash`` link or the contiguous
+sequence; truncating the tail is caught against the head (and, once issue 6
+lands, signed checkpoints).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+from uuid import UUID
+
+import rfc8785
+
+GENESIS_HASH: Final = bytes(32)
+CHAIN_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    seq: int
+    entry_id: UUID
+    kind: str
+    recorded_at: datetime
+    body: Mapping[str, Any]
+    prev_hash: bytes
+    entry_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NewLedgerEntry:
+    """An entry to append; ``entry_id`` makes appending it again a no-op."""
+
+    entry_id: UUID
+    kind: str
+    body: Mapping[str, Any]
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBreak:
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    entries: int
+    head_hash: bytes
+    breaks: tuple[ChainBreak, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.breaks
+
+
+def canonical_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body as it will read back from storage: JSON values only, no NaN.
+
+    Hashing this (and storing it) rather than the caller's object means the
+    verifier recomputes the same bytes from what the database returns.
+    """
+    loaded: dict[str, Any] = json.loads(json.dumps(body, allow_nan=False))
+    return loaded
+
+
+def entry_document(
+    seq: int,
+    entry_id: UUID,
+    kind: str,
+    recorded_at: datetime,
+    body: Mapping[str, Any],
+    prev_hash: bytes,
+) -> dict[str, Any]:
+    return {
+        "v": CHAIN_VERSION,
+        "seq": seq,
+        "entry_id": str(entry_id),
+        "kind": kind,
+        "recorded_at": recorded_at.isoformat(),
+        "body": dict(body),
+        "prev_hash": prev_hash.hex(),
+    }
+
+
+def hash_document(document: Mapping[str, Any]) -> bytes:
+    return hashlib.sha256(rfc8785.dumps(dict(document))).digest()
+
+
+def seal(
+    seq: int,
+    entry_id: UUID,
+    kind: str,
+    recorded_at: datetime,
+    body: Mapping[str, Any],
+    prev_hash: bytes,
+) -> LedgerEntry:
+    """Make the entry that follows ``prev_hash`` at position ``seq``."""
+    clean = canonical_body(body)
+    document = entry_document(seq, entry_id, kind, recorded_at, clean, prev_hash)
+    return LedgerEntry(seq, entry_id, kind, recorded_at, clean, prev_hash, hash_document(document))
+
+
+def recompute(entry: LedgerEntry) -> bytes:
+    document = entry_document(
+        entry.seq, entry.entry_id, entry.kind, entry.recorded_at, entry.body, entry.prev_hash
+    )
+    return hash_document(document)
+
+
+def verify_chain(
+    entries: Iterable[LedgerEntry],
+    head: tuple[int, bytes] | None = None,
+) -> Verification:
+    """Walk the chain from the genesis; report every break found.
+
+    ``head`` is the (seq, hash) that the chain must end at, when known: without
+    it a truncated tail looks like a shorter, valid chain.
+    """
+    breaks: list[ChainBreak] = []
+    expected_seq, previous, count = 1, GENESIS_HASH, 0
+    for entry in entries:
+        count += 1
+        if entry.seq != expected_seq:
+            breaks.append(ChainBreak(entry.seq, f"expected seq {expected_seq}"))
+        if entry.prev_hash != previous:
+            breaks.append(ChainBreak(entry.seq, "prev_hash does not match the entry before"))
+        if recompute(entry) != entry.entry_hash:
+            breaks.append(ChainBreak(entry.seq, "entry hash does not match its content"))
+        expected_seq, previous = entry.seq + 1, entry.entry_hash
+    if head is not None and head != (expected_seq - 1, previous):
+        breaks.append(ChainBreak(expected_seq - 1, f"chain ends before the head at seq {head[0]}"))
+    return Verification(count, previous, tuple(breaks))

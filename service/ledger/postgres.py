@@ -1,0 +1,106 @@
+"""Ledger chain storage in Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection, Engine
+
+from service.ledger.chain import LedgerEntry, NewLedgerEntry, Verification, seal, verify_chain
+
+
+_COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
+# Taking the tip's row lock serialises appenders until commit, for the same
+# reason as event_head (see service/eventstore/postgres.py): seq stays
+# gap-free and every appender chains onto the committed tip.
+_LOCK_TIP = "SELECT seq, entry_hash FROM ledger_head WHERE id = 1 FOR UPDATE"
+_FIND = "SELECT " + _COLUMNS + " FROM ledger_entries WHERE entry_id = ANY(%(ids)s)"
+_INSERT = (
+    "INSERT INTO ledger_entries (" + _COLUMNS + ") VALUES "
+    "(%(seq)s, %(entry_id)s, %(kind)s, %(recorded_at)s, %(body)s, %(prev_hash)s, %(entry_hash)s)"
+)
+_MOVE_TIP = "UPDATE ledger_head SET seq = %(seq)s, entry_hash = %(entry_hash)s WHERE id = 1"
+
+
+def _row_to_entry(row: Sequence[Any]) -> LedgerEntry:
+    seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash = row
+    return LedgerEntry(
+        int(seq), entry_id, str(kind), recorded_at, body, bytes(prev_hash), bytes(entry_hash)
+    )
+
+
+class PostgresLedgerWriter:
+    """Appends to the chain inside the caller's transaction."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def append(self, entries: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
+        """Seal and store ``entries`` after the tip; an ``entry_id`` already in
+        the ledger is not stored again and its original entry is returned."""
+        if not entries:
+            return []
+        known = self._find([e.entry_id for e in entries])
+        fresh = [e for e in entries if e.entry_id not in known]
+        sealed = self._seal_after_tip(fresh) if fresh else []
+        by_id = {**known, **{s.entry_id: s for s in sealed}}
+        return [by_id[e.entry_id] for e in entries]
+
+    def _seal_after_tip(self, fresh: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
+        seq, tip = self._conn.exec_driver_sql(_LOCK_TIP).one()
+        sealed: list[LedgerEntry] = []
+        previous, next_seq = bytes(tip), int(seq) + 1
+        for item in fresh:
+            entry = seal(next_seq, item.entry_id, item.kind, item.recorded_at, item.body, previous)
+            sealed.append(entry)
+            previous, next_seq = entry.entry_hash, next_seq + 1
+        self._conn.exec_driver_sql(_INSERT, [_params(e) for e in sealed])
+        last = sealed[-1]
+        self._conn.exec_driver_sql(_MOVE_TIP, {"seq": last.seq, "entry_hash": last.entry_hash})
+        return sealed
+
+    def _find(self, ids: Sequence[UUID]) -> dict[UUID, LedgerEntry]:
+        rows = self._conn.exec_driver_sql(_FIND, {"ids": list(ids)})
+        return {entry.entry_id: entry for entry in map(_row_to_entry, rows)}
+
+
+def _params(entry: LedgerEntry) -> dict[str, Any]:
+    from psycopg.types.json import Jsonb
+
+    return {
+        "seq": entry.seq,
+        "entry_id": entry.entry_id,
+        "kind": entry.kind,
+        "recorded_at": entry.recorded_at,
+        "body": Jsonb(dict(entry.body)),
+        "prev_hash": entry.prev_hash,
+        "entry_hash": entry.entry_hash,
+    }
+
+
+class PostgresLedgerReader:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def entries(self, after_seq: int = 0, batch: int = 5000) -> Iterator[LedgerEntry]:
+        """Every entry after ``after_seq`` in order, streamed with a server-side
+        cursor so that memory stays flat however long the ledger is."""
+        with self._engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=batch)
+            rows = result.exec_driver_sql(
+                f"SELECT {_COLUMNS} FROM ledger_entries WHERE seq > %(after)s ORDER BY seq",
+                {"after": after_seq},
+            )
+            for row in rows:
+                yield _row_to_entry(row)
+
+    def head(self) -> tuple[int, bytes]:
+        with self._engine.connect() as conn:
+            seq, tip = conn.exec_driver_sql("SELECT seq, entry_hash FROM ledger_head").one()
+        return int(seq), bytes(tip)
+
+    def verify(self) -> Verification:
+        head = self.head()
+        return verify_chain(self.entries(), head=head)

@@ -1,0 +1,47 @@
+"""Tables of the ledger chain."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from service.eventstore.schema import NAMING
+
+metadata = MetaData(naming_convention=NAMING)
+
+ledger_entries = Table(
+    "ledger_entries",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("entry_id", Uuid, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("body", JSONB, nullable=False),
+    Column("prev_hash", LargeBinary(32), nullable=False),
+    Column("entry_hash", LargeBinary(32), nullable=False),
+    UniqueConstraint("entry_id"),
+    Index("ix_ledger_entries_kind_recorded_at", "kind", "recorded_at"),
+)
+
+# The chain's tip: its row lock serialises appenders exactly as event_head does.
+ledger_head = Table(
+    "ledger_head",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("entry_hash", LargeBinary(32), nullable=False),
+    CheckConstraint("id = 1", name="single_row"),
+)

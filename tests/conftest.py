@@ -1,0 +1,55 @@
+"""Shared fixtures: real Postgres and Redis (see tests/harness.py)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import pytest
+import sqlalchemy as sa
+
+from service.app.bootstrap import make_engine
+from service.app.migrate import upgrade
+from tests.harness import postgres_server, redis_server, reset_database, scratch_database, worker_tag
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    with ExitStack() as stack, postgres_server(stack) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def empty_database_url(postgres_server_url: str) -> Iterator[str]:
+    """A fresh, unmigrated database for this test process."""
+    with scratch_database(postgres_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def database_url(empty_database_url: str) -> str:
+    upgrade(empty_database_url)
+    return empty_database_url
+
+
+@pytest.fixture(scope="session")
+def _session_engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = make_engine(database_url, pool_size=20)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def engine(_session_engine: sa.Engine) -> sa.Engine:
+    """An engine on a migrated database emptied before this test."""
+    reset_database(_session_engine)
+    return _session_engine
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    with ExitStack() as stack, redis_server(stack) as url:
+        base, _, _ = url.rpartition("/")
+        # A db number per test process, so parallel workers stay apart.
+        yield f"{base}/{1 + zlib.crc32(worker_tag().encode()) % 15}"
