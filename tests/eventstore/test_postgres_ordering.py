@@ -1,0 +1,144 @@
+"""Postgres-specific guarantees: a tailing reader never skips a late commit,
+and the database itself keeps events append-only."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from service.app.uow import SqlUnitOfWork
+from service.eventstore import ANY_VERSION, OutboxMessage
+from service.eventstore.postgres import PostgresEventStore
+from tests.eventstore.contract import new
+
+WRITERS, EVENTS_PER_WRITER, ROLLBACK_RATE = 16, 25, 0.10
+
+
+def test_tailing_reader_sees_exactly_the_committed_events_in_order(engine: sa.Engine) -> None:
+    committed: list[uuid.UUID] = []
+    committed_lock = threading.Lock()
+    rolled_back = 0
+    done = threading.Event()
+
+    def writer(w: int) -> None:
+        nonlocal rolled_back
+        rng = random.Random(w)
+        for i in range(EVENTS_PER_WRITER):
+            event = new(writer=w, seq=i)
+            with SqlUnitOfWork(engine) as uow:
+                time.sleep(rng.random() * 0.002)
+                uow.events.append(f"w{w}-stream", ANY_VERSION, [event])
+                # Hold the transaction open a little: commits arrive late and
+                # out of the order in which the writers started.
+                time.sleep(rng.random() * 0.002)
+                if rng.random() < ROLLBACK_RATE:
+                    with committed_lock:
+                        rolled_back += 1
+                    continue  # leaving the block rolls back
+                uow.commit()
+            with committed_lock:
+                committed.append(event.event_id)
+
+    seen: list[tuple[int, uuid.UUID]] = []
+
+    def reader() -> None:
+        store, last = PostgresEventStore(engine), 0
+        while True:
+            finished = done.is_set()  # read the flag *before* the final poll
+            batch = store.read_all(last, limit=50)
+            seen.extend((e.position, e.event_id) for e in batch)
+            if batch:
+                last = batch[-1].position
+            elif finished:
+                return
+            else:
+                time.sleep(0.0005)
+
+    tail = threading.Thread(target=reader)
+    tail.start()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    tail.join(timeout=30)
+
+    positions = [p for p, _ in seen]
+    assert rolled_back > 0, "the test must exercise rollbacks"
+    assert positions == list(range(1, len(committed) + 1)), "in order, none skipped, none twice"
+    assert sorted(i for _, i in seen) == sorted(committed)
+
+
+def test_events_and_outbox_commit_together_or_not_at_all(engine: sa.Engine) -> None:
+    message = OutboxMessage(uuid.uuid4(), "workload.submitted", {"name": "train-1"})
+    with SqlUnitOfWork(engine) as uow:
+        uow.events.append("workload-a", 0, [new()])
+        uow.publish([message])
+        # no commit: everything is rolled back
+    with SqlUnitOfWork(engine) as uow:
+        uow.events.append("workload-b", 0, [new()])
+        uow.publish([message])
+        uow.commit()
+    with engine.connect() as conn:
+        outbox = conn.exec_driver_sql("SELECT message_id, topic FROM outbox").all()
+        streams = conn.exec_driver_sql("SELECT stream, position FROM events").all()
+    assert outbox == [(message.message_id, "workload.submitted")]
+    assert streams == [("workload-b", 1)], "the rolled-back append left no hole either"
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE events SET type = 'Forged'",
+        "DELETE FROM events",
+        "TRUNCATE events",
+        "UPDATE ledger_entries SET kind = 'forged'",
+        "DELETE FROM ledger_entries",
+        "TRUNCATE ledger_entries",
+    ],
+)
+def test_database_refuses_to_change_history(engine: sa.Engine, statement: str) -> None:
+    PostgresEventStore(engine).append("a-1", 0, [new()])
+    _one_ledger_entry(engine)
+    with pytest.raises(DBAPIError, match="append-only"), engine.begin() as conn:
+        conn.exec_driver_sql(statement)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM events").scalar() == 1
+        assert conn.exec_driver_sql("SELECT count(*) FROM ledger_entries").scalar() == 1
+
+
+@pytest.mark.parametrize("table", ["events", "ledger_entries"])
+@pytest.mark.parametrize("verb", ["UPDATE", "DELETE"])
+def test_app_role_has_no_privilege_to_change_history(
+    engine: sa.Engine, table: str, verb: str
+) -> None:
+    statement = {"UPDATE": f"UPDATE {table} SET {_any_column(table)}", "DELETE": f"DELETE FROM {table}"}
+    with pytest.raises(DBAPIError, match="permission denied"), engine.begin() as conn:
+        # Triggers off, so only the missing privilege can stop the statement.
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        conn.exec_driver_sql("SET LOCAL ROLE quartermaster_app")
+        conn.exec_driver_sql(statement[verb])
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL ROLE quartermaster_app")
+        conn.exec_driver_sql(f"SELECT count(*) FROM {table}")  # reading is allowed
+
+
+def _any_column(table: str) -> str:
+    return "type = type" if table == "events" else "kind = kind"
+
+
+def _one_ledger_entry(engine: sa.Engine) -> None:
+    from datetime import UTC, datetime
+
+    from service.ledger import NewLedgerEntry
+
+    with SqlUnitOfWork(engine) as uow:
+        uow.record([NewLedgerEntry(uuid.uuid4(), "test", {"x": 1}, datetime.now(UTC))])
+        uow.commit()
