@@ -62,7 +62,9 @@ def projections_rebuild(name: Annotated[str, typer.Argument(help="Projection nam
         with console.status(f"rebuilding {name}…"):
             result = services.projections.rebuild(name)
     except UnknownProjection:
-        console.print(f"[red]unknown projection {name!r}[/red]; known: {services.projections.names}")
+        console.print(
+            f"[red]unknown projection {name!r}[/red]; known: {services.projections.names}"
+        )
         raise typer.Exit(2) from None
     finally:
         services.close()

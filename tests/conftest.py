@@ -11,7 +11,13 @@ import sqlalchemy as sa
 
 from service.app.bootstrap import make_engine
 from service.app.migrate import upgrade
-from tests.harness import postgres_server, redis_server, reset_database, scratch_database, worker_tag
+from tests.harness import (
+    postgres_server,
+    redis_server,
+    reset_database,
+    scratch_database,
+    worker_tag,
+)
 
 
 @pytest.fixture(scope="session")

@@ -96,9 +96,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("seq", name="pk_ledger_entries"),
         sa.UniqueConstraint("entry_id", name="uq_ledger_entries_entry_id"),
     )
-    op.create_index(
-        "ix_ledger_entries_kind_recorded_at", "ledger_entries", ["kind", "recorded_at"]
-    )
+    op.create_index("ix_ledger_entries_kind_recorded_at", "ledger_entries", ["kind", "recorded_at"])
     op.create_table(
         "ledger_head",
         sa.Column("id", sa.SmallInteger(), autoincrement=False, nullable=False),
@@ -107,7 +105,10 @@ def upgrade() -> None:
         sa.CheckConstraint("id = 1", name="ck_ledger_head_single_row"),
         sa.PrimaryKeyConstraint("id", name="pk_ledger_head"),
     )
-    op.execute("INSERT INTO ledger_head (id, seq, entry_hash) VALUES (1, 0, decode(repeat('00', 32), 'hex'))")
+    op.execute(
+        "INSERT INTO ledger_head (id, seq, entry_hash) "
+        "VALUES (1, 0, decode(repeat('00', 32), 'hex'))"
+    )
     _refuse_mutation()
     _grant_app_role()
 

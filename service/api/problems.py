@@ -10,8 +10,6 @@ PROBLEM_JSON = "application/problem+json"
 TYPE_BASE = "https://quartermaster.dev/problems/"
 
 
-def problem(
-    status: int, kind: str, title: str, detail: str, **extra: Any
-) -> JSONResponse:
+def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {"type": TYPE_BASE + kind, "title": title, "status": status, "detail": detail, **extra}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)

@@ -125,3 +125,5 @@ class AdmittedWorkload:
     workload: Workload
     admission: Admission
     admitted_at: float = 0.0
+    #: Whether all pods reported Ready (``waitForPodsReady``); ``None`` = not tracked.
+    pods_ready: bool | None = None

@@ -48,7 +48,7 @@ class InMemoryEventStore:
             if replay is not None:
                 return replay
             current = len(self._streams.get(stream, ()))
-            if expected_version != ANY_VERSION and expected_version != current:
+            if expected_version not in (ANY_VERSION, current):
                 raise ConcurrencyConflict(stream, expected_version, current)
             return self._write(stream, current, events)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -55,9 +54,7 @@ class AppendRaced(EventStoreError):
     aborted; retrying the whole unit of work answers with the original position."""
 
 
-_FIND_IDS = (
-    "SELECT event_id, stream, version, position FROM events WHERE event_id = ANY(%(ids)s)"
-)
+_FIND_IDS = "SELECT event_id, stream, version, position FROM events WHERE event_id = ANY(%(ids)s)"
 _STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE stream = %(stream)s"
 _LOCK_HEAD = "SELECT position FROM event_head WHERE id = 1 FOR UPDATE"
 # One statement takes the sequencer lock, allocates n positions and inserts.
@@ -103,7 +100,7 @@ def _row_to_event(row: Sequence[Any]) -> RecordedEvent:
         type=str(type_),
         data=data,
         metadata=EventMetadata.from_json(meta),
-        recorded_at=recorded_at if isinstance(recorded_at, datetime) else recorded_at,
+        recorded_at=recorded_at,
     )
 
 

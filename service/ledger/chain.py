@@ -71,21 +71,15 @@ def canonical_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return loaded
 
 
-def entry_document(
-    seq: int,
-    entry_id: UUID,
-    kind: str,
-    recorded_at: datetime,
-    body: Mapping[str, Any],
-    prev_hash: bytes,
-) -> dict[str, Any]:
+def entry_document(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> dict[str, Any]:
+    """What is hashed: the entry's fields and its predecessor's hash."""
     return {
         "v": CHAIN_VERSION,
         "seq": seq,
-        "entry_id": str(entry_id),
-        "kind": kind,
-        "recorded_at": recorded_at.isoformat(),
-        "body": dict(body),
+        "entry_id": str(item.entry_id),
+        "kind": item.kind,
+        "recorded_at": item.recorded_at.isoformat(),
+        "body": dict(item.body),
         "prev_hash": prev_hash.hex(),
     }
 
@@ -94,25 +88,18 @@ def hash_document(document: Mapping[str, Any]) -> bytes:
     return hashlib.sha256(rfc8785.dumps(dict(document))).digest()
 
 
-def seal(
-    seq: int,
-    entry_id: UUID,
-    kind: str,
-    recorded_at: datetime,
-    body: Mapping[str, Any],
-    prev_hash: bytes,
-) -> LedgerEntry:
+def seal(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> LedgerEntry:
     """Make the entry that follows ``prev_hash`` at position ``seq``."""
-    clean = canonical_body(body)
-    document = entry_document(seq, entry_id, kind, recorded_at, clean, prev_hash)
-    return LedgerEntry(seq, entry_id, kind, recorded_at, clean, prev_hash, hash_document(document))
+    clean = NewLedgerEntry(item.entry_id, item.kind, canonical_body(item.body), item.recorded_at)
+    digest = hash_document(entry_document(seq, clean, prev_hash))
+    return LedgerEntry(
+        seq, clean.entry_id, clean.kind, clean.recorded_at, clean.body, prev_hash, digest
+    )
 
 
 def recompute(entry: LedgerEntry) -> bytes:
-    document = entry_document(
-        entry.seq, entry.entry_id, entry.kind, entry.recorded_at, entry.body, entry.prev_hash
-    )
-    return hash_document(document)
+    item = NewLedgerEntry(entry.entry_id, entry.kind, entry.body, entry.recorded_at)
+    return hash_document(entry_document(entry.seq, item, entry.prev_hash))
 
 
 def verify_chain(

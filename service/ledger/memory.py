@@ -31,7 +31,7 @@ class InMemoryLedger:
         if known is not None:
             return known
         seq, tip = self._tip()
-        entry = seal(seq + 1, item.entry_id, item.kind, item.recorded_at, item.body, tip)
+        entry = seal(seq + 1, item, tip)
         self.entries.append(entry)
         self._by_id[entry.entry_id] = entry
         return entry

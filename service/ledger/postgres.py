@@ -10,7 +10,6 @@ from sqlalchemy import Connection, Engine
 
 from service.ledger.chain import LedgerEntry, NewLedgerEntry, Verification, seal, verify_chain
 
-
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same
 # reason as event_head (see service/eventstore/postgres.py): seq stays
@@ -53,7 +52,7 @@ class PostgresLedgerWriter:
         sealed: list[LedgerEntry] = []
         previous, next_seq = bytes(tip), int(seq) + 1
         for item in fresh:
-            entry = seal(next_seq, item.entry_id, item.kind, item.recorded_at, item.body, previous)
+            entry = seal(next_seq, item, previous)
             sealed.append(entry)
             previous, next_seq = entry.entry_hash, next_seq + 1
         self._conn.exec_driver_sql(_INSERT, [_params(e) for e in sealed])

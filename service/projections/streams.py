@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.postgresql import insert
 
 from service.eventstore.port import RecordedEvent
@@ -16,7 +16,7 @@ from service.projections.schema import stream_index
 
 class StreamIndex:
     name = "stream_index"
-    tables = (stream_index,)
+    tables: tuple[Table, ...] = (stream_index,)
 
     def apply(self, conn: Connection, events: Sequence[RecordedEvent]) -> None:
         latest: dict[str, RecordedEvent] = {}

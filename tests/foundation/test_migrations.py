@@ -25,9 +25,7 @@ def test_upgrade_from_empty_then_check_shows_no_drift(blank_database: str) -> No
         revision = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
         triggers = {
             row[0]
-            for row in conn.exec_driver_sql(
-                "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
-            )
+            for row in conn.exec_driver_sql("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")
         }
     engine.dispose()
     assert revision == head_revision()

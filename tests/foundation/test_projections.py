@@ -12,7 +12,9 @@ from service.eventstore.postgres import PostgresEventStore
 from service.projections import ProjectionRunner, StreamIndex
 from tests.eventstore.contract import new, run_released_together
 
-SNAPSHOT = "SELECT stream, category, version, last_type, last_position FROM stream_index ORDER BY stream"
+SNAPSHOT = (
+    "SELECT stream, category, version, last_type, last_position FROM stream_index ORDER BY stream"
+)
 
 
 def snapshot(engine: sa.Engine) -> list[tuple[object, ...]]:
@@ -26,7 +28,9 @@ def random_history(engine: sa.Engine, runner: ProjectionRunner, seed: int) -> No
     versions: dict[str, int] = {}
     for step in range(300):
         stream = f"{rng.choice(['workload', 'clusterqueue', 'cohort'])}-{rng.randrange(20)}"
-        store.append(stream, versions.get(stream, 0), [new(rng.choice(["Created", "Changed"]), step=step)])
+        store.append(
+            stream, versions.get(stream, 0), [new(rng.choice(["Created", "Changed"]), step=step)]
+        )
         versions[stream] = versions.get(stream, 0) + 1
         if rng.random() < 0.05:
             runner.catch_up("stream_index")
@@ -61,13 +65,21 @@ def test_cli_rebuilds_a_projection(engine: sa.Engine, database_url: str) -> None
     env = {"QM_DATABASE_URL": database_url, "PATH": ""}
     done = subprocess.run(
         [sys.executable, "-m", "service", "projections", "rebuild", "stream_index"],
-        capture_output=True, text=True, env=env, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert "5 events" in done.stderr
     assert len(snapshot(engine)) == 5
     unknown = subprocess.run(
         [sys.executable, "-m", "service", "projections", "rebuild", "nope"],
-        capture_output=True, text=True, env=env, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
     )
     assert unknown.returncode == 2 and "unknown projection" in unknown.stderr

@@ -19,7 +19,9 @@ def chain(n: int) -> list[LedgerEntry]:
     ledger = InMemoryLedger()
     ledger.append(
         [
-            NewLedgerEntry(uuid.UUID(int=i + 1), "admitted", {"i": i, "gpus": 8}, T0 + timedelta(seconds=i))
+            NewLedgerEntry(
+                uuid.UUID(int=i + 1), "admitted", {"i": i, "gpus": 8}, T0 + timedelta(seconds=i)
+            )
             for i in range(n)
         ]
     )
@@ -72,7 +74,9 @@ def test_inserted_entry_is_found_even_if_well_formed(position: int) -> None:
     entries = chain(6)
     head = head_of(entries)
     prev = entries[position - 1].entry_hash if position else GENESIS_HASH
-    forged = seal(position + 1, uuid.uuid4(), "admitted", T0, {"forged": True}, prev)
+    forged = seal(
+        position + 1, NewLedgerEntry(uuid.uuid4(), "admitted", {"forged": True}, T0), prev
+    )
     entries.insert(position, forged)
     assert not verify_chain(entries, head=head).ok
 
@@ -89,7 +93,13 @@ def test_recomputed_chain_with_a_new_tail_does_not_match_the_head() -> None:
     head = head_of(entries)
     rewritten = entries[:3]
     for i in range(3, 6):
-        rewritten.append(seal(i + 1, uuid.uuid4(), "admitted", T0, {"i": -i}, rewritten[-1].entry_hash))
+        rewritten.append(
+            seal(
+                i + 1,
+                NewLedgerEntry(uuid.uuid4(), "admitted", {"i": -i}, T0),
+                rewritten[-1].entry_hash,
+            )
+        )
     assert not verify_chain(rewritten, head=head).ok
 
 
@@ -102,11 +112,15 @@ def test_reappending_an_entry_id_is_a_noop() -> None:
 
 
 def test_floats_hash_as_they_read_back() -> None:
-    entry = seal(1, uuid.uuid4(), "finished", T0, {"gpu_seconds": 1.0, "share": 0.1}, GENESIS_HASH)
+    entry = seal(
+        1,
+        NewLedgerEntry(uuid.uuid4(), "finished", {"gpu_seconds": 1.0, "share": 0.1}, T0),
+        GENESIS_HASH,
+    )
     assert verify_chain([entry]).ok
     assert entry.body == {"gpu_seconds": 1.0, "share": 0.1}
 
 
 def test_nan_is_refused() -> None:
     with pytest.raises(ValueError):
-        seal(1, uuid.uuid4(), "finished", T0, {"x": float("nan")}, GENESIS_HASH)
+        seal(1, NewLedgerEntry(uuid.uuid4(), "finished", {"x": float("nan")}, T0), GENESIS_HASH)

@@ -18,7 +18,12 @@ T0 = datetime(2026, 11, 29, tzinfo=UTC)
 
 def fill(engine: sa.Engine, n: int) -> list[NewLedgerEntry]:
     entries = [
-        NewLedgerEntry(uuid.uuid4(), "admitted", {"workload": f"w{i}", "gpus": 8 * i}, T0 + timedelta(minutes=i))
+        NewLedgerEntry(
+            uuid.uuid4(),
+            "admitted",
+            {"workload": f"w{i}", "gpus": 8 * i},
+            T0 + timedelta(minutes=i),
+        )
         for i in range(n)
     ]
     for batch in (entries[: n // 2], entries[n // 2 :]):
@@ -64,7 +69,8 @@ def test_concurrent_appenders_keep_one_chain(engine: sa.Engine) -> None:
 def test_altered_entry_is_found(engine: sa.Engine, seq: int) -> None:
     fill(engine, 8)
     behind_the_databases_back(
-        engine, f"UPDATE ledger_entries SET body = jsonb_set(body, '{{gpus}}', '999') WHERE seq = {seq}"
+        engine,
+        f"UPDATE ledger_entries SET body = jsonb_set(body, '{{gpus}}', '999') WHERE seq = {seq}",
     )
     result = PostgresLedgerReader(engine).verify()
     assert not result.ok and result.breaks[0].seq == seq

@@ -1,0 +1,222 @@
+"""Inputs and outputs of one admission cycle: :class:`Snapshot` in, :class:`CycleResult` out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from service.domain.inventory import Cluster, Node
+from service.domain.quota import (
+    ClusterQueue,
+    Cohort,
+    LocalQueue,
+    ResourceFlavor,
+    Topology,
+    WorkloadPriorityClass,
+)
+from service.domain.workload import Admission, AdmittedWorkload, RequeueState, Workload
+
+__all__ = [
+    "DEFAULT_ACCELERATORS",
+    "AdmissionDecision",
+    "AdmissionFairSharingConfig",
+    "CycleResult",
+    "EngineConfig",
+    "Eviction",
+    "FairSharingConfig",
+    "LocalQueueUsage",
+    "PendingReason",
+    "Preemption",
+    "Snapshot",
+    "WaitForPodsReadyConfig",
+]
+
+FairSharingStrategy = Literal["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
+
+#: Resources whose free amount indexes node capacity (see :mod:`service.engine.placement`).
+DEFAULT_ACCELERATORS: tuple[str, ...] = (
+    "nvidia.com/gpu",
+    "amd.com/gpu",
+    "google.com/tpu",
+    "habana.ai/gaudi",
+    "aws.amazon.com/neuron",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FairSharingConfig:
+    """Kueue's ``fairSharing`` configuration: DRS ordering and fair-sharing preemption."""
+
+    enable: bool = False
+    preemption_strategies: tuple[FairSharingStrategy, ...] = (
+        "LessThanOrEqualToFinalShare",
+        "LessThanInitialShare",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionFairSharingConfig:
+    """Ordering by decayed historical usage of each LocalQueue (Kueue KEP-4136).
+
+    On by default with a one-week half-life: with a zero half-life the history
+    is forgotten at once and the ordering degenerates (kueue#11134).
+    ``resource_weights`` empty means every resource weighs 1, with cpu counted
+    in cores and memory in GiB so that bytes do not drown accelerators.
+    """
+
+    enable: bool = True
+    usage_half_life_seconds: float = 7 * 24 * 3600.0
+    usage_sampling_interval_seconds: float = 300.0
+    resource_weights: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForPodsReadyConfig:
+    """Readiness timeout: evict and requeue with backoff ``base * 2**(n-1)``, capped.
+
+    After ``backoff_limit_count`` requeues the workload is deactivated.
+    """
+
+    enable: bool = False
+    timeout_seconds: float = 300.0
+    backoff_base_seconds: float = 60.0
+    backoff_max_seconds: float = 3600.0
+    backoff_limit_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    fair_sharing: FairSharingConfig = field(default_factory=FairSharingConfig)
+    admission_fair_sharing: AdmissionFairSharingConfig = field(
+        default_factory=AdmissionFairSharingConfig
+    )
+    wait_for_pods_ready: WaitForPodsReadyConfig = field(default_factory=WaitForPodsReadyConfig)
+    #: ``None``: admit everything that fits in one cycle. ``1`` reproduces Kueue's
+    #: one-head-per-ClusterQueue-per-cycle ceiling (kueue#14477), for baselines.
+    max_heads_per_cluster_queue: int | None = None
+    accelerator_resources: tuple[str, ...] = DEFAULT_ACCELERATORS
+
+
+@dataclass(frozen=True, slots=True)
+class LocalQueueUsage:
+    """Decayed historical usage of one LocalQueue, per resource (canonical units)."""
+
+    consumed: Mapping[str, float]
+    last_update: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the engine needs for one cycle; the engine never mutates it.
+
+    ``admitted`` holds every workload that holds quota (admitted, not yet
+    finished or evicted), with its placement; capacity they use is derived from
+    their ``placement``, so ``Node.reserved`` must only hold what Quartermaster
+    does not manage. ``namespaces`` maps namespace → labels for
+    ``namespaceSelector``. ``local_queue_usage`` is the persisted admission
+    fair-sharing history (see :attr:`CycleResult.local_queue_usage`).
+    """
+
+    cluster_queues: Sequence[ClusterQueue]
+    resource_flavors: Sequence[ResourceFlavor] = ()
+    cohorts: Sequence[Cohort] = ()
+    local_queues: Sequence[LocalQueue] = ()
+    priority_classes: Sequence[WorkloadPriorityClass] = ()
+    topologies: Sequence[Topology] = ()
+    clusters: Sequence[Cluster] = ()
+    nodes: Sequence[Node] = ()
+    admitted: Sequence[AdmittedWorkload] = ()
+    pending: Sequence[Workload] = ()
+    namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    local_queue_usage: Mapping[str, LocalQueueUsage] = field(default_factory=dict)
+    config: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """A workload admitted this cycle: where, and what it displaced.
+
+    ``borrowed`` is, per ``(flavor, resource)``, how much of the ClusterQueue's
+    usage is above its nominal quota once this workload is in. ``preempted``
+    lists the victims (keys) that must be evicted whole before its pods start.
+    """
+
+    workload: str
+    cluster_queue: str
+    admission: Admission
+    borrowed: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    preempted: tuple[str, ...] = ()
+
+
+PreemptionReason = Literal[
+    "InClusterQueue", "InCohortReclamation", "InCohortFairSharing", "InCohortReclaimWhileBorrowing"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A whole gang evicted to make room for ``preemptor``."""
+
+    workload: str
+    cluster_queue: str
+    cluster: str
+    preemptor: str
+    preemptor_cluster_queue: str
+    reason: PreemptionReason
+    message: str
+    #: ``/root/…/cluster-queue`` of the preemptor and of the victim.
+    preemptor_path: str
+    victim_path: str
+
+
+EvictionReason = Literal["ClusterQueueStopped", "LocalQueueStopped", "PodsReadyTimeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """A whole gang evicted for a reason other than preemption.
+
+    For ``PodsReadyTimeout`` the new ``requeue_state`` (backoff) is given and
+    ``deactivated`` says the requeue limit was exceeded.
+    """
+
+    workload: str
+    cluster_queue: str
+    cluster: str
+    reason: EvictionReason
+    message: str
+    requeue_state: RequeueState | None = None
+    deactivated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    """Why a workload still waits, like Kueue's ``QuotaReserved=False`` condition.
+
+    ``position_in_cluster_queue`` / ``position_in_local_queue`` are 0-based
+    positions in queue order after this cycle (``None`` when the workload is
+    not queued at all, e.g. its LocalQueue does not exist).
+    """
+
+    workload: str
+    reason: str
+    message: str
+    cluster_queue: str | None = None
+    local_queue: str | None = None
+    position_in_cluster_queue: int | None = None
+    position_in_local_queue: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    admissions: tuple[AdmissionDecision, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    #: Every pending workload that was not admitted, by key.
+    pending: Mapping[str, PendingReason] = field(default_factory=dict)
+    #: Admission fair-sharing history sampled at ``now``; persist and feed back.
+    local_queue_usage: Mapping[str, LocalQueueUsage] = field(default_factory=dict)
+
+    def admitted_keys(self) -> tuple[str, ...]:
+        return tuple(decision.workload for decision in self.admissions)
