@@ -1,0 +1,67 @@
+"""Quartermaster's admission engine: pure, deterministic, no I/O.
+
+One call decides a whole cycle for the fleet::
+
+    result = admission_cycle(snapshot, now)
+
+``snapshot`` (:class:`Snapshot`) holds the quota model (ResourceFlavors,
+Topologies, Cohorts, ClusterQueues, LocalQueues, WorkloadPriorityClasses), the
+fleet (clusters with health/cordon state and their nodes by flavor and fabric
+island), the admitted workloads with their placements, the pending workloads,
+namespace labels, the persisted admission fair-sharing history and the
+:class:`EngineConfig`. ``now`` is the injected clock (seconds, or a timezone-
+aware ``datetime``). The result (:class:`CycleResult`) lists, in decision
+order, the admissions (cluster, flavor per pod set and resource, islands,
+pods per node, borrowed amounts, victims), the preemptions (victim,
+preemptor, reason, cohort paths), other evictions (stopped queues, readiness
+timeouts with their requeue backoff) and, for every workload left waiting, a
+:class:`PendingReason` with Kueue-style reason, message and queue positions.
+
+The same snapshot and clock always give the same result. Callers apply the
+result: evict every victim (whole) before starting the preemptor's pods, store
+the admissions, requeue evicted workloads, and persist
+``result.local_queue_usage`` for the next cycle.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from service.engine.cycle import run_cycle
+from service.engine.types import (
+    AdmissionDecision,
+    AdmissionFairSharingConfig,
+    CycleResult,
+    EngineConfig,
+    Eviction,
+    FairSharingConfig,
+    LocalQueueUsage,
+    PendingReason,
+    Preemption,
+    Snapshot,
+    WaitForPodsReadyConfig,
+)
+
+__all__ = [
+    "AdmissionDecision",
+    "AdmissionFairSharingConfig",
+    "CycleResult",
+    "EngineConfig",
+    "Eviction",
+    "FairSharingConfig",
+    "LocalQueueUsage",
+    "PendingReason",
+    "Preemption",
+    "Snapshot",
+    "WaitForPodsReadyConfig",
+    "admission_cycle",
+]
+
+
+def admission_cycle(snapshot: Snapshot, now: datetime | float) -> CycleResult:
+    """Decide admissions, preemptions and why-not reasons for one cycle.
+
+    Pure: reads ``snapshot``, never mutates it, performs no I/O.
+    """
+    clock = now.timestamp() if isinstance(now, datetime) else float(now)
+    return run_cycle(snapshot, clock)

@@ -143,22 +143,24 @@ class QuotaNode:
         for fr, value in usage.items():
             self.remove_usage(fr, value)
 
-    def borrowing_level(self, fr: FlavorResource, value: int) -> int:
+    def borrowing_level(self, fr: FlavorResource, value: int) -> tuple[int, bool]:
         """Height of the lowest subtree that fits ``value`` more (0: no borrowing).
 
-        Kueue's ``FindHeightOfLowestSubtreeThatFits``; used to order entries and
-        to prefer flavors whose quota comes from closer in the tree.
+        Kueue's ``FindHeightOfLowestSubtreeThatFits``: the level orders entries
+        and prefers flavors whose quota comes from closer in the tree; the flag
+        says that subtree is smaller than the whole tree (so reclaiming within
+        the hierarchy may help).
         """
         if self.parent is None or not self.borrowing_with(fr, value):
-            return 0
+            return 0, self.parent is not None
         remaining = value - self.local_available(fr)
         node: QuotaNode = self
         for ancestor in self.ancestors():
             node = ancestor
             if not ancestor.borrowing_with(fr, remaining):
-                return ancestor.height
+                return ancestor.height, ancestor.parent is not None
             remaining -= ancestor.local_available(fr)
-        return node.height
+        return node.height, node.parent is not None
 
     def fits_in_subtree(
         self, requests: Mapping[FlavorResource, int]

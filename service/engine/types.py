@@ -24,10 +24,12 @@ __all__ = [
     "CycleResult",
     "EngineConfig",
     "Eviction",
+    "EvictionReason",
     "FairSharingConfig",
     "LocalQueueUsage",
     "PendingReason",
     "Preemption",
+    "PreemptionReason",
     "Snapshot",
     "WaitForPodsReadyConfig",
 ]

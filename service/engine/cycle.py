@@ -1,0 +1,485 @@
+"""One admission cycle: evictions, queueing checks, ordering, admission, why-not.
+
+The cycle differs from Kueue's in one deliberate way: there is no
+one-head-per-ClusterQueue ceiling (kueue#14477). A ClusterQueue whose head is
+admitted immediately nominates its next workload, and the cycle goes on until
+no head is left, so one cycle admits everything that fits, in order.
+
+Most gangs that cannot fit are rejected without a flavor search: per
+ClusterQueue the cycle remembers which gangs failed (shape, priority, time,
+size); a later gang of the same shape that is at least as big, no higher in
+priority and no older cannot fit either, because within a cycle free quota and
+capacity only shrink — until something is evicted, which resets the memory.
+"""
+
+from __future__ import annotations
+
+from service.domain.workload import Admission, PodSetAssignment, RequeueState, Workload
+from service.engine.backoff import next_requeue_state
+from service.engine.flavors import FIT, NO_FIT, PREEMPT, RECLAIM, Assignment, assign_flavors
+from service.engine.ordering import ClusterQueueQueue, FairSelector, PlainSelector, queue_key
+from service.engine.packing import GangPlacement
+from service.engine.preemption import find_preemption_plan
+from service.engine.quota import FlavorResource
+from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo
+from service.engine.types import (
+    AdmissionDecision,
+    CycleResult,
+    Eviction,
+    EvictionReason,
+    PendingReason,
+    Preemption,
+    Snapshot,
+)
+
+__all__ = ["run_cycle"]
+
+_HUMAN_REASON = {
+    "InClusterQueue": "prioritization in the ClusterQueue",
+    "InCohortReclamation": "reclamation within the cohort",
+    "InCohortFairSharing": "fair sharing within the cohort",
+    "InCohortReclaimWhileBorrowing": "reclamation within the cohort while borrowing",
+}
+
+#: How many failures each ClusterQueue remembers for fast rejection.
+_FAILURE_MEMORY = 16
+
+
+class _Failure:
+    __slots__ = ("epoch", "message", "priority", "reason", "signature", "time", "totals")
+
+    def __init__(self, wi: WorkloadInfo, reason: str, message: str, epoch: int) -> None:
+        self.signature = wi.signature()
+        self.priority = wi.priority
+        self.time = wi.time
+        self.totals = wi.resources
+        self.reason = reason
+        self.message = message
+        self.epoch = epoch
+
+    def covers(self, wi: WorkloadInfo, signature: object, epoch: int) -> bool:
+        if self.epoch != epoch or signature != self.signature:
+            return False
+        if wi.priority > self.priority or wi.time < self.time:
+            return False
+        totals = wi.resources
+        return all(totals.get(r, 0) >= a for r, a in self.totals.items())
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.state = CycleState(snapshot, now)
+        self.now = now
+        self.admissions: list[AdmissionDecision] = []
+        self.preemptions: list[Preemption] = []
+        self.evictions: list[Eviction] = []
+        self.pending: dict[str, PendingReason] = {}
+        self.queues: dict[str, ClusterQueueQueue] = {}
+        self.failures: dict[str, list[_Failure]] = {}
+        self.quota_usage: dict[tuple[str, int], dict[FlavorResource, int]] = {}
+        self._limit = snapshot.config.max_heads_per_cluster_queue
+        #: Workloads that keep their place in a ClusterQueue but may not be tried now.
+        self._held: dict[str, list[WorkloadInfo]] = {}
+        self._last_epoch = 0
+
+    # --- 1. evictions that do not depend on pending work ------------------------------------
+
+    def evict_stopped_and_unready(self) -> None:
+        state = self.state
+        ready = state.config.wait_for_pods_ready
+        for info in sorted(state.admitted.values(), key=lambda a: a.key):
+            cq = info.cq
+            lq = state.local_queues.get(info.lq)
+            if cq is not None and cq.spec.stop_policy == "HoldAndDrain":
+                self._evict(info, "ClusterQueueStopped", f"The ClusterQueue {cq.name} is stopped")
+            elif lq is not None and lq.stop_policy == "HoldAndDrain":
+                self._evict(info, "LocalQueueStopped", f"The LocalQueue {lq.key} is stopped")
+            elif self._ready_timed_out(info):
+                requeue, deactivate = next_requeue_state(
+                    info.wl.requeue_state,
+                    self.now,
+                    ready.backoff_base_seconds,
+                    ready.backoff_max_seconds,
+                    ready.backoff_limit_count,
+                )
+                message = f"Exceeded the PodsReady timeout of {ready.timeout_seconds:g}s; " + (
+                    "deactivated after too many requeues"
+                    if deactivate
+                    else f"requeued, retry at {requeue.requeue_at:g}"
+                )
+                self._evict(info, "PodsReadyTimeout", message, requeue, deactivate)
+
+    def _ready_timed_out(self, info: AdmittedInfo) -> bool:
+        ready = self.state.config.wait_for_pods_ready
+        return (
+            ready.enable
+            and info.pods_ready is False
+            and self.now - info.admitted_at >= ready.timeout_seconds
+        )
+
+    def _evict(
+        self,
+        info: AdmittedInfo,
+        reason: EvictionReason,
+        message: str,
+        requeue: RequeueState | None = None,
+        deactivated: bool = False,
+    ) -> None:
+        self.state.evict(info)
+        self.evictions.append(
+            Eviction(
+                workload=info.key,
+                cluster_queue=info.cq_name,
+                cluster=info.cluster,
+                reason=reason,
+                message=message,
+                requeue_state=requeue,
+                deactivated=deactivated,
+            )
+        )
+
+    # --- 2. which pending workloads may queue at all ----------------------------------------
+
+    def classify(self, pending: list[Workload]) -> None:
+        state = self.state
+        by_cq: dict[str, list[WorkloadInfo]] = {}
+        seen: set[str] = set()
+        for seq, wl in enumerate(sorted(pending, key=lambda w: (w.ordering_time, w.key))):
+            if wl.key in seen or wl.key in state.admitted:
+                continue
+            seen.add(wl.key)
+            wi = WorkloadInfo(wl, state.priority_of(wl), seq)
+            lq = state.local_queues.get(wl.queue_key)
+            cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
+            wi.cq = cq
+            problem = self._queueing_problem(wi, lq is not None, cq)
+            if problem is None:
+                assert cq is not None
+                by_cq.setdefault(cq.name, []).append(wi)
+                continue
+            reason, message, stays_queued = problem
+            if stays_queued and cq is not None:
+                self._pend(wi, reason, message, cq.name)
+                self._held.setdefault(cq.name, []).append(wi)
+            else:
+                self._pend(wi, reason, message, None)
+        for name in sorted(by_cq):
+            self.queues[name] = ClusterQueueQueue(name, by_cq[name], state.lq_usage)
+
+    def _queueing_problem(
+        self, wi: WorkloadInfo, lq_exists: bool, cq: CQState | None
+    ) -> tuple[str, str, bool] | None:
+        """``(reason, message, stays queued)`` when the workload cannot be tried now."""
+        wl = wi.wl
+        state = self.state
+        if not wl.active:
+            return "Inactive", "The workload is deactivated", False
+        if not lq_exists:
+            return "LocalQueueNotFound", f"LocalQueue {wl.queue_name} doesn't exist", False
+        lq = state.local_queues[wl.queue_key]
+        if cq is None:
+            return "ClusterQueueNotFound", f"ClusterQueue {lq.cluster_queue} doesn't exist", False
+        if wl.requeue_state is not None and wl.requeue_state.requeue_at is not None:
+            if wl.requeue_state.requeue_at > self.now:
+                return (
+                    "RequeueBackoff",
+                    f"Waiting for the requeue backoff to expire at {wl.requeue_state.requeue_at:g}",
+                    True,
+                )
+        if cq.spec.stop_policy != "None":
+            return "ClusterQueueStopped", f"ClusterQueue {cq.name} is stopped", True
+        if lq.stop_policy != "None":
+            return "LocalQueueStopped", f"LocalQueue {lq.key} is stopped", True
+        selector = cq.spec.namespace_selector
+        labels = state.namespaces.get(wl.namespace, {})
+        if selector is None or not selector.matches(labels):
+            return (
+                "NamespaceMismatch",
+                "Workload namespace doesn't match ClusterQueue selector",
+                False,
+            )
+        if wl.workload_class != cq.spec.workload_class:
+            return (
+                "WorkloadClassMismatch",
+                f"A {wl.workload_class} workload cannot use the {cq.spec.workload_class} "
+                f"ClusterQueue {cq.name}",
+                False,
+            )
+        if wl.cluster_selector is not None and not any(
+            c.cluster.schedulable and wl.cluster_selector.matches(c.cluster.labels)
+            for c in state.inventory.clusters.values()
+        ):
+            return (
+                "NoMatchingCluster",
+                "No healthy, uncordoned cluster matches the cluster selector",
+                True,
+            )
+        return None
+
+    def _pend(self, wi: WorkloadInfo, reason: str, message: str, cq: str | None) -> None:
+        self.pending[wi.key] = PendingReason(
+            workload=wi.key,
+            reason=reason,
+            message=message,
+            cluster_queue=cq,
+            local_queue=wi.lq,
+        )
+
+    # --- 3. the admission loop ---------------------------------------------------------------
+
+    def _head(self, name: str) -> WorkloadInfo | None:
+        """The next workload of a ClusterQueue worth trying, rejecting known misfits."""
+        queue = self.queues.get(name)
+        if queue is None or queue.blocked_by is not None:
+            return None
+        while True:
+            if self._limit is not None and queue.attempted >= self._limit:
+                return None
+            wi = queue.head()
+            if wi is None:
+                return None
+            failure = self._known_failure(wi)
+            if failure is None:
+                return wi
+            queue.attempted += 1
+            self._pend(wi, failure.reason, failure.message, name)
+            queue.advance()
+            if self._strict(wi):
+                queue.blocked_by = wi
+                return None
+
+    def _known_failure(self, wi: WorkloadInfo) -> _Failure | None:
+        assert wi.cq is not None
+        failures = self.failures.get(wi.cq.name)
+        if not failures:
+            return None
+        signature = wi.signature()
+        epoch = self.state.epoch
+        for failure in failures:
+            if failure.covers(wi, signature, epoch):
+                return failure
+        return None
+
+    def _strict(self, wi: WorkloadInfo) -> bool:
+        assert wi.cq is not None
+        return wi.cq.spec.queueing_strategy == "StrictFIFO"
+
+    def _quota_usage(self, wi: WorkloadInfo) -> tuple[Assignment, dict[FlavorResource, int]]:
+        assignment = assign_flavors(self.state, wi, physical=False)
+        return assignment, assignment.usage
+
+    def _plain_key(self, name: str) -> tuple[tuple[object, ...], WorkloadInfo] | None:
+        wi = self._head(name)
+        if wi is None:
+            return None
+        assignment, _ = self._quota_usage(wi)
+        borrow = assignment.borrow if assignment.mode != NO_FIT else 1 << 20
+        return (borrow, -wi.priority, wi.time, wi.seq), wi
+
+    def _nominee(self, name: str) -> tuple[WorkloadInfo, dict[FlavorResource, int]] | None:
+        wi = self._head(name)
+        if wi is None:
+            return None
+        cache_key = (name, wi.seq)
+        usage = self.quota_usage.get(cache_key)
+        if usage is None:
+            usage = self._quota_usage(wi)[1]
+            self.quota_usage[cache_key] = usage
+        return wi, usage
+
+    def run(self) -> None:
+        state = self.state
+        selector: PlainSelector | FairSelector
+        if state.config.fair_sharing.enable:
+            selector = FairSelector(state, self._nominee)
+        else:
+            selector = PlainSelector(self._plain_key)
+        for name in sorted(self.queues):
+            selector.update(name)
+        while True:
+            popped = selector.pop()
+            if popped is None:
+                break
+            name = popped
+            queue = self.queues[name]
+            wi = self._head(name)
+            if wi is None:
+                selector.update(name)
+                continue
+            queue.attempted += 1
+            admitted = self._try_admit(wi)
+            queue.advance()
+            if admitted:
+                queue.usage_changed(wi.lq)
+            elif self._strict(wi):
+                queue.blocked_by = wi
+            selector.update(name)
+            if admitted and state.epoch != self._last_epoch:
+                # Evictions freed capacity: other ClusterQueues' heads may now fit.
+                self._last_epoch = state.epoch
+                for other in sorted(self.queues):
+                    if other != name:
+                        selector.update(other)
+
+    def _try_admit(self, wi: WorkloadInfo) -> bool:
+        state = self.state
+        assert wi.cq is not None
+        assignment = assign_flavors(
+            state, wi, physical=True, oracle=lambda w, a: find_preemption_plan(state, w, a)
+        )
+        if assignment.mode == FIT and assignment.placement is not None:
+            self._admit(wi, assignment, assignment.placement, [])
+            return True
+        if assignment.mode in (PREEMPT, RECLAIM):
+            plan = assignment.plan or find_preemption_plan(state, wi, assignment)
+            if plan is not None:
+                victims = []
+                for victim, reason in plan.victims:
+                    assert isinstance(victim, AdmittedInfo)
+                    victims.append((victim, reason))
+                self._admit(wi, assignment, plan.placement, victims)
+                return True
+        reason = assignment.reason or "WaitingForQuota"
+        message = assignment.message() or "insufficient quota"
+        self._pend(wi, reason, message, wi.cq.name)
+        memory = self.failures.setdefault(wi.cq.name, [])
+        memory.append(_Failure(wi, reason, message, state.epoch))
+        if len(memory) > _FAILURE_MEMORY:
+            del memory[0]
+        return False
+
+    def _admit(
+        self,
+        wi: WorkloadInfo,
+        assignment: Assignment,
+        placement: GangPlacement,
+        victims: list[tuple[AdmittedInfo, str]],
+    ) -> None:
+        assert wi.cq is not None
+        state = self.state
+        cq = wi.cq
+        preemptor_path = cq.node.path()
+        for victim, reason in victims:
+            victim_path = victim.cq.node.path() if victim.cq is not None else f"/{victim.cq_name}"
+            state.evict(victim)
+            self.preemptions.append(
+                Preemption(
+                    workload=victim.key,
+                    cluster_queue=victim.cq_name,
+                    cluster=victim.cluster,
+                    preemptor=wi.key,
+                    preemptor_cluster_queue=cq.name,
+                    reason=reason,  # type: ignore[arg-type]
+                    message=(
+                        f"Preempted to accommodate a workload ({wi.key}) due to "
+                        f"{_HUMAN_REASON[reason]}; preemptor path: {preemptor_path}; "
+                        f"preemptee path: {victim_path}"
+                    ),
+                    preemptor_path=preemptor_path,
+                    victim_path=victim_path,
+                )
+            )
+        state.admit(wi, dict(assignment.usage), placement)
+        pod_sets = []
+        for index, ps in enumerate(wi.pod_sets):
+            flavors = assignment.pod_set_flavors[index]
+            placed = placement.pod_sets[index]
+            pod_sets.append(
+                PodSetAssignment(
+                    name=ps.name,
+                    count=ps.count,
+                    flavors={r: flavors[r] for r in sorted(flavors)},
+                    resource_usage=dict(sorted(ps.totals.items())),
+                    placement=tuple((node.name, pods) for node, pods in placed.nodes),
+                    islands=placed.islands,
+                )
+            )
+        borrowed = {}
+        node = cq.node
+        for fr in sorted(assignment.usage):
+            quota = node.quotas.get(fr)
+            nominal = quota.nominal if quota is not None else 0
+            above = node.usage.get(fr, 0) - nominal
+            if above > 0:
+                borrowed[fr] = above
+        self.admissions.append(
+            AdmissionDecision(
+                workload=wi.key,
+                cluster_queue=cq.name,
+                admission=Admission(
+                    cluster_queue=cq.name,
+                    cluster=placement.cluster,
+                    pod_set_assignments=tuple(pod_sets),
+                ),
+                borrowed=borrowed,
+                preempted=tuple(v.key for v, _ in victims),
+            )
+        )
+        self.pending.pop(wi.key, None)
+
+    # --- 4. why-not and positions ------------------------------------------------------------
+
+    def finish(self) -> CycleResult:
+        state = self.state
+        admitted = {d.workload for d in self.admissions}
+        for name, queue in self.queues.items():
+            waiting = queue.remaining()
+            for wi in waiting:
+                if wi.key in self.pending or wi.key in admitted:
+                    continue
+                if queue.blocked_by is not None:
+                    self._pend(
+                        wi,
+                        "StrictFIFO",
+                        f"Waiting behind {queue.blocked_by.key} in the StrictFIFO ClusterQueue {name}",
+                        name,
+                    )
+                else:
+                    self._pend(
+                        wi,
+                        "Pending",
+                        "Not considered in this cycle (one head per ClusterQueue)",
+                        name,
+                    )
+        # Positions in queue order, after this cycle's admissions.
+        by_cq: dict[str, list[WorkloadInfo]] = {}
+        for name, queue in self.queues.items():
+            by_cq.setdefault(name, []).extend(
+                w for w in queue.all_workloads() if w.key not in admitted
+            )
+        for name, held in self._held.items():
+            by_cq.setdefault(name, []).extend(held)
+        pending = dict(self.pending)
+        for name, items in by_cq.items():
+            items.sort(key=lambda w: (state.lq_usage(w.lq), *queue_key(w)))
+            per_lq: dict[str, int] = {}
+            for position, wi in enumerate(items):
+                lq_position = per_lq.get(wi.lq, 0)
+                per_lq[wi.lq] = lq_position + 1
+                reason = pending.get(wi.key)
+                if reason is None:
+                    continue
+                pending[wi.key] = PendingReason(
+                    workload=reason.workload,
+                    reason=reason.reason,
+                    message=reason.message,
+                    cluster_queue=name,
+                    local_queue=reason.local_queue,
+                    position_in_cluster_queue=position,
+                    position_in_local_queue=lq_position,
+                )
+        return CycleResult(
+            admissions=tuple(self.admissions),
+            preemptions=tuple(self.preemptions),
+            evictions=tuple(self.evictions),
+            pending=dict(sorted(pending.items())),
+            local_queue_usage=dict(sorted(state.sampled_usage.items())),
+        )
+
+
+def run_cycle(snapshot: Snapshot, now: float) -> CycleResult:
+    cycle = _Cycle(snapshot, now)
+    cycle.evict_stopped_and_unready()
+    cycle.classify(list(snapshot.pending))
+    cycle.run()
+    return cycle.finish()

@@ -1,0 +1,357 @@
+"""Flavor assignment with ``flavorFungibility``, checking quota and physical room.
+
+For each pod set and each resource group it needs, flavors are tried in the
+ClusterQueue's order. Each gets a mode — ``FIT`` (quota and room now),
+``RECLAIM``/``PREEMPT`` (room after evicting victims found by the preemption
+search), ``NO_CANDIDATES`` (would need preemption but nobody may be evicted),
+``NO_FIT`` — and a *borrowing level* (0 = within the ClusterQueue's nominal
+quota; higher = quota from further up the cohort tree). ``whenCanBorrow`` /
+``whenCanPreempt`` decide whether to stop at a flavor that borrows or needs
+preemption, ``preference`` which of two imperfect flavors wins.
+
+Kueue checks physical room only after choosing the flavor (TAS); across many
+clusters a flavor that has quota but no room anywhere is as good as one that
+needs preemption, so the physical check is part of each flavor's mode.
+
+Reference: kueue ``pkg/scheduler/flavorassigner/flavorassigner.go``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from service.domain.quota import FlavorFungibility, ResourceFlavor
+from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
+from service.engine.placement import tolerates
+from service.engine.quota import FlavorResource
+from service.engine.state import CQState, CycleState, PodSetInfo, WorkloadInfo
+
+__all__ = [
+    "FIT",
+    "NO_CANDIDATES",
+    "NO_FIT",
+    "PREEMPT",
+    "RECLAIM",
+    "Assignment",
+    "PreemptionPlan",
+    "assign_flavors",
+]
+
+NO_FIT, NO_CANDIDATES, PREEMPT, RECLAIM, FIT = 0, 1, 2, 3, 4
+
+# Pending reasons, from most to least severe (Kueue's UnadmittedWorkloadsObservability).
+NO_MATCHING_FLAVOR = "NoMatchingFlavor"
+EXCEEDS_MAX_QUOTA = "ExceedsMaxQuota"
+TOPOLOGY_PLACEMENT_FAILED = "TopologyPlacementFailed"
+WAITING_FOR_QUOTA = "WaitingForQuota"
+WAITING_FOR_CAPACITY = "WaitingForCapacity"
+_SEVERITY = {
+    NO_MATCHING_FLAVOR: 5,
+    EXCEEDS_MAX_QUOTA: 4,
+    TOPOLOGY_PLACEMENT_FAILED: 3,
+    WAITING_FOR_QUOTA: 2,
+    WAITING_FOR_CAPACITY: 1,
+    "": 0,
+}
+
+
+@dataclass(slots=True)
+class PreemptionPlan:
+    """Victims (with reasons) whose eviction lets the workload in, and where it lands."""
+
+    victims: list[tuple[object, str]]
+    placement: GangPlacement
+
+
+@dataclass(slots=True)
+class Assignment:
+    pod_set_flavors: list[dict[str, str]] = field(default_factory=list)
+    usage: dict[FlavorResource, int] = field(default_factory=dict)
+    mode: int = FIT
+    borrow: int = 0
+    frs_need_preemption: set[FlavorResource] = field(default_factory=set)
+    reason: str = ""
+    messages: list[str] = field(default_factory=list)
+    placement: GangPlacement | None = None
+    plan: PreemptionPlan | None = None
+
+    def message(self) -> str:
+        return "; ".join(self.messages)
+
+
+#: ``oracle(workload, assignment so far) -> plan or None``, for the preemption search.
+Oracle = Callable[[WorkloadInfo, "Assignment"], PreemptionPlan | None]
+
+
+def _worse(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """The less admissible of two (mode, borrow) pairs."""
+    mode = min(a[0], b[0])
+    return (mode, max(a[1], b[1]))
+
+
+def is_preferred(a: tuple[int, int], b: tuple[int, int], fungibility: FlavorFungibility) -> bool:
+    """Whether mode ``a`` beats ``b`` (Kueue ``isPreferred``)."""
+    if a[0] == NO_FIT:
+        return False
+    if b[0] == NO_FIT:
+        return True
+    if (a[0] == NO_CANDIDATES) != (b[0] == NO_CANDIDATES):
+        return a[0] != NO_CANDIDATES
+    if fungibility.preference == "PreemptionOverBorrowing":
+        if a[1] != b[1]:
+            return a[1] < b[1]
+        return a[0] > b[0]
+    if a[0] != b[0]:
+        return a[0] > b[0]
+    return a[1] < b[1]
+
+
+def should_try_next(mode: tuple[int, int], fungibility: FlavorFungibility) -> bool:
+    if mode[0] in (NO_FIT, NO_CANDIDATES):
+        return True
+    if mode[0] in (PREEMPT, RECLAIM) and fungibility.when_can_preempt == "TryNextFlavor":
+        return True
+    return mode[1] > 0 and fungibility.when_can_borrow == "TryNextFlavor"
+
+
+def _flavor_mismatch(
+    state: CycleState, flavor: ResourceFlavor | None, name: str, ps: PodSetInfo
+) -> str | None:
+    if flavor is None:
+        return f"flavor {name} not found"
+    tolerations = tuple(ps.tolerations) + tuple(flavor.tolerations)
+    for taint in flavor.node_taints:
+        if taint.effect != "PreferNoSchedule" and not tolerates((taint,), tolerations):
+            return f"untolerated taint {taint.key}={taint.value}:{taint.effect} in flavor {name}"
+    for key, value in ps.node_selector.items():
+        if key in flavor.node_labels and flavor.node_labels[key] != value:
+            return f"flavor {name} doesn't match node affinity"
+    if ps.mode != "unconstrained":
+        topology = state.topologies.get(flavor.topology_name or "")
+        if topology is None:
+            return f"flavor {name} does not support TopologyAwareScheduling"
+        if ps.level is not None and ps.level not in topology.levels:
+            return f"flavor {name} does not contain the requested level {ps.level}"
+    return None
+
+
+def _fits_quota(
+    state: CycleState, cq: CQState, fr: FlavorResource, value: int
+) -> tuple[int, int, str, str]:
+    """``(mode, borrow, reason, message)`` for ``value`` of one flavor-resource."""
+    node = cq.node
+    maximum = node.potential_available(fr)
+    if value > maximum:
+        return (
+            NO_FIT,
+            0,
+            EXCEEDS_MAX_QUOTA,
+            f"insufficient quota for {fr[1]} in flavor {fr[0]}, request ({value}) > "
+            f"maximum capacity ({maximum})",
+        )
+    borrow, may_reclaim = node.borrowing_level(fr, value)
+    available = node.available(fr)
+    if value <= available:
+        return FIT, borrow, "", ""
+    message = (
+        f"insufficient unused quota for {fr[1]} in flavor {fr[0]}, {value - available} more needed"
+    )
+    quota = node.quotas.get(fr)
+    nominal = quota.nominal if quota is not None else 0
+    preemption = cq.spec.preemption
+    can_preempt_while_borrowing = preemption.borrow_within_cohort.policy != "Never" or (
+        state.config.fair_sharing.enable and preemption.reclaim_within_cohort != "Never"
+    )
+    if nominal >= value or may_reclaim or can_preempt_while_borrowing:
+        return PREEMPT, borrow, WAITING_FOR_QUOTA, message
+    return NO_FIT, borrow, WAITING_FOR_QUOTA, message
+
+
+def _can_preempt_at_all(cq: CQState) -> bool:
+    preemption = cq.spec.preemption
+    return preemption.within_cluster_queue != "Never" or (
+        cq.node.parent is not None and preemption.reclaim_within_cohort != "Never"
+    )
+
+
+def _describe_shape(ps: PodSetInfo) -> str:
+    return ",".join(f"{r}={a}" for r, a in ps.shape)
+
+
+def assign_flavors(
+    state: CycleState,
+    wi: WorkloadInfo,
+    physical: bool = True,
+    oracle: Oracle | None = None,
+) -> Assignment:
+    """Choose a flavor per pod set and resource; with ``physical``, also a placement."""
+    cq = wi.cq
+    assert cq is not None
+    fungibility = cq.spec.flavor_fungibility
+    result = Assignment()
+    overall = (FIT, 0)
+    single = len(wi.pod_sets) == 1
+    for index, ps in enumerate(wi.pod_sets):
+        chosen: dict[str, str] = {}
+        groups: list[int] = []
+        for resource in ps.totals:
+            group = cq.group_of.get(resource)
+            if group is None:
+                result.mode = NO_FIT
+                result.reason = NO_MATCHING_FLAVOR
+                result.messages.append(
+                    f"couldn't assign flavors to pod set {ps.name}: resource {resource} "
+                    "unavailable in ClusterQueue"
+                )
+                return result
+            if group not in groups:
+                groups.append(group)
+        groups.sort()
+        for position, group in enumerate(groups):
+            last = position == len(groups) - 1
+            covered, flavor_names = cq.groups[group]
+            resources = [r for r in ps.totals if r in covered]
+            best: tuple[int, int] = (NO_FIT, 1 << 30)
+            best_flavor: str | None = None
+            best_extra: tuple[GangPlacement | None, PreemptionPlan | None, set[FlavorResource]] = (
+                None,
+                None,
+                set(),
+            )
+            attempts: list[str] = []
+            worst_reason = ""
+            for name in flavor_names:
+                flavor = state.flavors.get(name)
+                mismatch = _flavor_mismatch(state, flavor, name, ps)
+                if mismatch is not None:
+                    attempts.append(mismatch)
+                    worst_reason = _most_severe(worst_reason, NO_MATCHING_FLAVOR)
+                    continue
+                mode = (FIT, 0)
+                need: set[FlavorResource] = set()
+                for resource in resources:
+                    fr = (name, resource)
+                    value = result.usage.get(fr, 0) + ps.totals[resource]
+                    fmode, borrow, reason, message = _fits_quota(state, cq, fr, value)
+                    if message:
+                        attempts.append(message)
+                        worst_reason = _most_severe(worst_reason, reason)
+                    mode = _worse(mode, (fmode, borrow))
+                    if fmode in (PREEMPT, NO_FIT):
+                        need.add(fr)
+                    if fmode == NO_FIT:
+                        break
+                placement: GangPlacement | None = None
+                plan: PreemptionPlan | None = None
+                if physical and last and mode[0] != NO_FIT:
+                    flavors_now = {**chosen, **dict.fromkeys(resources, name)}
+                    if mode[0] == FIT:
+                        placement = _try_place(state, wi, index, flavors_now, result, single)
+                        if placement is None:
+                            request = state.pod_set_request(wi, index, flavors_now)
+                            if pristine_fits(state.inventory, [request], state.pristine_cache):
+                                attempts.append(
+                                    f"no cluster has room now for {ps.count} pod(s) of "
+                                    f"{_describe_shape(ps)} in flavor {name}"
+                                )
+                                worst_reason = _most_severe(worst_reason, WAITING_FOR_CAPACITY)
+                                mode = (PREEMPT, mode[1])
+                                need |= {(name, r) for r in resources}
+                            else:
+                                attempts.append(_never_fits_message(ps, name))
+                                worst_reason = _most_severe(worst_reason, TOPOLOGY_PLACEMENT_FAILED)
+                                mode = (NO_FIT, mode[1])
+                    if mode[0] == PREEMPT:
+                        if not _can_preempt_at_all(cq):
+                            mode = (NO_CANDIDATES, mode[1])
+                        elif oracle is not None and single:
+                            trial = Assignment(
+                                pod_set_flavors=[flavors_now],
+                                usage=_usage_with(result.usage, ps, flavors_now),
+                                frs_need_preemption=need,
+                            )
+                            plan = oracle(wi, trial)
+                            if plan is None:
+                                mode = (NO_CANDIDATES, mode[1])
+                            elif all(getattr(v, "cq", None) is not cq for v, _ in plan.victims):
+                                mode = (RECLAIM, mode[1])
+                if not should_try_next(mode, fungibility):
+                    best, best_flavor, best_extra = mode, name, (placement, plan, need)
+                    break
+                if is_preferred(mode, best, fungibility):
+                    best, best_flavor, best_extra = mode, name, (placement, plan, need)
+            if best_flavor is None or best[0] == NO_FIT:
+                result.mode = NO_FIT
+                result.reason = worst_reason or NO_MATCHING_FLAVOR
+                result.messages.append(
+                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(attempts)
+                )
+                return result
+            for resource in resources:
+                chosen[resource] = best_flavor
+                fr = (best_flavor, resource)
+                result.usage[fr] = result.usage.get(fr, 0) + ps.totals[resource]
+            overall = _worse(overall, best)
+            placement, plan, need = best_extra
+            if best[0] != FIT:
+                result.frs_need_preemption |= need
+                result.messages.append(
+                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(attempts)
+                )
+                if not result.reason or _SEVERITY[worst_reason] > _SEVERITY[result.reason]:
+                    result.reason = worst_reason
+            if placement is not None and single:
+                result.placement = placement
+            if plan is not None:
+                result.plan = plan
+        result.pod_set_flavors.append(chosen)
+    result.mode, result.borrow = overall
+    if result.mode == FIT and physical and not single:
+        result.placement = place_gang(
+            state.inventory,
+            [state.pod_set_request(wi, i, f) for i, f in enumerate(result.pod_set_flavors)],
+        )
+        if result.placement is None:
+            result.mode = PREEMPT if _can_preempt_at_all(cq) else NO_CANDIDATES
+            result.reason = WAITING_FOR_CAPACITY
+            result.messages.append("no single cluster has room now for every pod set of the gang")
+            for index, flavors in enumerate(result.pod_set_flavors):
+                result.frs_need_preemption |= {
+                    (f, r) for r, f in flavors.items() if r in wi.pod_sets[index].totals
+                }
+    return result
+
+
+def _most_severe(a: str, b: str) -> str:
+    return a if _SEVERITY.get(a, 0) >= _SEVERITY.get(b, 0) else b
+
+
+def _never_fits_message(ps: PodSetInfo, flavor: str) -> str:
+    where = "one island" if ps.mode == "required" else "one cluster"
+    return (
+        f"no cluster in flavor {flavor} can ever hold {ps.count} pod(s) of "
+        f"{_describe_shape(ps)} within {where}"
+    )
+
+
+def _usage_with(
+    usage: dict[FlavorResource, int], ps: PodSetInfo, flavors: dict[str, str]
+) -> dict[FlavorResource, int]:
+    result = dict(usage)
+    for resource, amount in ps.totals.items():
+        fr = (flavors[resource], resource)
+        result[fr] = result.get(fr, 0) + amount
+    return result
+
+
+def _try_place(
+    state: CycleState,
+    wi: WorkloadInfo,
+    index: int,
+    flavors: dict[str, str],
+    result: Assignment,
+    single: bool,
+) -> GangPlacement | None:
+    request: PodSetRequest = state.pod_set_request(wi, index, flavors)
+    return place_gang(state.inventory, [request])

@@ -1,0 +1,209 @@
+"""Queue order: within a ClusterQueue, and across ClusterQueues.
+
+Within a ClusterQueue, workloads come by their LocalQueue's admission
+fair-sharing usage (lowest first; 0 for all when it is off), then priority
+(highest first), then queue-ordering time (oldest first). Each LocalQueue is a
+sorted list; a small heap merges their heads, and an admission that raises a
+LocalQueue's usage re-keys only that queue.
+
+Across ClusterQueues, without fair sharing, heads are taken in Kueue's entry
+order: not borrowing before borrowing (by borrowing level), then priority, then
+time. With fair sharing, a tournament up the cohort tree picks, at every
+cohort, the child whose dominant resource share after admitting its nominee is
+lowest (then priority, then time), as Kueue's ``fair_sharing_iterator.go``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from service.engine.fair_sharing import Share, dominant_resource_share
+from service.engine.quota import FlavorResource, QuotaNode
+from service.engine.state import CycleState, WorkloadInfo
+
+__all__ = ["ClusterQueueQueue", "FairSelector", "PlainSelector", "queue_key"]
+
+
+def queue_key(wi: WorkloadInfo) -> tuple[int, float, int]:
+    return (-wi.priority, wi.time, wi.seq)
+
+
+class ClusterQueueQueue:
+    """The pending workloads of one ClusterQueue, in admission order."""
+
+    __slots__ = ("_heap", "_lqs", "_pos", "_usage", "_version", "attempted", "blocked_by", "name")
+
+    def __init__(self, name: str, workloads: list[WorkloadInfo], usage: Callable[[str], float]):
+        self.name = name
+        self._usage = usage
+        self._lqs: dict[str, list[WorkloadInfo]] = {}
+        for wi in workloads:
+            self._lqs.setdefault(wi.lq, []).append(wi)
+        for items in self._lqs.values():
+            items.sort(key=queue_key)
+        self._pos = dict.fromkeys(self._lqs, 0)
+        self._version = dict.fromkeys(self._lqs, 0)
+        self._heap: list[tuple[float, int, float, int, int, str]] = []
+        for lq in sorted(self._lqs):
+            self._push(lq)
+        self.attempted = 0
+        self.blocked_by: WorkloadInfo | None = None
+
+    def _push(self, lq: str) -> None:
+        items = self._lqs[lq]
+        position = self._pos[lq]
+        if position >= len(items):
+            return
+        wi = items[position]
+        heapq.heappush(
+            self._heap,
+            (self._usage(lq), -wi.priority, wi.time, wi.seq, self._version[lq], lq),
+        )
+
+    def head(self) -> WorkloadInfo | None:
+        heap = self._heap
+        while heap:
+            _, _, _, seq, version, lq = heap[0]
+            items = self._lqs[lq]
+            position = self._pos[lq]
+            if (
+                version == self._version[lq]
+                and position < len(items)
+                and items[position].seq == seq
+            ):
+                return items[position]
+            heapq.heappop(heap)
+        return None
+
+    def advance(self) -> None:
+        """Drop the current head (admitted, or given up on for this cycle)."""
+        wi = self.head()
+        if wi is None:
+            return
+        heapq.heappop(self._heap)
+        self._pos[wi.lq] += 1
+        self._version[wi.lq] += 1
+        self._push(wi.lq)
+
+    def usage_changed(self, lq: str) -> None:
+        if lq in self._lqs:
+            self._version[lq] += 1
+            self._push(lq)
+
+    def all_workloads(self) -> list[WorkloadInfo]:
+        return [wi for items in self._lqs.values() for wi in items]
+
+    def remaining(self) -> list[WorkloadInfo]:
+        result: list[WorkloadInfo] = []
+        for lq, items in self._lqs.items():
+            result.extend(items[self._pos[lq] :])
+        return result
+
+
+#: ``head_key(cq_name) -> (key, workload)`` or ``None`` when the CQ has nothing left.
+HeadKey = Callable[[str], tuple[tuple[object, ...], WorkloadInfo] | None]
+
+
+class PlainSelector:
+    """Kueue's classical entry order across ClusterQueues, re-keyed lazily."""
+
+    def __init__(self, head_key: HeadKey) -> None:
+        self._head_key = head_key
+        self._heap: list[tuple[tuple[object, ...], int, str]] = []
+        self._version: dict[str, int] = {}
+
+    def update(self, cq: str) -> None:
+        version = self._version.get(cq, 0) + 1
+        self._version[cq] = version
+        entry = self._head_key(cq)
+        if entry is not None:
+            heapq.heappush(self._heap, (entry[0], version, cq))
+
+    def pop(self) -> str | None:
+        heap = self._heap
+        while heap:
+            key, version, cq = heapq.heappop(heap)
+            if version != self._version.get(cq):
+                continue
+            fresh = self._head_key(cq)
+            if fresh is None:
+                continue
+            if fresh[0] != key and heap and fresh[0] > heap[0][0]:
+                # State changed since the key was computed and it now sorts later.
+                heapq.heappush(heap, (fresh[0], version, cq))
+                continue
+            return cq
+        return None
+
+
+class FairSelector:
+    """The fair-sharing tournament, kept incrementally along the changed path."""
+
+    def __init__(
+        self,
+        state: CycleState,
+        nominee: Callable[[str], tuple[WorkloadInfo, dict[FlavorResource, int]] | None],
+    ) -> None:
+        self._state = state
+        self._nominee = nominee
+        # For every cohort: child name -> (key, winning CQ name).
+        self._entries: dict[str, dict[str, tuple[tuple[object, ...], str]]] = {}
+        self._winner: dict[str, tuple[tuple[object, ...], str] | None] = {}
+        self._heap: list[tuple[tuple[object, ...], int, str]] = []
+        self._version: dict[str, int] = {}
+        self._root_winner: dict[str, str] = {}
+
+    def _share_with(
+        self, node: QuotaNode, cq_node: QuotaNode, usage: dict[FlavorResource, int]
+    ) -> Share:
+        if node is cq_node:
+            return dominant_resource_share(node, self._state.lendable_cache, usage)
+        cq_node.add(usage)
+        try:
+            return dominant_resource_share(node, self._state.lendable_cache)
+        finally:
+            cq_node.remove(usage)
+
+    def update(self, cq: str) -> None:
+        state = self._state
+        node = state.cqs[cq].node
+        nominee = self._nominee(cq)
+        winner: tuple[tuple[object, ...], str] | None = None
+        if nominee is not None:
+            wi, _ = nominee
+            winner = ((-wi.priority, wi.time, wi.seq), cq)
+        child: QuotaNode = node
+        while child.parent is not None:
+            parent = child.parent
+            entries = self._entries.setdefault(parent.name, {})
+            if winner is None:
+                entries.pop(child.name, None)
+            else:
+                cq_name = winner[1]
+                winning = self._nominee(cq_name)
+                assert winning is not None
+                wi, usage = winning
+                share = self._share_with(child, state.cqs[cq_name].node, usage)
+                entries[child.name] = ((share, -wi.priority, wi.time, wi.seq), cq_name)
+            winner = min(entries.values()) if entries else None
+            self._winner[parent.name] = winner
+            child = parent
+        root = child.name
+        version = self._version.get(root, 0) + 1
+        self._version[root] = version
+        if winner is not None:
+            wi_entry = self._nominee(winner[1])
+            assert wi_entry is not None
+            wi = wi_entry[0]
+            heapq.heappush(self._heap, ((-wi.priority, wi.time, wi.seq), version, root))
+            self._root_winner[root] = winner[1]
+
+    def pop(self) -> str | None:
+        heap = self._heap
+        while heap:
+            _, version, root = heapq.heappop(heap)
+            if version != self._version.get(root):
+                continue
+            return self._root_winner.get(root)
+        return None

@@ -1,0 +1,319 @@
+"""Packing a whole gang into one cluster: islands, best fit, per-node fit.
+
+Best fit means the candidate (island, or cluster for pods that may spread)
+with the least free primary resource that still holds the pod set, so that big
+holes stay open for big gangs; ties go to the lower sequence number (clusters
+by name, then islands by flavor and name), which keeps decisions deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from service.domain.inventory import HOSTNAME_LABEL
+from service.engine.placement import (
+    ClusterState,
+    Inventory,
+    Island,
+    NodeState,
+    PodSetPlacement,
+    Shape,
+    fill_domain,
+    fill_island,
+    pods_fitting,
+    pristine_capacity,
+)
+
+__all__ = ["GangPlacement", "PodSetRequest", "place_gang", "pristine_fits"]
+
+
+@dataclass(slots=True)
+class PodSetRequest:
+    """One pod set to place: ``count`` pods of ``shape`` on ``eligible`` islands."""
+
+    name: str
+    count: int
+    shape: Shape
+    #: ``required`` | ``preferred`` | ``unconstrained``.
+    mode: str
+    #: Domain level for required/preferred: ``None`` is the island level.
+    level: str | None
+    eligible: Mapping[int, Island]
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlacement:
+    cluster: str
+    pod_sets: tuple[PodSetPlacement, ...]
+
+    def node_pods(self) -> Iterable[tuple[int, NodeState, int]]:
+        """``(pod set index, node, pods)`` for every placed pod group."""
+        for index, placement in enumerate(self.pod_sets):
+            for node, pods in placement.nodes:
+                yield index, node, pods
+
+
+def _primary_need(island: Island, request: PodSetRequest) -> int:
+    primary = island.primary
+    if primary is None:
+        return 0
+    return dict(request.shape).get(primary, 0) * request.count
+
+
+def _node_flavors(request: PodSetRequest) -> list[str]:
+    return sorted({island.node_flavor for island in request.eligible.values()})
+
+
+def _islands_best_fit(inventory: Inventory, request: PodSetRequest) -> Iterable[Island]:
+    flavors = _node_flavors(request)
+    if len(flavors) == 1:
+        sample = next(iter(request.eligible.values()))
+        return inventory.islands_by_best_fit(
+            flavors[0], _primary_need(sample, request), request.eligible
+        )
+    return sorted(request.eligible.values(), key=lambda i: (i.primary_free(), i.seq))
+
+
+def _fill_subdomains(island: Island, request: PodSetRequest) -> list[tuple[NodeState, int]] | None:
+    """Required at a level below the island: all pods in one rack / one host."""
+    groups: dict[str, list[NodeState]] = {}
+    for node in island.nodes:
+        key = node.name if request.level == HOSTNAME_LABEL else node.labels.get(request.level or "")
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+
+    def free_primary(nodes: list[NodeState]) -> int:
+        return sum(n.free.get(island.primary, 0) for n in nodes) if island.primary else 0
+
+    for _, nodes in sorted(groups.items(), key=lambda kv: (free_primary(kv[1]), kv[0])):
+        ordered = sorted(nodes, key=lambda n: (n.free.get(island.primary or "", 0), n.name))
+        chosen = fill_domain(ordered, request.shape, request.count)
+        if chosen is not None:
+            return chosen
+    return None
+
+
+def _fits_in_one_island(
+    island: Island, request: PodSetRequest
+) -> list[tuple[NodeState, int]] | None:
+    if request.level is None:
+        return fill_island(island, request.shape, request.count)
+    return _fill_subdomains(island, request)
+
+
+def _place_in_one_island(
+    inventory: Inventory, request: PodSetRequest, cluster: str | None
+) -> PodSetPlacement | None:
+    candidates = _islands_best_fit(inventory, request)
+    for island in candidates:
+        if cluster is not None and island.cluster != cluster:
+            continue
+        chosen = _fits_in_one_island(island, request)
+        if chosen is not None:
+            return PodSetPlacement(tuple(chosen), (island.name,))
+    return None
+
+
+def _cluster_islands(request: PodSetRequest, cluster: ClusterState) -> list[Island]:
+    return [i for i in cluster.islands if i.seq in request.eligible]
+
+
+def _spread_in_cluster(
+    request: PodSetRequest, islands: Sequence[Island]
+) -> list[tuple[NodeState, int]] | None:
+    """Pods anywhere in the cluster, on the nodes with the least free primary first."""
+    if not islands:
+        return None
+    shape = request.shape
+    primaries = {i.primary for i in islands}
+    if len(primaries) == 1 and None not in primaries:
+        primary = islands[0].primary
+        amount = dict(shape).get(primary or "", 0)
+        if amount > 0:
+            if sum(i.upper_bound(shape, amount) for i in islands) < request.count:
+                return None
+            size = max(len(i.buckets) for i in islands)
+            nodes = (
+                n
+                for f in range(amount, size)
+                for i in islands
+                if f < len(i.buckets)
+                for n in i.buckets[f]
+            )
+            return fill_domain(nodes, shape, request.count)
+    for resource, per_pod in shape:
+        if sum(i.free_total.get(resource, 0) for i in islands) < per_pod * request.count:
+            return None
+    nodes_sorted = sorted(
+        (n for i in islands for n in i.nodes), key=lambda n: (sum(n.free.values()), n.name)
+    )
+    return fill_domain(nodes_sorted, shape, request.count)
+
+
+def _fewest_islands_in_cluster(
+    request: PodSetRequest, islands: Sequence[Island]
+) -> list[tuple[NodeState, int]] | None:
+    """Preferred topology that fits no single island: use the biggest islands first."""
+    capacity = []
+    for island in islands:
+        fit = sum(pods_fitting(n.free, request.shape) for n in island.nodes)
+        if fit > 0:
+            capacity.append((fit, island))
+    capacity.sort(key=lambda item: (-item[0], item[1].seq))
+    chosen: list[tuple[NodeState, int]] = []
+    need = request.count
+    for fit, island in capacity:
+        take = min(fit, need)
+        part = fill_island(island, request.shape, take)
+        if part is None:  # pragma: no cover - capacity was computed from the same state
+            return None
+        chosen.extend(part)
+        need -= take
+        if need == 0:
+            return chosen
+    return None
+
+
+def _clusters_for(inventory: Inventory, requests: Sequence[PodSetRequest]) -> list[ClusterState]:
+    """Clusters that have an eligible island for every pod set, best fit first."""
+    names: set[str] | None = None
+    for request in requests:
+        here = {i.cluster for i in request.eligible.values()}
+        names = here if names is None else names & here
+    if not names:
+        return []
+    flavors = _node_flavors(requests[0])
+    clusters = [inventory.clusters[name] for name in names]
+
+    def free(cluster: ClusterState) -> int:
+        return sum(inventory.cluster_free(f, cluster) for f in flavors)
+
+    return sorted(clusters, key=lambda c: (free(c), c.seq))
+
+
+def _place_in_cluster(
+    inventory: Inventory, request: PodSetRequest, cluster: ClusterState
+) -> PodSetPlacement | None:
+    islands = _cluster_islands(request, cluster)
+    if request.mode in ("required", "preferred"):
+        for island in sorted(islands, key=lambda i: (i.primary_free(), i.seq)):
+            chosen = _fits_in_one_island(island, request)
+            if chosen is not None:
+                return PodSetPlacement(tuple(chosen), (island.name,))
+        if request.mode == "required":
+            return None
+        chosen = _fewest_islands_in_cluster(request, islands)
+    else:
+        chosen = _spread_in_cluster(request, islands)
+    if chosen is None:
+        return None
+    return PodSetPlacement(tuple(chosen), _islands_of(chosen))
+
+
+def _islands_of(chosen: Iterable[tuple[NodeState, int]]) -> tuple[str, ...]:
+    names: dict[str, None] = {}
+    for node, _ in chosen:
+        if node.island is not None:
+            names[node.island.name] = None
+    return tuple(names)
+
+
+def _place_single(inventory: Inventory, request: PodSetRequest) -> GangPlacement | None:
+    if not request.eligible:
+        return None
+    if request.mode in ("required", "preferred"):
+        placement = _place_in_one_island(inventory, request, None)
+        if placement is not None:
+            island_cluster = next(iter(placement.nodes))[0].cluster
+            return GangPlacement(island_cluster, (placement,))
+        if request.mode == "required":
+            return None
+        best: tuple[int, int, ClusterState, list[tuple[NodeState, int]]] | None = None
+        for cluster in _clusters_for(inventory, [request]):
+            chosen = _fewest_islands_in_cluster(request, _cluster_islands(request, cluster))
+            if chosen is not None:
+                key = (len(_islands_of(chosen)), cluster.seq)
+                if best is None or key < best[:2]:
+                    best = (key[0], key[1], cluster, chosen)
+        if best is None:
+            return None
+        return GangPlacement(best[2].name, (PodSetPlacement(tuple(best[3]), _islands_of(best[3])),))
+    flavors = _node_flavors(request)
+    if len(flavors) == 1:
+        sample = next(iter(request.eligible.values()))
+        need = _primary_need(sample, request)
+        clusters: Iterable[ClusterState] = inventory.clusters_by_best_fit(flavors[0], need)
+    else:
+        clusters = _clusters_for(inventory, [request])
+    for cluster in clusters:
+        chosen = _spread_in_cluster(request, _cluster_islands(request, cluster))
+        if chosen is not None:
+            return GangPlacement(
+                cluster.name, (PodSetPlacement(tuple(chosen), _islands_of(chosen)),)
+            )
+    return None
+
+
+def place_gang(inventory: Inventory, requests: Sequence[PodSetRequest]) -> GangPlacement | None:
+    """Find room for every pod set in one cluster, or ``None``. Does not allocate."""
+    if len(requests) == 1:
+        return _place_single(inventory, requests[0])
+    for cluster in _clusters_for(inventory, requests):
+        placed: list[PodSetPlacement] = []
+        for request in requests:
+            placement = _place_in_cluster(inventory, request, cluster)
+            if placement is None:
+                break
+            inventory.allocate(placement.nodes, request.shape)
+            placed.append(placement)
+        for request, placement in zip(requests, placed, strict=False):
+            inventory.release(placement.nodes, request.shape)
+        if len(placed) == len(requests):
+            return GangPlacement(cluster.name, tuple(placed))
+    return None
+
+
+def pristine_fits(
+    inventory: Inventory,
+    requests: Sequence[PodSetRequest],
+    cache: dict[tuple[int, Shape], int],
+) -> bool:
+    """Whether the gang could fit some cluster if no admitted gang held capacity."""
+
+    def capacity(island: Island, shape: Shape) -> int:
+        key = (island.seq, shape)
+        value = cache.get(key)
+        if value is None:
+            value = pristine_capacity(island, shape)
+            cache[key] = value
+        return value
+
+    clusters: set[str] | None = None
+    for request in requests:
+        ok: set[str] = set()
+        per_cluster: dict[str, int] = {}
+        for island in request.eligible.values():
+            cap = capacity(island, request.shape)
+            if request.mode == "required":
+                if request.level is None:
+                    if cap >= request.count:
+                        ok.add(island.cluster)
+                elif _pristine_subdomain_fits(island, request):
+                    ok.add(island.cluster)
+            else:
+                per_cluster[island.cluster] = per_cluster.get(island.cluster, 0) + cap
+        ok |= {c for c, cap in per_cluster.items() if cap >= request.count}
+        clusters = ok if clusters is None else clusters & ok
+        if not clusters:
+            return False
+    return bool(clusters)
+
+
+def _pristine_subdomain_fits(island: Island, request: PodSetRequest) -> bool:
+    groups: dict[str, int] = {}
+    for node in island.nodes:
+        key = node.name if request.level == HOSTNAME_LABEL else node.labels.get(request.level or "")
+        if key is not None:
+            groups[key] = groups.get(key, 0) + pods_fitting(node.pristine, request.shape)
+    return any(cap >= request.count for cap in groups.values())

@@ -1,0 +1,420 @@
+"""The engine's mutable working state for one cycle, built from an immutable Snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from service.domain.quota import (
+    ClusterQueue,
+    LabelSelector,
+    LocalQueue,
+    ResourceFlavor,
+    Toleration,
+    Topology,
+)
+from service.domain.workload import AdmittedWorkload, Workload
+from service.engine.fair_sharing import decay_factor, decayed_usage, weighted_usage
+from service.engine.packing import GangPlacement, PodSetRequest
+from service.engine.placement import Inventory, Island, NodeState, Shape
+from service.engine.quota import FlavorResource, QuotaNode, QuotaTree
+from service.engine.types import LocalQueueUsage, Snapshot
+
+__all__ = ["AdmittedInfo", "CQState", "CycleState", "PodSetInfo", "WorkloadInfo"]
+
+
+def shape_of(requests: Mapping[str, int]) -> Shape:
+    return tuple(sorted((r, a) for r, a in requests.items() if a > 0))
+
+
+class PodSetInfo:
+    __slots__ = (
+        "count",
+        "level",
+        "mode",
+        "name",
+        "node_selector",
+        "requests",
+        "shape",
+        "tolerations",
+        "totals",
+    )
+
+    def __init__(self, wl: Workload, index: int) -> None:
+        pod_set = wl.pod_sets[index]
+        self.name = pod_set.name
+        self.count = pod_set.count
+        self.requests = pod_set.requests
+        self.shape = shape_of(pod_set.requests)
+        self.totals = {r: a * pod_set.count for r, a in pod_set.requests.items() if a > 0}
+        request = pod_set.topology_request
+        self.mode = request.mode if request is not None else "unconstrained"
+        self.level = request.level if request is not None else None
+        self.tolerations = pod_set.tolerations
+        self.node_selector = pod_set.node_selector
+
+
+class WorkloadInfo:
+    """A pending workload with everything the cycle needs precomputed."""
+
+    __slots__ = (
+        "cq",
+        "key",
+        "lq",
+        "pod_sets",
+        "priority",
+        "resources",
+        "seq",
+        "time",
+        "wl",
+    )
+
+    def __init__(self, wl: Workload, priority: int, seq: int) -> None:
+        self.wl = wl
+        self.key = wl.key
+        self.priority = priority
+        self.time = wl.ordering_time
+        self.seq = seq
+        self.cq: CQState | None = None
+        self.lq = wl.queue_key
+        self.pod_sets = [PodSetInfo(wl, i) for i in range(len(wl.pod_sets))]
+        totals: dict[str, int] = {}
+        for ps in self.pod_sets:
+            for r, a in ps.totals.items():
+                totals[r] = totals.get(r, 0) + a
+        self.resources = totals
+
+    def signature(self) -> tuple[object, ...]:
+        """Everything but counts that decides where the gang may go (for fast rejects)."""
+        selector = self.wl.cluster_selector
+        return (
+            tuple(
+                (ps.shape, ps.mode, ps.level, ps.tolerations, _items(ps.node_selector))
+                for ps in self.pod_sets
+            ),
+            _selector_key(selector),
+            len(self.pod_sets),
+        )
+
+
+def _items(mapping: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(mapping.items()))
+
+
+def _selector_key(selector: LabelSelector | None) -> object:
+    if selector is None:
+        return None
+    return (_items(selector.match_labels), selector.match_expressions)
+
+
+class AdmittedInfo:
+    """A workload holding quota and capacity during the cycle."""
+
+    __slots__ = (
+        "admitted_at",
+        "cluster",
+        "cq",
+        "cq_name",
+        "fresh",
+        "key",
+        "lq",
+        "placements",
+        "pods_ready",
+        "priority",
+        "resources",
+        "time",
+        "usage",
+        "wl",
+    )
+
+    def __init__(
+        self,
+        *,
+        wl: Workload,
+        cq_name: str,
+        cq: CQState | None,
+        priority: int,
+        cluster: str,
+        usage: dict[FlavorResource, int],
+        placements: list[tuple[NodeState, int, Shape]],
+        admitted_at: float,
+        fresh: bool,
+    ) -> None:
+        self.wl = wl
+        self.key = wl.key
+        self.cq_name = cq_name
+        self.cq = cq
+        self.priority = priority
+        self.time = wl.ordering_time
+        self.cluster = cluster
+        self.usage = usage
+        self.placements = placements
+        self.admitted_at = admitted_at
+        self.fresh = fresh
+        self.pods_ready: bool | None = None
+        self.lq = wl.queue_key
+        resources: dict[str, int] = {}
+        for (_, r), a in usage.items():
+            resources[r] = resources.get(r, 0) + a
+        self.resources = resources
+
+    def uses_any(self, frs: set[FlavorResource] | frozenset[FlavorResource]) -> bool:
+        return any(fr in frs for fr in self.usage)
+
+
+class CQState:
+    __slots__ = ("admitted", "group_of", "groups", "name", "node", "spec")
+
+    def __init__(self, spec: ClusterQueue, node: QuotaNode) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.node = node
+        self.groups = [
+            (frozenset(g.covered_resources), tuple(f.name for f in g.flavors))
+            for g in spec.resource_groups
+        ]
+        self.group_of: dict[str, int] = {}
+        for index, (covered, _) in enumerate(self.groups):
+            for resource in covered:
+                self.group_of.setdefault(resource, index)
+        self.admitted: dict[str, AdmittedInfo] = {}
+
+
+class CycleState:
+    """Quota tree, inventory and admitted workloads, mutated as the cycle decides."""
+
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.snapshot = snapshot
+        self.now = now
+        self.config = snapshot.config
+        self.flavors: dict[str, ResourceFlavor] = {f.name: f for f in snapshot.resource_flavors}
+        self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
+        self.priority_classes = {p.name: p.value for p in snapshot.priority_classes}
+        self.namespaces = snapshot.namespaces
+        self.local_queues: dict[str, LocalQueue] = {lq.key: lq for lq in snapshot.local_queues}
+        self.tree = QuotaTree()
+        self.cqs: dict[str, CQState] = {}
+        self._build_tree()
+        self.inventory = Inventory(
+            snapshot.clusters, snapshot.nodes, snapshot.config.accelerator_resources
+        )
+        self.admitted: dict[str, AdmittedInfo] = {}
+        for admitted in sorted(snapshot.admitted, key=lambda a: a.workload.key):
+            self._load_admitted(admitted)
+        self.lendable_cache: dict[str, dict[str, int]] = {}
+        self.eligible_cache: dict[object, dict[int, Island]] = {}
+        self.pristine_cache: dict[tuple[int, Shape], int] = {}
+        #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
+        self.epoch = 0
+        self._init_lq_usage()
+
+    # --- construction ---------------------------------------------------------------------
+
+    def _build_tree(self) -> None:
+        tree = self.tree
+        for cohort in self.snapshot.cohorts:
+            node = tree.cohort(cohort.name)
+            node.fair_weight = cohort.fair_weight_milli / 1000.0
+            node.quotas = QuotaTree._quotas(cohort.resource_groups)
+        for cohort in self.snapshot.cohorts:
+            if cohort.parent_name:
+                child, parent = tree.cohorts[cohort.name], tree.cohort(cohort.parent_name)
+                child.parent = parent
+                parent.children.append(child)
+        for spec in self.snapshot.cluster_queues:
+            node = QuotaNode(spec.name, True, spec.fair_weight_milli)
+            node.quotas = QuotaTree._quotas(spec.resource_groups)
+            tree.cluster_queues[spec.name] = node
+            if spec.cohort_name:
+                parent = tree.cohort(spec.cohort_name)
+                node.parent = parent
+                parent.children.append(node)
+            self.cqs[spec.name] = CQState(spec, node)
+        tree.finish()
+
+    def _load_admitted(self, admitted: AdmittedWorkload) -> None:
+        wl = admitted.workload
+        admission = admitted.admission
+        cq = self.cqs.get(admission.cluster_queue)
+        usage: dict[FlavorResource, int] = {}
+        placements: list[tuple[NodeState, int, Shape]] = []
+        pod_sets = {ps.name: ps for ps in wl.pod_sets}
+        for assignment in admission.pod_set_assignments:
+            pod_set = pod_sets.get(assignment.name)
+            for resource, flavor in assignment.flavors.items():
+                amount = assignment.resource_usage.get(resource)
+                if amount is None and pod_set is not None:
+                    amount = pod_set.requests.get(resource, 0) * assignment.count
+                if amount:
+                    fr = (flavor, resource)
+                    usage[fr] = usage.get(fr, 0) + amount
+            if pod_set is None:
+                continue
+            shape = shape_of(pod_set.requests)
+            for node_name, pods in assignment.placement:
+                node = self.inventory.nodes.get(node_name)
+                if node is not None and pods > 0:
+                    placements.append((node, pods, shape))
+        info = AdmittedInfo(
+            wl=wl,
+            cq_name=admission.cluster_queue,
+            cq=cq,
+            priority=self.priority_of(wl),
+            cluster=admission.cluster,
+            usage=usage,
+            placements=placements,
+            admitted_at=admitted.admitted_at,
+            fresh=False,
+        )
+        info.pods_ready = admitted.pods_ready
+        self.admitted[info.key] = info
+        self._hold(info)
+
+    def _init_lq_usage(self) -> None:
+        afs = self.config.admission_fair_sharing
+        current: dict[str, dict[str, int]] = {}
+        for info in self.admitted.values():
+            bucket = current.setdefault(info.lq, {})
+            for r, a in info.resources.items():
+                bucket[r] = bucket.get(r, 0) + a
+        self.lq_consumed: dict[str, dict[str, float]] = {}
+        keys = set(current) | set(self.snapshot.local_queue_usage) | set(self.local_queues)
+        for key in sorted(keys):
+            stored = self.snapshot.local_queue_usage.get(key)
+            if stored is None:
+                consumed = decayed_usage({}, current.get(key, {}), 0.0, afs.usage_half_life_seconds)
+            else:
+                consumed = decayed_usage(
+                    stored.consumed,
+                    current.get(key, {}),
+                    self.now - stored.last_update,
+                    afs.usage_half_life_seconds,
+                )
+            self.lq_consumed[key] = consumed
+        self.sampled_usage = {
+            key: LocalQueueUsage(consumed=dict(value), last_update=self.now)
+            for key, value in self.lq_consumed.items()
+        }
+        self.entry_penalty_factor = decay_factor(
+            afs.usage_sampling_interval_seconds, afs.usage_half_life_seconds
+        )
+
+    # --- lookups --------------------------------------------------------------------------
+
+    def priority_of(self, wl: Workload) -> int:
+        if wl.priority is not None:
+            return wl.priority
+        if wl.priority_class_name is not None:
+            return self.priority_classes.get(wl.priority_class_name, 0)
+        return 0
+
+    def lq_usage(self, lq_key: str) -> float:
+        """The LocalQueue's admission fair-sharing value (0 when AFS is off)."""
+        afs = self.config.admission_fair_sharing
+        if not afs.enable:
+            return 0.0
+        consumed = self.lq_consumed.get(lq_key)
+        if not consumed:
+            return 0.0
+        lq = self.local_queues.get(lq_key)
+        weight = lq.fair_weight_milli / 1000.0 if lq is not None else 1.0
+        return weighted_usage(consumed, afs.resource_weights, weight)
+
+    def eligible_islands(
+        self,
+        flavors: tuple[str, ...],
+        tolerations: tuple[Toleration, ...],
+        node_selector: Mapping[str, str],
+        cluster_selector: LabelSelector | None,
+    ) -> dict[int, Island]:
+        key = (flavors, tolerations, _items(node_selector), _selector_key(cluster_selector))
+        cached = self.eligible_cache.get(key)
+        if cached is not None:
+            return cached
+        labels: dict[str, str] = dict(node_selector)
+        all_tolerations = list(tolerations)
+        for name in flavors:
+            flavor = self.flavors.get(name)
+            if flavor is not None:
+                labels.update(flavor.node_labels)
+                all_tolerations.extend(flavor.tolerations)
+        result = self.inventory.matching_islands(labels, all_tolerations, cluster_selector)
+        self.eligible_cache[key] = result
+        return result
+
+    def pod_set_request(
+        self, wi: WorkloadInfo, index: int, flavors: Mapping[str, str]
+    ) -> PodSetRequest:
+        ps = wi.pod_sets[index]
+        names = tuple(sorted(set(flavors.values())))
+        eligible = self.eligible_islands(
+            names, ps.tolerations, ps.node_selector, wi.wl.cluster_selector
+        )
+        level = ps.level
+        if ps.mode != "unconstrained" and level is not None:
+            for name in names:
+                flavor = self.flavors.get(name)
+                topology = self.topologies.get(flavor.topology_name or "") if flavor else None
+                if topology is not None and topology.levels and topology.levels[0] == level:
+                    level = None
+        return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible)
+
+    # --- mutation -------------------------------------------------------------------------
+
+    def _hold(self, info: AdmittedInfo) -> None:
+        if info.cq is not None:
+            info.cq.node.add(info.usage)
+            info.cq.admitted[info.key] = info
+        for node, pods, shape in info.placements:
+            self.inventory._change(node, shape, pods, 1)
+
+    def _unhold(self, info: AdmittedInfo) -> None:
+        if info.cq is not None:
+            info.cq.node.remove(info.usage)
+            info.cq.admitted.pop(info.key, None)
+        for node, pods, shape in info.placements:
+            self.inventory._change(node, shape, pods, -1)
+
+    def simulate_remove(self, info: AdmittedInfo) -> None:
+        self._unhold(info)
+
+    def simulate_restore(self, info: AdmittedInfo) -> None:
+        self._hold(info)
+
+    def evict(self, info: AdmittedInfo) -> None:
+        """Release a workload's quota and capacity for good (preempted or evicted)."""
+        self._unhold(info)
+        del self.admitted[info.key]
+        self.epoch += 1
+
+    def admit(
+        self,
+        wi: WorkloadInfo,
+        usage: dict[FlavorResource, int],
+        placement: GangPlacement,
+    ) -> AdmittedInfo:
+        assert wi.cq is not None
+        placements = [
+            (node, pods, wi.pod_sets[index].shape) for index, node, pods in placement.node_pods()
+        ]
+        info = AdmittedInfo(
+            wl=wi.wl,
+            cq_name=wi.cq.name,
+            cq=wi.cq,
+            priority=wi.priority,
+            cluster=placement.cluster,
+            usage=usage,
+            placements=placements,
+            admitted_at=self.now,
+            fresh=True,
+        )
+        self.admitted[info.key] = info
+        self._hold(info)
+        self._penalise(info)
+        return info
+
+    def _penalise(self, info: AdmittedInfo) -> None:
+        """Admission fair sharing's entry penalty: count the admission at once."""
+        consumed = self.lq_consumed.setdefault(info.lq, {})
+        factor = self.entry_penalty_factor
+        for r, a in info.resources.items():
+            consumed[r] = consumed.get(r, 0.0) + a * factor
