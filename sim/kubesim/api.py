@@ -1,0 +1,776 @@
+"""The API verbs with Kubernetes object semantics, independent of HTTP.
+
+One :class:`ApiCore` per simulated cluster. The HTTP layer and the in-cluster
+controllers both write through it, so a controller's status update obeys the
+same rules (validation, managedFields, resourceVersion, no-op detection) as a
+client's. The order of a write mirrors the real API server: decode and check
+identity → strategy preparation and defaulting → pruning of unknown fields
+(``fieldValidation``) → mutating admission → validation (schema, CEL, strategy)
+→ field ownership → storage (skipped for ``dryRun`` and for no-op updates,
+which keep their resourceVersion as etcd's guaranteed update does).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sim.kubesim import errors
+from sim.kubesim.builtin import STRATEGIES, Strategy, validate_metadata
+from sim.kubesim.errors import ApiError, Cause
+from sim.kubesim.fieldmanager import FieldManager, Shape, schema_shape
+from sim.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
+from sim.kubesim.resources import ResourceType, Version
+from sim.kubesim.schema import SchemaValidator
+from sim.kubesim.selectors import (
+    FieldSelector,
+    LabelSelector,
+    field_value,
+)
+from sim.kubesim.store import Store, clone
+
+__all__ = ["ApiCore", "Context", "Resource", "now_rfc3339"]
+
+Obj = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+APPLY_PATCH_CBOR = "application/apply-patch+cbor"
+
+_NAME_SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+#: Metadata the server owns: a client's value is ignored on create and update.
+_SERVER_METADATA = (
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "selfLink",
+)
+_META_KNOWN = (
+    "name",
+    "generateName",
+    "namespace",
+    "labels",
+    "annotations",
+    "finalizers",
+    "ownerReferences",
+    "managedFields",
+    "resourceVersion",
+    *_SERVER_METADATA,
+)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class Context:
+    """Who asks, and the write options of the request."""
+
+    user: str = "system:admin"
+    manager: str = ""
+    dry_run: bool = False
+    field_validation: str = "Warn"
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Resource:
+    """A resource type at one served version, with its write machinery."""
+
+    rtype: ResourceType
+    version: Version
+    strategy: Strategy
+    validator: SchemaValidator | None
+    fields: FieldManager
+
+    @property
+    def api_version(self) -> str:
+        return self.rtype.api_version(self.version.name)
+
+    @property
+    def group(self) -> str:
+        return self.rtype.group
+
+    @property
+    def plural(self) -> str:
+        return self.rtype.plural
+
+
+Admission = Callable[[str, Resource, Obj, "Obj | None", Context], None]
+
+
+def _generate_suffix() -> str:
+    return "".join(random.choice(_NAME_SUFFIX_CHARS) for _ in range(5))
+
+
+def _content(obj: Obj) -> Obj:
+    """The parts of an object whose change bumps ``metadata.generation``."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _comparable(obj: Obj) -> Obj:
+    metadata = {
+        k: v for k, v in obj["metadata"].items() if k not in ("managedFields", "resourceVersion")
+    }
+    return {**obj, "metadata": metadata}
+
+
+class ApiCore:
+    """Every verb of every served resource of one cluster."""
+
+    def __init__(
+        self,
+        types: Iterable[ResourceType],
+        store: Store,
+        *,
+        default_field_validation: str = "Warn",
+    ) -> None:
+        self.store = store
+        self.types = tuple(types)
+        self.default_field_validation = default_field_validation
+        self.admission: list[Admission] = []
+        self._resources: dict[tuple[str, str, str], Resource] = {}
+        self._by_kind: dict[tuple[str, str], Resource] = {}
+        for rtype in self.types:
+            for version in rtype.versions:
+                resource = self._bind(rtype, version)
+                self._resources[(rtype.group, version.name, rtype.plural)] = resource
+                self._by_kind[(rtype.api_version(version.name), rtype.kind)] = resource
+
+    def _bind(self, rtype: ResourceType, version: Version) -> Resource:
+        strategy = STRATEGIES.get(rtype.key, Strategy)()
+        validator = SchemaValidator(version.schema) if version.schema else None
+        root = schema_shape(version.schema, "") if version.schema else Shape(kind="struct")
+        return Resource(rtype, version, strategy, validator, FieldManager(root, rtype.has_status))
+
+    # -- lookup ----------------------------------------------------------------------------
+
+    def resource(self, group: str, version: str, plural: str) -> Resource:
+        try:
+            return self._resources[(group, version, plural)]
+        except KeyError:
+            raise ApiError(
+                404, "NotFound", "the server could not find the requested resource"
+            ) from None
+
+    def find(self, group: str, version: str, plural: str) -> Resource | None:
+        return self._resources.get((group, version, plural))
+
+    def for_kind(self, api_version: str, kind: str) -> Resource:
+        try:
+            return self._by_kind[(api_version, kind)]
+        except KeyError:
+            raise errors.bad_request(
+                f"no kind {kind!r} is registered for version {api_version!r}"
+            ) from None
+
+    def storage(self, rtype: ResourceType) -> Resource:
+        return self._resources[(rtype.group, rtype.storage_version, rtype.plural)]
+
+    def present(self, resource: Resource, obj: Obj) -> Obj:
+        """``obj`` as served at ``resource``'s version (no conversion: apiVersion only)."""
+        if obj.get("apiVersion") == resource.api_version:
+            return obj
+        return {**obj, "apiVersion": resource.api_version}
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Obj:
+        obj = self.store.get(resource.rtype, namespace, name)
+        if obj is None:
+            raise errors.not_found(resource.plural, resource.group, name)
+        return obj
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str,
+        *,
+        labels: LabelSelector | None = None,
+        fields: FieldSelector | None = None,
+        limit: int = 0,
+        continue_token: str = "",
+        resource_version: str = "",
+        resource_version_match: str = "",
+    ) -> tuple[list[Obj], int, str, int | None]:
+        """Matching objects, the list's resourceVersion, a continue token and remaining count."""
+        collection = self.store.collection(resource.rtype)
+        start = ""
+        if continue_token:
+            list_rv, start = _decode_continue(continue_token)
+            state = self._state_at(collection, list_rv, continued=True)
+        elif resource_version_match == "Exact" and resource_version not in ("", "0"):
+            list_rv = int(resource_version)
+            state = self._state_at(collection, list_rv, continued=False)
+        else:
+            list_rv, state = self.store.rv, collection.objects
+            if resource_version == "0":
+                limit = 0
+        keys = sorted(k for k in state if (not namespace or k[0] == namespace) and _after(k, start))
+        matched = [
+            state[k] for k in keys if self._matches(resource.rtype, state[k], labels, fields)
+        ]
+        if limit and len(matched) > limit:
+            page = matched[:limit]
+            last = page[-1]["metadata"]
+            token = _encode_continue(list_rv, f"{last.get('namespace', '')}/{last['name']}")
+            remaining = len(matched) - limit if labels is None or labels.empty else None
+            return page, list_rv, token, remaining
+        return matched, list_rv, "", None
+
+    @staticmethod
+    def _state_at(collection: Any, rv: int, *, continued: bool) -> dict[tuple[str, str], Obj]:
+        try:
+            return collection.state_at(rv)
+        except ApiError:
+            if continued:
+                raise errors.expired(
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter, or use the "
+                    "continue token in this response to retrieve the remainder of the results. "
+                    "Continuing with the provided token results in an inconsistent list - objects "
+                    "that were created, modified, or deleted between the time the first chunk was "
+                    "returned and now may show up in the list."
+                ) from None
+            raise
+
+    def _matches(
+        self,
+        rtype: ResourceType,
+        obj: Obj,
+        labels: LabelSelector | None,
+        fields: FieldSelector | None,
+    ) -> bool:
+        if labels is not None and not labels.empty:
+            if not labels.matches(obj["metadata"].get("labels")):
+                return False
+        if fields is not None and not fields.empty:
+            return fields.matches(obj, selectable_value)
+        return True
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def create(self, resource: Resource, namespace: str, body: Obj, ctx: Context) -> Obj:
+        obj = clone(body)
+        self._check_identity(resource, obj, namespace)
+        metadata = obj.setdefault("metadata", {})
+        if metadata.get("resourceVersion"):
+            raise errors.bad_request("resourceVersion should not be set on objects to be created")
+        if not metadata.get("name"):
+            if not metadata.get("generateName"):
+                raise errors.invalid(
+                    resource.rtype.kind,
+                    resource.group,
+                    "",
+                    [
+                        Cause(
+                            "FieldValueRequired",
+                            "Required value: name or generateName is required",
+                            "metadata.name",
+                        )
+                    ],
+                )
+            metadata["name"] = metadata["generateName"] + _generate_suffix()
+        self._require_namespace(resource, namespace)
+        if self.store.get(resource.rtype, namespace, metadata["name"]) is not None:
+            raise errors.already_exists(resource.plural, resource.group, metadata["name"])
+        for key in _SERVER_METADATA:
+            metadata.pop(key, None)
+        metadata["uid"] = str(uuid.uuid4())
+        metadata["creationTimestamp"] = now_rfc3339()
+        metadata["generation"] = 1
+        if resource.rtype.has_status:
+            obj.pop("status", None)
+        resource.strategy.prepare_create(obj)
+        obj = self._admit_and_validate("CREATE", resource, obj, None, ctx)
+        if "managedFields" not in metadata or not metadata["managedFields"]:
+            metadata.pop("managedFields", None)
+            resource.fields.record_update(
+                old=None,
+                new=obj,
+                manager=ctx.manager,
+                subresource="",
+                api_version=resource.api_version,
+                now=metadata["creationTimestamp"],
+            )
+        return self._commit(resource, obj, ctx)
+
+    def update(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        body: Obj,
+        ctx: Context,
+        subresource: str = "",
+    ) -> Obj:
+        old = self.get(resource, namespace, name)
+        obj = clone(body)
+        self._check_identity(resource, obj, namespace, name)
+        self._check_preconditions(resource, old, obj, require_rv=not resource.rtype.builtin)
+        new = self._merge_update(resource, old, obj, subresource)
+        new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
+        if _comparable(new) == _comparable(old):
+            return old
+        resource.fields.record_update(
+            old=old,
+            new=new,
+            manager=ctx.manager,
+            subresource=subresource,
+            api_version=resource.api_version,
+            now=now_rfc3339(),
+        )
+        return self._finish_update(resource, old, new, ctx)
+
+    def patch(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        ctx: Context,
+        *,
+        subresource: str = "",
+        force: bool = False,
+    ) -> Obj:
+        if content_type in (APPLY_PATCH, APPLY_PATCH_CBOR):
+            return self._apply(resource, namespace, name, body, ctx, subresource, force)
+        old = self.get(resource, namespace, name)
+        current = self.present(resource, old)
+        if content_type == MERGE_PATCH:
+            patched = merge_patch(current, body)
+        elif content_type == JSON_PATCH:
+            patched = json_patch(current, body)
+        elif content_type == STRATEGIC_PATCH:
+            if not resource.rtype.builtin:
+                raise errors.unsupported_media_type(
+                    content_type, [JSON_PATCH, MERGE_PATCH, APPLY_PATCH]
+                )
+            patched = strategic_merge_patch(current, body)
+        else:
+            raise errors.unsupported_media_type(
+                content_type, [JSON_PATCH, MERGE_PATCH, APPLY_PATCH, STRATEGIC_PATCH]
+            )
+        if not isinstance(patched, dict):
+            raise errors.bad_request("the patched object is not a JSON object")
+        self._check_identity(resource, patched, namespace, name)
+        requested_rv = (patched.get("metadata") or {}).get("resourceVersion")
+        if requested_rv and requested_rv != old["metadata"]["resourceVersion"]:
+            raise errors.conflict(
+                resource.plural,
+                resource.group,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
+        new = self._merge_update(resource, old, patched, subresource)
+        new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
+        if _comparable(new) == _comparable(old):
+            return old
+        resource.fields.record_update(
+            old=old,
+            new=new,
+            manager=ctx.manager,
+            subresource=subresource,
+            api_version=resource.api_version,
+            now=now_rfc3339(),
+        )
+        return self._finish_update(resource, old, new, ctx)
+
+    def _apply(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        body: Any,
+        ctx: Context,
+        subresource: str,
+        force: bool,
+    ) -> Obj:
+        if not ctx.manager:
+            raise errors.bad_request(
+                "PATCH, application/apply-patch+yaml requires fieldManager to be set"
+            )
+        if not isinstance(body, dict):
+            raise errors.bad_request("apply patch must be an object")
+        applied = clone(body)
+        if (
+            applied.get("apiVersion") != resource.api_version
+            or applied.get("kind") != resource.rtype.kind
+        ):
+            raise errors.bad_request(
+                f"apiVersion and kind of the applied configuration must be {resource.api_version}, "
+                f"Kind={resource.rtype.kind}"
+            )
+        self._check_identity(resource, applied, namespace, name)
+        self._strict_unknown(resource, applied, ctx, apply=True)
+        old = self.store.get(resource.rtype, namespace, name)
+        if old is not None:
+            self._check_preconditions(resource, old, applied, require_rv=False)
+        now = now_rfc3339()
+        merged = resource.fields.apply(
+            live=self.present(resource, old) if old is not None else None,
+            applied=applied,
+            manager=ctx.manager,
+            subresource=subresource,
+            api_version=resource.api_version,
+            now=now,
+            force=force,
+        )
+        if old is None:
+            if subresource:
+                raise errors.not_found(resource.plural, resource.group, name)
+            return self._create_applied(resource, namespace, merged, ctx)
+        new = self._merge_update(resource, old, merged, subresource)
+        new["metadata"]["managedFields"] = merged["metadata"].get("managedFields", [])
+        new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
+        if _comparable(new) == _comparable(old) and new["metadata"].get("managedFields") == old[
+            "metadata"
+        ].get("managedFields"):
+            return old
+        return self._finish_update(resource, old, new, ctx)
+
+    def _create_applied(self, resource: Resource, namespace: str, obj: Obj, ctx: Context) -> Obj:
+        managed = obj["metadata"].get("managedFields")
+        self._require_namespace(resource, namespace)
+        metadata = obj["metadata"]
+        for key in _SERVER_METADATA:
+            metadata.pop(key, None)
+        metadata["uid"] = str(uuid.uuid4())
+        metadata["creationTimestamp"] = now_rfc3339()
+        metadata["generation"] = 1
+        if resource.rtype.has_status:
+            obj.pop("status", None)
+        resource.strategy.prepare_create(obj)
+        obj = self._admit_and_validate("CREATE", resource, obj, None, ctx)
+        if managed:
+            obj["metadata"]["managedFields"] = managed
+        return self._commit(resource, obj, ctx)
+
+    def delete(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        ctx: Context,
+        *,
+        propagation: str = "",
+        preconditions: dict[str, Any] | None = None,
+    ) -> tuple[Obj, bool]:
+        """Delete (or start deleting); returns the object and whether it is gone now."""
+        old = self.get(resource, namespace, name)
+        _check_delete_preconditions(resource, old, preconditions or {})
+        policy = propagation or self._default_propagation(resource)
+        obj = clone(old)
+        metadata = obj["metadata"]
+        finalizers = list(metadata.get("finalizers") or ())
+        if policy == "Foreground" and "foregroundDeletion" not in finalizers:
+            finalizers.append("foregroundDeletion")
+        if policy == "Orphan" and "orphan" not in finalizers and not ctx.dry_run:
+            self._orphan_dependents(metadata["uid"], namespace)
+        if resource.rtype.key == "namespaces":
+            return self._delete_namespace(resource, old, obj, ctx), False
+        if finalizers:
+            if metadata.get("deletionTimestamp") and metadata.get("finalizers") == finalizers:
+                return old, False
+            metadata["finalizers"] = finalizers
+            metadata.setdefault("deletionTimestamp", now_rfc3339())
+            metadata.setdefault("deletionGracePeriodSeconds", 0)
+            metadata["generation"] = metadata.get("generation", 1) + 1
+            return self._commit(resource, obj, ctx, allow_terminating=True), False
+        if ctx.dry_run:
+            return old, True
+        event = self.store.remove(resource.rtype, old)
+        return event.obj, True
+
+    def _delete_namespace(self, resource: Resource, old: Obj, obj: Obj, ctx: Context) -> Obj:
+        if old["metadata"].get("deletionTimestamp"):
+            return old
+        obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+        obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        obj.setdefault("status", {})["phase"] = "Terminating"
+        return self._commit(resource, obj, ctx, allow_terminating=True)
+
+    def _default_propagation(self, resource: Resource) -> str:
+        # batch/v1 Jobs orphan their pods unless told otherwise, for backward
+        # compatibility (pkg/registry/batch/job/strategy.go DefaultGarbageCollectionPolicy).
+        return "Orphan" if resource.rtype.key == "jobs.batch" else "Background"
+
+    def _orphan_dependents(self, owner_uid: str, namespace: str) -> None:
+        for rtype in self.types:
+            if not rtype.namespaced:
+                continue
+            resource = self.storage(rtype)
+            for dependent in self.store.items(rtype, namespace):
+                refs = dependent["metadata"].get("ownerReferences") or ()
+                if not any(ref.get("uid") == owner_uid for ref in refs):
+                    continue
+                updated = clone(dependent)
+                kept = [ref for ref in refs if ref.get("uid") != owner_uid]
+                if kept:
+                    updated["metadata"]["ownerReferences"] = kept
+                else:
+                    updated["metadata"].pop("ownerReferences", None)
+                self.store.write(resource.rtype, updated)
+
+    def remove_now(self, resource: Resource, obj: Obj) -> None:
+        """Drop an object whose deletion finished (finalizers gone)."""
+        if self.store.get(resource.rtype, *_key(obj)) is not None:
+            self.store.remove(resource.rtype, self.store.get(resource.rtype, *_key(obj)) or obj)
+
+    # -- write helpers ---------------------------------------------------------------------
+
+    def _check_identity(self, resource: Resource, obj: Obj, namespace: str, name: str = "") -> None:
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        if api_version and api_version != resource.api_version:
+            raise errors.bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({resource.api_version})"
+            )
+        if kind and kind != resource.rtype.kind:
+            raise errors.bad_request(
+                f"the kind in the data ({kind}) does not match the expected kind ({resource.rtype.kind})"
+            )
+        obj["apiVersion"], obj["kind"] = resource.api_version, resource.rtype.kind
+        metadata = obj.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = obj["metadata"] = {}
+        if resource.rtype.namespaced:
+            if metadata.get("namespace") and metadata["namespace"] != namespace:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            metadata["namespace"] = namespace
+        else:
+            metadata.pop("namespace", None)
+        if name:
+            if metadata.get("name") and metadata["name"] != name:
+                raise errors.bad_request(
+                    "the name of the object "
+                    f"({metadata['name']}) does not match the name on the URL ({name})"
+                )
+            metadata["name"] = name
+
+    def _check_preconditions(
+        self, resource: Resource, old: Obj, obj: Obj, *, require_rv: bool
+    ) -> None:
+        metadata = obj["metadata"]
+        name = old["metadata"]["name"]
+        uid = metadata.get("uid")
+        if uid and uid != old["metadata"]["uid"]:
+            raise errors.conflict(
+                resource.plural,
+                resource.group,
+                name,
+                f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
+            )
+        rv = metadata.get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise errors.conflict(
+                resource.plural,
+                resource.group,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
+        if not rv and require_rv:
+            raise errors.invalid(
+                resource.rtype.kind,
+                resource.group,
+                name,
+                [
+                    Cause(
+                        "FieldValueInvalid",
+                        "Invalid value: 0x0: must be specified for an update",
+                        "metadata.resourceVersion",
+                    )
+                ],
+            )
+
+    def _merge_update(self, resource: Resource, old: Obj, obj: Obj, subresource: str) -> Obj:
+        """The stored form of an update: server metadata kept, status/spec split by subresource."""
+        if subresource == "status":
+            new = clone(old)
+            if "status" in obj:
+                new["status"] = obj["status"]
+            else:
+                new.pop("status", None)
+            new["apiVersion"] = resource.api_version
+            return new
+        new = obj
+        metadata = new["metadata"]
+        for key in _SERVER_METADATA:
+            if key in old["metadata"]:
+                metadata[key] = old["metadata"][key]
+            else:
+                metadata.pop(key, None)
+        metadata["managedFields"] = old["metadata"].get("managedFields")
+        if not metadata["managedFields"]:
+            metadata.pop("managedFields")
+        if "generateName" in old["metadata"]:
+            metadata["generateName"] = old["metadata"]["generateName"]
+        if resource.rtype.has_status:
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        return new
+
+    def _strict_unknown(
+        self, resource: Resource, obj: Obj, ctx: Context, *, apply: bool = False
+    ) -> None:
+        metadata = obj.get("metadata") or {}
+        unknown = [f"metadata.{k}" for k in metadata if k not in _META_KNOWN]
+        for key in unknown:
+            metadata.pop(key.split(".", 1)[1], None)
+        if resource.validator is not None:
+            unknown += resource.validator.prune(obj)
+        if not unknown:
+            return
+        mode = ctx.field_validation or self.default_field_validation
+        if mode == "Strict" or apply:
+            if apply:
+                raise errors.bad_request(
+                    f"failed to create typed patch object ({metadata.get('namespace', '')}/"
+                    f"{metadata.get('name', '')}; {resource.api_version}, Kind={resource.rtype.kind}): "
+                    f".{unknown[0]}: field not declared in schema"
+                )
+            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+            raise errors.bad_request(
+                f'{resource.rtype.kind} in version "{resource.version.name}" cannot be handled as a '
+                f"{resource.rtype.kind}: strict decoding error: {fields}"
+            )
+        if mode == "Warn":
+            ctx.warnings.extend(f'unknown field "{u}"' for u in unknown)
+
+    def _admit_and_validate(
+        self, operation: str, resource: Resource, obj: Obj, old: Obj | None, ctx: Context
+    ) -> Obj:
+        self._strict_unknown(resource, obj, ctx)
+        resource.strategy.default(obj)
+        if resource.validator is not None:
+            resource.validator.apply_defaults(obj)
+        for hook in self.admission:
+            hook(operation, resource, obj, old, ctx)
+        causes = validate_metadata(obj, dns_label=resource.strategy.dns_label_names)
+        if old is not None and old["metadata"].get("deletionTimestamp"):
+            added = set(obj["metadata"].get("finalizers") or ()) - set(
+                old["metadata"].get("finalizers") or ()
+            )
+            if added:
+                causes.append(
+                    Cause(
+                        "FieldValueForbidden",
+                        "Forbidden: no new finalizers can be added if the object is being deleted, "
+                        f"found new finalizers {sorted(added)}",
+                        "metadata.finalizers",
+                    )
+                )
+        if resource.validator is not None:
+            causes += resource.validator.validate(obj, old)
+        causes += resource.strategy.validate(obj, old)
+        if causes:
+            raise errors.invalid(
+                resource.rtype.kind, resource.group, obj["metadata"].get("name", ""), causes
+            )
+        if resource.version.deprecation_warning:
+            ctx.warnings.append(resource.version.deprecation_warning)
+        return obj
+
+    def _require_namespace(self, resource: Resource, namespace: str) -> None:
+        if not resource.rtype.namespaced:
+            return
+        ns = self.store.collections["namespaces"].objects.get(("", namespace))
+        if ns is None:
+            raise errors.not_found("namespaces", "", namespace)
+        if ns["metadata"].get("deletionTimestamp"):
+            raise errors.forbidden(
+                resource.plural,
+                resource.group,
+                "",
+                f"unable to create new content in namespace {namespace} because it is being terminated",
+            )
+
+    def _finish_update(self, resource: Resource, old: Obj, new: Obj, ctx: Context) -> Obj:
+        metadata = new["metadata"]
+        if _content(new) != _content(old):
+            metadata["generation"] = old["metadata"].get("generation", 1) + 1
+        if metadata.get("deletionTimestamp") and not metadata.get("finalizers"):
+            if resource.rtype.key != "namespaces" or not (new.get("spec") or {}).get("finalizers"):
+                if ctx.dry_run:
+                    return new
+                return self.store.remove(resource.rtype, old).obj
+        return self._commit(resource, new, ctx, allow_terminating=True)
+
+    def _commit(
+        self, resource: Resource, obj: Obj, ctx: Context, *, allow_terminating: bool = False
+    ) -> Obj:
+        storage = self.storage(resource.rtype)
+        obj["apiVersion"] = storage.api_version
+        if ctx.dry_run:
+            obj["metadata"].setdefault("resourceVersion", "")
+            return obj
+        self.store.write(resource.rtype, obj)
+        return obj
+
+
+def _after(key: tuple[str, str], start: str) -> bool:
+    return not start or f"{key[0]}/{key[1]}" > start
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    return obj["metadata"].get("namespace") or "", obj["metadata"]["name"]
+
+
+def _encode_continue(rv: int, start: str) -> str:
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, str]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), str(data["start"])
+    except (ValueError, KeyError, TypeError):
+        raise errors.bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion"
+        ) from None
+
+
+def _check_delete_preconditions(
+    resource: Resource, old: Obj, preconditions: dict[str, Any]
+) -> None:
+    uid, rv = preconditions.get("uid"), preconditions.get("resourceVersion")
+    name = old["metadata"]["name"]
+    if uid and uid != old["metadata"]["uid"]:
+        raise errors.conflict(
+            resource.plural,
+            resource.group,
+            name,
+            f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
+        )
+    if rv and rv != old["metadata"]["resourceVersion"]:
+        raise errors.conflict(
+            resource.plural,
+            resource.group,
+            name,
+            f"Precondition failed: ResourceVersion in precondition: {rv}, "
+            f"ResourceVersion in object meta: {old['metadata']['resourceVersion']}",
+        )
+
+
+def selectable_value(obj: Obj, path: str) -> str:
+    """A field selector's view of ``obj`` (``source`` on events means the component)."""
+    if path == "source":
+        return field_value(obj, "source.component")
+    return field_value(obj, path)

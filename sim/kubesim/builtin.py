@@ -1,0 +1,362 @@
+"""Defaulting and validation of the built-in kinds, as their registry strategies do.
+
+Only what a client can observe and our reconcilers depend on: the defaults the
+API server fills in (so a desired-vs-actual diff sees what a real cluster
+returns), the generated Job selector and labels, the immutability rules that
+make a real update fail (a Job's pod template outside a suspended Job, a Pod's
+spec), and the required fields whose absence is a 422.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sim.kubesim.errors import Cause
+from sim.kubesim.store import clone
+
+__all__ = ["STRATEGIES", "Strategy", "validate_metadata"]
+
+Obj = dict[str, Any]
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+_DEFAULT_TOLERATIONS = [
+    {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+    {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+]
+
+
+def _name_causes(name: str, *, label: bool) -> list[Cause]:
+    pattern, limit = (_DNS_LABEL, 63) if label else (_DNS_SUBDOMAIN, 253)
+    if len(name) > limit or not pattern.match(name):
+        kind = "RFC 1123 label" if label else "RFC 1123 subdomain"
+        return [
+            Cause(
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase {kind} must consist of lower case '
+                "alphanumeric characters, '-' or '.', and must start and end with an "
+                "alphanumeric character",
+                "metadata.name",
+            )
+        ]
+    return []
+
+
+def _qualified_name_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+def validate_metadata(obj: Obj, *, dns_label: bool = False) -> list[Cause]:
+    """Name, labels and annotations checks every kind gets (``ValidateObjectMeta``)."""
+    metadata = obj.get("metadata") or {}
+    causes = _name_causes(metadata.get("name", ""), label=dns_label)
+    for key, value in (metadata.get("labels") or {}).items():
+        if not _qualified_name_ok(key):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{key}": name part must be valid',
+                    "metadata.labels",
+                )
+            )
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {value!r}: a valid label must be an empty string or consist of "
+                    "alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                    "alphanumeric character",
+                    f"metadata.labels[{key}]",
+                )
+            )
+    for key, value in (metadata.get("annotations") or {}).items():
+        if not _qualified_name_ok(key) or not isinstance(value, str):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{key}": name part must be valid',
+                    "metadata.annotations",
+                )
+            )
+    return causes
+
+
+class Strategy:
+    """Per-kind hooks; the default does nothing (custom resources use their schema)."""
+
+    def default(self, obj: Obj) -> None:
+        """Fill in defaults (called on every write, like defaulting on decode)."""
+
+    def prepare_create(self, obj: Obj) -> None:
+        """Reset what a client may not set on create (usually ``status``)."""
+
+    def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
+        return []
+
+    dns_label_names = False
+
+
+def _default_container(container: Obj) -> None:
+    image = str(container.get("image", ""))
+    tag = image.rsplit("/", 1)[-1]
+    latest = ":" not in tag or tag.endswith(":latest")
+    container.setdefault(
+        "imagePullPolicy", "Always" if latest and "@" not in image else "IfNotPresent"
+    )
+    container.setdefault("terminationMessagePath", "/dev/termination-log")
+    container.setdefault("terminationMessagePolicy", "File")
+    container.setdefault("resources", {})
+    for port in container.get("ports") or ():
+        port.setdefault("protocol", "TCP")
+    resources = container["resources"]
+    if "limits" in resources and "requests" not in resources:
+        resources["requests"] = dict(resources["limits"])
+    elif "limits" in resources:
+        for name, value in resources["limits"].items():
+            resources["requests"].setdefault(name, value)
+
+
+def default_pod_spec(spec: Obj) -> None:
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            _default_container(container)
+
+
+def _container_causes(spec: Obj, path: str) -> list[Cause]:
+    containers = spec.get("containers")
+    if not containers:
+        return [Cause("FieldValueRequired", "Required value", f"{path}.containers")]
+    causes = []
+    names: set[str] = set()
+    for index, container in enumerate(containers):
+        where = f"{path}.containers[{index}]"
+        name = container.get("name", "")
+        if not name:
+            causes.append(Cause("FieldValueRequired", "Required value", f"{where}.name"))
+        elif name in names:
+            causes.append(
+                Cause("FieldValueDuplicate", f'Duplicate value: "{name}"', f"{where}.name")
+            )
+        names.add(name)
+        if not container.get("image"):
+            causes.append(Cause("FieldValueRequired", "Required value", f"{where}.image"))
+    return causes
+
+
+class NamespaceStrategy(Strategy):
+    dns_label_names = True
+
+    def default(self, obj: Obj) -> None:
+        metadata = obj["metadata"]
+        metadata.setdefault("labels", {})["kubernetes.io/metadata.name"] = metadata["name"]
+        obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+        obj.setdefault("status", {}).setdefault("phase", "Active")
+
+    def prepare_create(self, obj: Obj) -> None:
+        obj["status"] = {"phase": "Active"}
+
+
+class NodeStrategy(Strategy):
+    def default(self, obj: Obj) -> None:
+        obj.setdefault("spec", {})
+
+
+class PodStrategy(Strategy):
+    def default(self, obj: Obj) -> None:
+        spec = obj.setdefault("spec", {})
+        default_pod_spec(spec)
+        spec.setdefault("serviceAccountName", "default")
+        spec.setdefault("serviceAccount", spec["serviceAccountName"])
+        spec.setdefault("enableServiceLinks", True)
+        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        spec.setdefault("priority", 0)
+        tolerations = spec.setdefault("tolerations", [])
+        for default in _DEFAULT_TOLERATIONS:
+            if not any(t.get("key") == default["key"] for t in tolerations):
+                tolerations.append(dict(default))
+
+    def prepare_create(self, obj: Obj) -> None:
+        obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
+
+    def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
+        spec = obj.get("spec") or {}
+        causes = _container_causes(spec, "spec")
+        if old is not None:
+            causes += _pod_spec_immutable(old.get("spec") or {}, spec)
+        return causes
+
+
+_POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "schedulingGates", "nodeName")
+
+
+def _pod_spec_immutable(old: Obj, new: Obj) -> list[Cause]:
+    def comparable(spec: Obj) -> Obj:
+        copy = {k: v for k, v in spec.items() if k not in _POD_MUTABLE}
+        copy["containers"] = [
+            {k: v for k, v in c.items() if k != "image"} for c in spec.get("containers") or ()
+        ]
+        return copy
+
+    if comparable(old) != comparable(new):
+        return [
+            Cause(
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                "(allow it to be set to 1 if it was previously negative)",
+                "spec",
+            )
+        ]
+    return []
+
+
+def _qos_class(spec: Obj) -> str:
+    containers = spec.get("containers") or []
+    resources = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in resources):
+        return "BestEffort"
+    guaranteed = all(
+        r.get("limits")
+        and {k: r["limits"].get(k) for k in ("cpu", "memory")}
+        == {k: (r.get("requests") or r["limits"]).get(k) for k in ("cpu", "memory")}
+        and "cpu" in r["limits"]
+        and "memory" in r["limits"]
+        for r in resources
+    )
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+class EventStrategy(Strategy):
+    def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
+        if not obj.get("involvedObject"):
+            return [Cause("FieldValueRequired", "Required value", "involvedObject")]
+        return []
+
+
+_JOB_TEMPLATE_MUTABLE_WHEN_SUSPENDED = (
+    "nodeSelector",
+    "tolerations",
+    "schedulingGates",
+    "affinity",
+)
+
+
+class JobStrategy(Strategy):
+    def default(self, obj: Obj) -> None:
+        spec = obj.setdefault("spec", {})
+        if spec.get("parallelism") is None and spec.get("completions") is None:
+            spec["completions"] = 1
+        if spec.get("parallelism") is None:
+            spec["parallelism"] = 1
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("suspend", False)
+        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        template = spec.setdefault("template", {})
+        default_pod_spec(template.setdefault("spec", {}))
+        uid = obj["metadata"].get("uid")
+        if uid and not spec.get("manualSelector"):
+            labels = template.setdefault("metadata", {}).setdefault("labels", {})
+            name = obj["metadata"]["name"]
+            generated = {
+                "batch.kubernetes.io/controller-uid": uid,
+                "batch.kubernetes.io/job-name": name,
+                "controller-uid": uid,
+                "job-name": name,
+            }
+            for key, value in generated.items():
+                labels.setdefault(key, value)
+            spec.setdefault(
+                "selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+            )
+
+    def prepare_create(self, obj: Obj) -> None:
+        obj["status"] = {}
+
+    def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
+        spec = obj.get("spec") or {}
+        template_spec = (spec.get("template") or {}).get("spec") or {}
+        causes = _container_causes(template_spec, "spec.template.spec")
+        restart = template_spec.get("restartPolicy")
+        if restart not in ("Never", "OnFailure"):
+            causes.append(
+                Cause(
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{restart}": supported values: "OnFailure", "Never"',
+                    "spec.template.spec.restartPolicy",
+                )
+            )
+        if old is not None:
+            causes += _job_immutable(old.get("spec") or {}, spec)
+        return causes
+
+
+def _job_immutable(old: Obj, new: Obj) -> list[Cause]:
+    causes = []
+    if old.get("selector") != new.get("selector"):
+        causes.append(
+            Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.selector")
+        )
+    if old.get("completions") != new.get("completions") and not (
+        new.get("completionMode") == "Indexed" and new.get("completions") == new.get("parallelism")
+    ):
+        causes.append(
+            Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.completions")
+        )
+    old_template, new_template = old.get("template") or {}, new.get("template") or {}
+    if old.get("suspend") and new.get("suspend") is not None:
+        old_template = _without_mutable(old_template)
+        new_template = _without_mutable(new_template)
+    if old_template != new_template:
+        causes.append(
+            Cause(
+                "FieldValueInvalid",
+                "Invalid value: field is immutable",
+                "spec.template",
+            )
+        )
+    return causes
+
+
+def _without_mutable(template: Obj) -> Obj:
+    copy = clone(template)
+    metadata = copy.setdefault("metadata", {})
+    metadata.pop("labels", None)
+    metadata.pop("annotations", None)
+    spec = copy.setdefault("spec", {})
+    for key in _JOB_TEMPLATE_MUTABLE_WHEN_SUSPENDED:
+        spec.pop(key, None)
+    return copy
+
+
+STRATEGIES: dict[str, Callable[[], Strategy]] = {
+    "namespaces": NamespaceStrategy,
+    "nodes": NodeStrategy,
+    "pods": PodStrategy,
+    "events": EventStrategy,
+    "jobs.batch": JobStrategy,
+}

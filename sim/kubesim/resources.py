@@ -1,0 +1,262 @@
+"""The resource types the stand-in serves, and the Kueue CRDs they are read from.
+
+Built-in kinds (core ``v1``, ``batch/v1``) and the job CRDs whose schemas we do
+not have (JobSet, PyTorchJob, MPIJob) are declared here by hand; every Kueue kind
+comes from the real CustomResourceDefinitions in ``../shared/kueue-crds`` read at
+start-up, so served versions, scope, short names, printer columns and the
+``openAPIV3Schema`` are exactly upstream's. The CRD files carry no conversion
+webhook, so, as a real API server would with ``strategy: None``, one stored
+object is served at every version with only ``apiVersion`` rewritten.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "CRDS_ENV",
+    "ResourceType",
+    "Version",
+    "builtin_types",
+    "default_crds_dir",
+    "kueue_types",
+    "load_crd",
+]
+
+CRDS_ENV = "QM_KUEUE_CRDS_DIR"
+
+#: Kinds we serve from the Kueue CRD directory (the MultiKueue / provisioning ones are
+#: loaded too when present: a real Kueue install has them, and they cost nothing).
+KUEUE_GROUP = "kueue.x-k8s.io"
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One served version of a resource type."""
+
+    name: str
+    schema: Mapping[str, Any] | None = None
+    printer_columns: tuple[Mapping[str, Any], ...] = ()
+    deprecation_warning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceType:
+    """A served resource: the unit of storage, RBAC, discovery and watch."""
+
+    group: str
+    kind: str
+    plural: str
+    singular: str
+    namespaced: bool
+    versions: tuple[Version, ...]
+    storage_version: str
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    has_status: bool = True
+    builtin: bool = False
+    #: Extra field-selector paths beyond ``metadata.name`` / ``metadata.namespace``.
+    field_selectors: tuple[str, ...] = ()
+    crd: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        """``plural.group`` (``pods`` for core): unique across the server."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    def api_version(self, version: str) -> str:
+        return f"{self.group}/{version}" if self.group else version
+
+    def version(self, name: str) -> Version | None:
+        for version in self.versions:
+            if version.name == name:
+                return version
+        return None
+
+    def serves(self, version: str) -> bool:
+        return self.version(version) is not None
+
+
+def _core(
+    kind: str,
+    plural: str,
+    *,
+    namespaced: bool,
+    short: tuple[str, ...] = (),
+    status: bool = True,
+    fields: tuple[str, ...] = (),
+    group: str = "",
+    version: str = "v1",
+    categories: tuple[str, ...] = (),
+) -> ResourceType:
+    return ResourceType(
+        group=group,
+        kind=kind,
+        plural=plural,
+        singular=kind.lower(),
+        namespaced=namespaced,
+        versions=(Version(version),),
+        storage_version=version,
+        short_names=short,
+        categories=categories,
+        has_status=status,
+        builtin=True,
+        field_selectors=fields,
+    )
+
+
+_POD_FIELDS = (
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+)
+_EVENT_FIELDS = (
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+)
+
+
+def _open_crd(
+    group: str, version: str, kind: str, plural: str, short: tuple[str, ...]
+) -> ResourceType:
+    """A job CRD whose schema we do not ship: any fields, status subresource."""
+    return ResourceType(
+        group=group,
+        kind=kind,
+        plural=plural,
+        singular=kind.lower(),
+        namespaced=True,
+        versions=(
+            Version(
+                version,
+                {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            ),
+        ),
+        storage_version=version,
+        short_names=short,
+        categories=("all",),
+    )
+
+
+@functools.cache
+def builtin_types() -> tuple[ResourceType, ...]:
+    return (
+        _core("Namespace", "namespaces", namespaced=False, short=("ns",), fields=("status.phase",)),
+        _core("Node", "nodes", namespaced=False, short=("no",), fields=("spec.unschedulable",)),
+        _core(
+            "Pod", "pods", namespaced=True, short=("po",), fields=_POD_FIELDS, categories=("all",)
+        ),
+        _core(
+            "Event", "events", namespaced=True, short=("ev",), status=False, fields=_EVENT_FIELDS
+        ),
+        _core(
+            "Job",
+            "jobs",
+            namespaced=True,
+            group="batch",
+            fields=("status.successful",),
+            categories=("all",),
+        ),
+        _open_crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", ()),
+        _open_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", ()),
+        _open_crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ()),
+    )
+
+
+def default_crds_dir(repo_root: Path | None = None) -> Path:
+    """``$QM_KUEUE_CRDS_DIR``, else ``../shared/kueue-crds`` next to the repository root."""
+    configured = os.environ.get(CRDS_ENV)
+    if configured:
+        return Path(configured)
+    root = repo_root or Path(__file__).resolve().parents[2]
+    return (root / ".." / "shared" / "kueue-crds").resolve()
+
+
+def load_crd(document: Mapping[str, Any]) -> ResourceType:
+    """A :class:`ResourceType` from a ``CustomResourceDefinition`` document."""
+    spec = document["spec"]
+    names = spec["names"]
+    versions: list[Version] = []
+    storage = ""
+    has_status = False
+    for entry in spec["versions"]:
+        if not entry.get("served", True):
+            continue
+        if entry.get("storage"):
+            storage = entry["name"]
+        has_status = has_status or "status" in (entry.get("subresources") or {})
+        warning = entry.get("deprecationWarning")
+        if entry.get("deprecated") and not warning:
+            warning = f"{spec['group']}/{entry['name']} {names['kind']} is deprecated"
+        versions.append(
+            Version(
+                name=entry["name"],
+                schema=(entry.get("schema") or {}).get("openAPIV3Schema"),
+                printer_columns=tuple(entry.get("additionalPrinterColumns") or ()),
+                deprecation_warning=warning,
+            )
+        )
+    return ResourceType(
+        group=spec["group"],
+        kind=names["kind"],
+        plural=names["plural"],
+        singular=names.get("singular") or names["kind"].lower(),
+        namespaced=spec.get("scope") == "Namespaced",
+        versions=tuple(versions),
+        storage_version=storage or versions[-1].name,
+        short_names=tuple(names.get("shortNames") or ()),
+        categories=tuple(names.get("categories") or ()),
+        has_status=has_status,
+        crd=document,
+    )
+
+
+def _crd_documents(directory: Path) -> Iterable[Mapping[str, Any]]:
+    for path in sorted(directory.glob("*.yaml")):
+        with path.open(encoding="utf-8") as stream:
+            for document in yaml.load_all(stream, Loader=yaml.CSafeLoader):
+                if (
+                    isinstance(document, dict)
+                    and document.get("kind") == "CustomResourceDefinition"
+                ):
+                    yield document
+
+
+@functools.cache
+def _kueue_types_cached(directory: str, _mtime: float) -> tuple[ResourceType, ...]:
+    return tuple(load_crd(doc) for doc in _crd_documents(Path(directory)))
+
+
+def kueue_types(directory: Path | None = None) -> tuple[ResourceType, ...]:
+    """Every CRD in ``directory`` (default :func:`default_crds_dir`), parsed once per process."""
+    path = (directory or default_crds_dir()).resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"Kueue CRD directory {path} not found; set {CRDS_ENV} or pass --crds-dir"
+        )
+    return _kueue_types_cached(str(path), path.stat().st_mtime)
