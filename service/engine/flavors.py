@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from service.domain.quantity import format_amount
 from service.domain.quota import FlavorFungibility, ResourceFlavor
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
 from service.engine.placement import tolerates
@@ -147,16 +148,16 @@ def _fits_quota(
             NO_FIT,
             0,
             EXCEEDS_MAX_QUOTA,
-            f"insufficient quota for {fr[1]} in flavor {fr[0]}, request ({value}) > "
-            f"maximum capacity ({maximum})",
+            f"insufficient quota for {fr[1]} in flavor {fr[0]}, request "
+            f"({format_amount(fr[1], value)}) > maximum capacity "
+            f"({format_amount(fr[1], maximum)})",
         )
     borrow, may_reclaim = node.borrowing_level(fr, value)
     available = node.available(fr)
     if value <= available:
         return FIT, borrow, "", ""
-    message = (
-        f"insufficient unused quota for {fr[1]} in flavor {fr[0]}, {value - available} more needed"
-    )
+    missing = format_amount(fr[1], value - available)
+    message = f"insufficient unused quota for {fr[1]} in flavor {fr[0]}, {missing} more needed"
     quota = node.quotas.get(fr)
     nominal = quota.nominal if quota is not None else 0
     preemption = cq.spec.preemption
@@ -176,7 +177,7 @@ def _can_preempt_at_all(cq: CQState) -> bool:
 
 
 def _describe_shape(ps: PodSetInfo) -> str:
-    return ",".join(f"{r}={a}" for r, a in ps.shape)
+    return "{" + ", ".join(f"{r}: {format_amount(r, a)}" for r, a in ps.shape) + "}"
 
 
 def assign_flavors(

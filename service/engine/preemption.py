@@ -406,6 +406,11 @@ def _fair(search: _Search) -> PreemptionPlan | None:
         mine, theirs = _almost_lcas(node, target)
         return ordering.share(mine), ordering.share(theirs)
 
+    # A preemptor that stays within its nominal quota even with the incoming
+    # workload reclaims what others borrowed regardless of shares (Kueue's
+    # FairSharingPreemptWithinNominal).
+    within_nominal = not any(node.borrowing(fr) for fr in search.frs)
+
     def generate() -> Iterator[tuple[AdmittedInfo, str]]:
         retry: list[AdmittedInfo] = []
         ordering = _TargetOrdering(search, candidates)
@@ -413,6 +418,9 @@ def _fair(search: _Search) -> PreemptionPlan | None:
         for target in ordering:
             if target is node:
                 yield ordering.pop(target), IN_CLUSTER_QUEUE
+                continue
+            if within_nominal:
+                yield ordering.pop(target), IN_COHORT_RECLAMATION
                 continue
             preemptor_new, target_old = shares(target, ordering)
             while ordering.has_workload(target):
