@@ -63,6 +63,8 @@ class PreemptionPlan:
 
     victims: list[tuple[object, str]]
     placement: GangPlacement
+    #: Borrowing level once the victims are gone (Kueue's ``borrowAfterPreemptions``).
+    borrow: int = 0
 
 
 @dataclass(slots=True)
@@ -276,7 +278,9 @@ def assign_flavors(
                             if plan is None:
                                 mode = (NO_CANDIDATES, mode[1])
                             elif all(getattr(v, "cq", None) is not cq for v, _ in plan.victims):
-                                mode = (RECLAIM, mode[1])
+                                mode = (RECLAIM, plan.borrow)
+                            else:
+                                mode = (PREEMPT, plan.borrow)
                 if not should_try_next(mode, fungibility):
                     best, best_flavor, best_extra = mode, name, (placement, plan, need)
                     break
@@ -331,8 +335,8 @@ def _most_severe(a: str, b: str) -> str:
 def _never_fits_message(ps: PodSetInfo, flavor: str) -> str:
     where = "one island" if ps.mode == "required" else "one cluster"
     return (
-        f"no cluster in flavor {flavor} can ever hold {ps.count} pod(s) of "
-        f"{_describe_shape(ps)} within {where}"
+        f"no schedulable cluster in flavor {flavor} could hold {ps.count} pod(s) of "
+        f"{_describe_shape(ps)} within {where}, even if it were empty"
     )
 
 

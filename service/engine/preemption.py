@@ -132,9 +132,11 @@ class _Search:
                 self.remove(victim)
         placement = check()
         assert placement is not None
+        node = self.cq.node
+        borrow = max((node.borrowing_level(fr, v)[0] for fr, v in self.usage.items()), default=0)
         for victim, _ in targets:
             self.restore(victim)
-        return PreemptionPlan(victims=list(targets), placement=placement)
+        return PreemptionPlan(victims=list(targets), placement=placement, borrow=borrow)
 
 
 def _ordering_key(cq: CQState) -> Callable[[AdmittedInfo], tuple[bool, int, float, str]]:

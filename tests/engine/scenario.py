@@ -22,6 +22,10 @@ Conveniences so that files stay short and read like the spec:
   ``flavors`` (resource → flavor) and optionally ``nodes`` (node → pods); when
   nodes are omitted the pods are placed first-fit on nodes of that flavor.
 
+``nodeOverrides`` (node → ``ready`` / ``unschedulable``) and
+``localQueueUsage`` (``ns/lq`` → ``consumed``, ``lastUpdate``) set node state and
+admission fair-sharing history.
+
 ``expect`` keys: ``admitted`` (key → optional ``cluster``, ``flavors``,
 ``islands``, ``nodes``, ``borrowed``), ``preempted`` (list of ``workload``,
 ``reason``, optional ``preemptor``), ``evicted`` (``workload``, ``reason``,
@@ -33,6 +37,7 @@ Workload keys may omit the ``default/`` namespace.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,7 @@ from service.engine import (
     AdmissionFairSharingConfig,
     EngineConfig,
     FairSharingConfig,
+    LocalQueueUsage,
     Snapshot,
     WaitForPodsReadyConfig,
 )
@@ -313,6 +319,22 @@ def build(data: dict[str, Any], path: Path | None = None) -> Scenario:
         admitted.append(_admitted(wl, workload, fleet, used))
     pending = [_workload(wl, i) for i, wl in enumerate(data.get("pending") or [])]
     lqs: list[LocalQueue] = list(fleet.local_queues)
+    overrides = data.get("nodeOverrides") or {}
+    nodes = tuple(
+        dataclasses.replace(
+            n,
+            ready=overrides.get(n.name, {}).get("ready", n.ready),
+            unschedulable=overrides.get(n.name, {}).get("unschedulable", n.unschedulable),
+        )
+        for n in fleet.nodes()
+    )
+    usage = {
+        key_of(k): LocalQueueUsage(
+            consumed=canonical_resources(v.get("consumed") or {}),
+            last_update=float(v.get("lastUpdate", data.get("now", 1000))),
+        )
+        for k, v in (data.get("localQueueUsage") or {}).items()
+    }
     snapshot = Snapshot(
         cluster_queues=fleet.cluster_queues,
         resource_flavors=fleet.resource_flavors,
@@ -321,10 +343,11 @@ def build(data: dict[str, Any], path: Path | None = None) -> Scenario:
         priority_classes=fleet.priority_classes,
         topologies=fleet.topologies,
         clusters=fleet.cluster_objects(),
-        nodes=tuple(fleet.nodes()),
+        nodes=nodes,
         admitted=tuple(admitted),
         pending=tuple(pending),
         namespaces=namespaces,
+        local_queue_usage=usage,
         config=_config(data),
     )
     return Scenario(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from service.domain.quantity import canonical_amount
 from service.engine import CycleResult, admission_cycle
 from tests.engine.invariants import violations
 from tests.engine.scenario import Scenario, all_scenario_paths, key_of, load
@@ -73,7 +74,10 @@ def _check_admitted(expected: dict[str, Any] | list[str], result: CycleResult) -
             assert nodes == details["nodes"], f"{key} nodes {nodes}"
         if "borrowed" in details:
             borrowed = {f"{f}/{r}": a for (f, r), a in decision.borrowed.items()}
-            assert borrowed == details["borrowed"], f"{key} borrowed {borrowed}"
+            want_borrowed = {
+                k: canonical_amount(k.split("/", 1)[1], v) for k, v in details["borrowed"].items()
+            }
+            assert borrowed == want_borrowed, f"{key} borrowed {borrowed}"
 
 
 def _check_preempted(expected: list[dict[str, Any]], result: CycleResult) -> None:
