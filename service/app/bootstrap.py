@@ -32,7 +32,10 @@ def make_engine(database_url: str, pool_size: int = 10) -> Engine:
         database_url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No pre-ping: it costs every transaction a round trip. A connection
+        # broken by a database restart fails one request (503) and SQLAlchemy
+        # then invalidates the pool, so the service recovers by itself.
+        pool_pre_ping=False,
         # Appends rely on READ COMMITTED re-reads after the sequencer lock.
         isolation_level="READ COMMITTED",
     )

@@ -10,7 +10,7 @@ from typing import Self
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Engine, RootTransaction
 
-from service.eventstore.port import OutboxMessage
+from service.eventstore.port import AppendResult, OutboxMessage
 from service.eventstore.postgres import PostgresEventRecorder
 from service.ledger.chain import LedgerEntry, NewLedgerEntry
 from service.ledger.postgres import PostgresLedgerWriter
@@ -72,10 +72,12 @@ class SqlUnitOfWork:
             )
 
     def record(self, entries: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
-        """Chain ledger entries; call after appending events (lock order:
-        event_head before ledger_head, in every unit of work)."""
+        """Chain ledger entries. Takes the ledger tip's lock until commit;
+        event_head is only ever locked at commit, so the lock order is always
+        ledger_head, then event_head."""
         return self._ledger.append(entries)
 
-    def commit(self) -> None:
+    def commit(self) -> list[AppendResult]:
+        """Commit; answer every append of this unit with its final positions."""
         assert self._tx is not None
-        self._tx.commit()
+        return self.events.commit(self._tx.commit)

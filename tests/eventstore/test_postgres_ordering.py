@@ -97,6 +97,8 @@ def test_events_and_outbox_commit_together_or_not_at_all(engine: sa.Engine) -> N
     "statement",
     [
         "UPDATE events SET type = 'Forged'",
+        "UPDATE events SET position = position + 1000",
+        "UPDATE events SET position = NULL",
         "DELETE FROM events",
         "TRUNCATE events",
         "UPDATE ledger_entries SET kind = 'forged'",
