@@ -1,0 +1,31 @@
+"""The controllers that make a simulated cluster behave like one: scheduler, kubelet,
+Job / JobSet / PyTorchJob / MPIJob controllers and a Kueue-like admission loop.
+
+All run on the server's event loop and write through the same API core as
+clients do; see :mod:`sim.kubesim.controllers.base`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from sim.kubesim.controllers.jobs import (
+    JobController,
+    JobSetController,
+    MPIJobController,
+    PyTorchJobController,
+)
+from sim.kubesim.controllers.kueue import KueueController
+from sim.kubesim.controllers.nodes import Kubelet, Scheduler
+
+if TYPE_CHECKING:
+    from sim.kubesim.cluster import SimCluster
+
+__all__ = ["start_controllers"]
+
+
+def start_controllers(cluster: SimCluster, loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """Kubelet first: chaos hooks (node readiness, pod failure) are looked up in this order."""
+    kinds = (Kubelet, Scheduler, JobController, JobSetController, PyTorchJobController, MPIJobController, KueueController)
+    return [kind(cluster, loop) for kind in kinds]
