@@ -8,4 +8,10 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="Simulation: replay GPU traces, run stand-in member clusters.", no_args_is_help=True)
+app = typer.Typer(
+    help="Simulation: replay GPU traces, run stand-in member clusters.", no_args_is_help=True
+)
+
+from sim.kubesim.cli import register as _register_kubesim  # noqa: E402
+
+_register_kubesim(app)
