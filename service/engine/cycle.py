@@ -179,13 +179,13 @@ class _Cycle:
         lq = state.local_queues[wl.queue_key]
         if cq is None:
             return "ClusterQueueNotFound", f"ClusterQueue {lq.cluster_queue} doesn't exist", False
-        if wl.requeue_state is not None and wl.requeue_state.requeue_at is not None:
-            if wl.requeue_state.requeue_at > self.now:
-                return (
-                    "RequeueBackoff",
-                    f"Waiting for the requeue backoff to expire at {wl.requeue_state.requeue_at:g}",
-                    True,
-                )
+        requeue_at = wl.requeue_state.requeue_at if wl.requeue_state is not None else None
+        if requeue_at is not None and requeue_at > self.now:
+            return (
+                "RequeueBackoff",
+                f"Waiting for the requeue backoff to expire at {requeue_at:g}",
+                True,
+            )
         if cq.spec.stop_policy != "None":
             return "ClusterQueueStopped", f"ClusterQueue {cq.name} is stopped", True
         if lq.stop_policy != "None":
@@ -431,7 +431,8 @@ class _Cycle:
                     self._pend(
                         wi,
                         "StrictFIFO",
-                        f"Waiting behind {queue.blocked_by.key} in the StrictFIFO ClusterQueue {name}",
+                        f"Waiting behind {queue.blocked_by.key} "
+                        f"in the StrictFIFO ClusterQueue {name}",
                         name,
                     )
                 else:

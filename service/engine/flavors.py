@@ -182,6 +182,139 @@ def _describe_shape(ps: PodSetInfo) -> str:
     return "{" + ", ".join(f"{r}: {format_amount(r, a)}" for r, a in ps.shape) + "}"
 
 
+@dataclass(slots=True)
+class _Notes:
+    """Why flavors were rejected or are imperfect, for the pending message."""
+
+    attempts: list[str] = field(default_factory=list)
+    worst: str = ""
+
+    def add(self, message: str, reason: str) -> None:
+        self.attempts.append(message)
+        self.worst = _most_severe(self.worst, reason)
+
+
+@dataclass(slots=True)
+class _Trial:
+    """One flavor tried for one resource group of one pod set."""
+
+    mode: tuple[int, int]
+    placement: GangPlacement | None = None
+    plan: PreemptionPlan | None = None
+    need: set[FlavorResource] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _GroupSearch:
+    """Choosing the flavor of one resource group of one pod set."""
+
+    state: CycleState
+    wi: WorkloadInfo
+    cq: CQState
+    index: int
+    resources: list[str]
+    chosen: dict[str, str]
+    result: Assignment
+    #: Physical placement is tried once the pod set's last group has a flavor.
+    place: bool
+    oracle: Oracle | None
+    notes: _Notes = field(default_factory=_Notes)
+
+    @property
+    def ps(self) -> PodSetInfo:
+        return self.wi.pod_sets[self.index]
+
+    def quota_mode(self, name: str) -> _Trial:
+        trial = _Trial((FIT, 0))
+        for resource in self.resources:
+            fr = (name, resource)
+            value = self.result.usage.get(fr, 0) + self.ps.totals[resource]
+            fmode, borrow, reason, message = _fits_quota(self.state, self.cq, fr, value)
+            if message:
+                self.notes.add(message, reason)
+            trial.mode = _worse(trial.mode, (fmode, borrow))
+            if fmode in (PREEMPT, NO_FIT):
+                trial.need.add(fr)
+            if fmode == NO_FIT:
+                break
+        return trial
+
+    def physical_mode(self, name: str, trial: _Trial) -> None:
+        """Refine a quota mode with room in the fleet (and a preemption plan)."""
+        state, ps = self.state, self.ps
+        flavors_now = {**self.chosen, **dict.fromkeys(self.resources, name)}
+        if trial.mode[0] == FIT:
+            trial.placement = _try_place(state, self.wi, self.index, flavors_now)
+            if trial.placement is None:
+                request = state.pod_set_request(self.wi, self.index, flavors_now)
+                if pristine_fits(state.inventory, [request], state.pristine_cache):
+                    self.notes.add(
+                        f"no cluster has room now for {ps.count} pod(s) of "
+                        f"{_describe_shape(ps)} in flavor {name}",
+                        WAITING_FOR_CAPACITY,
+                    )
+                    trial.mode = (PREEMPT, trial.mode[1])
+                    trial.need |= {(name, r) for r in self.resources}
+                else:
+                    self.notes.add(_never_fits_message(ps, name), TOPOLOGY_PLACEMENT_FAILED)
+                    trial.mode = (NO_FIT, trial.mode[1])
+        if trial.mode[0] != PREEMPT:
+            return
+        if not _can_preempt_at_all(self.cq):
+            trial.mode = (NO_CANDIDATES, trial.mode[1])
+            return
+        if self.oracle is None or len(self.wi.pod_sets) != 1:
+            return
+        attempt = Assignment(
+            pod_set_flavors=[flavors_now],
+            usage=_usage_with(self.result.usage, ps, flavors_now),
+            frs_need_preemption=trial.need,
+        )
+        trial.plan = self.oracle(self.wi, attempt)
+        if trial.plan is None:
+            trial.mode = (NO_CANDIDATES, trial.mode[1])
+        elif all(getattr(v, "cq", None) is not self.cq for v, _ in trial.plan.victims):
+            trial.mode = (RECLAIM, trial.plan.borrow)
+        else:
+            trial.mode = (PREEMPT, trial.plan.borrow)
+
+    def choose(self, flavor_names: tuple[str, ...]) -> tuple[str | None, _Trial]:
+        fungibility = self.cq.spec.flavor_fungibility
+        best = _Trial((NO_FIT, 1 << 30))
+        best_flavor: str | None = None
+        for name in flavor_names:
+            mismatch = _flavor_mismatch(self.state, self.state.flavors.get(name), name, self.ps)
+            if mismatch is not None:
+                self.notes.add(mismatch, NO_MATCHING_FLAVOR)
+                continue
+            trial = self.quota_mode(name)
+            if self.place and trial.mode[0] != NO_FIT:
+                self.physical_mode(name, trial)
+            if not should_try_next(trial.mode, fungibility):
+                return name, trial
+            if is_preferred(trial.mode, best.mode, fungibility):
+                best, best_flavor = trial, name
+        return best_flavor, best
+
+
+def _resource_groups(cq: CQState, ps: PodSetInfo, result: Assignment) -> list[int] | None:
+    """The ClusterQueue's resource groups the pod set needs, or ``None`` (and why)."""
+    groups: list[int] = []
+    for resource in ps.totals:
+        group = cq.group_of.get(resource)
+        if group is None:
+            result.mode = NO_FIT
+            result.reason = NO_MATCHING_FLAVOR
+            result.messages.append(
+                f"couldn't assign flavors to pod set {ps.name}: resource {resource} "
+                "unavailable in ClusterQueue"
+            )
+            return None
+        if group not in groups:
+            groups.append(group)
+    return sorted(groups)
+
+
 def assign_flavors(
     state: CycleState,
     wi: WorkloadInfo,
@@ -191,141 +324,74 @@ def assign_flavors(
     """Choose a flavor per pod set and resource; with ``physical``, also a placement."""
     cq = wi.cq
     assert cq is not None
-    fungibility = cq.spec.flavor_fungibility
     result = Assignment()
     overall = (FIT, 0)
     single = len(wi.pod_sets) == 1
     for index, ps in enumerate(wi.pod_sets):
+        groups = _resource_groups(cq, ps, result)
+        if groups is None:
+            return result
         chosen: dict[str, str] = {}
-        groups: list[int] = []
-        for resource in ps.totals:
-            group = cq.group_of.get(resource)
-            if group is None:
-                result.mode = NO_FIT
-                result.reason = NO_MATCHING_FLAVOR
-                result.messages.append(
-                    f"couldn't assign flavors to pod set {ps.name}: resource {resource} "
-                    "unavailable in ClusterQueue"
-                )
-                return result
-            if group not in groups:
-                groups.append(group)
-        groups.sort()
         for position, group in enumerate(groups):
-            last = position == len(groups) - 1
             covered, flavor_names = cq.groups[group]
-            resources = [r for r in ps.totals if r in covered]
-            best: tuple[int, int] = (NO_FIT, 1 << 30)
-            best_flavor: str | None = None
-            best_extra: tuple[GangPlacement | None, PreemptionPlan | None, set[FlavorResource]] = (
-                None,
-                None,
-                set(),
+            search = _GroupSearch(
+                state=state,
+                wi=wi,
+                cq=cq,
+                index=index,
+                resources=[r for r in ps.totals if r in covered],
+                chosen=chosen,
+                result=result,
+                place=physical and position == len(groups) - 1,
+                oracle=oracle,
             )
-            attempts: list[str] = []
-            worst_reason = ""
-            for name in flavor_names:
-                flavor = state.flavors.get(name)
-                mismatch = _flavor_mismatch(state, flavor, name, ps)
-                if mismatch is not None:
-                    attempts.append(mismatch)
-                    worst_reason = _most_severe(worst_reason, NO_MATCHING_FLAVOR)
-                    continue
-                mode = (FIT, 0)
-                need: set[FlavorResource] = set()
-                for resource in resources:
-                    fr = (name, resource)
-                    value = result.usage.get(fr, 0) + ps.totals[resource]
-                    fmode, borrow, reason, message = _fits_quota(state, cq, fr, value)
-                    if message:
-                        attempts.append(message)
-                        worst_reason = _most_severe(worst_reason, reason)
-                    mode = _worse(mode, (fmode, borrow))
-                    if fmode in (PREEMPT, NO_FIT):
-                        need.add(fr)
-                    if fmode == NO_FIT:
-                        break
-                placement: GangPlacement | None = None
-                plan: PreemptionPlan | None = None
-                if physical and last and mode[0] != NO_FIT:
-                    flavors_now = {**chosen, **dict.fromkeys(resources, name)}
-                    if mode[0] == FIT:
-                        placement = _try_place(state, wi, index, flavors_now, result, single)
-                        if placement is None:
-                            request = state.pod_set_request(wi, index, flavors_now)
-                            if pristine_fits(state.inventory, [request], state.pristine_cache):
-                                attempts.append(
-                                    f"no cluster has room now for {ps.count} pod(s) of "
-                                    f"{_describe_shape(ps)} in flavor {name}"
-                                )
-                                worst_reason = _most_severe(worst_reason, WAITING_FOR_CAPACITY)
-                                mode = (PREEMPT, mode[1])
-                                need |= {(name, r) for r in resources}
-                            else:
-                                attempts.append(_never_fits_message(ps, name))
-                                worst_reason = _most_severe(worst_reason, TOPOLOGY_PLACEMENT_FAILED)
-                                mode = (NO_FIT, mode[1])
-                    if mode[0] == PREEMPT:
-                        if not _can_preempt_at_all(cq):
-                            mode = (NO_CANDIDATES, mode[1])
-                        elif oracle is not None and single:
-                            trial = Assignment(
-                                pod_set_flavors=[flavors_now],
-                                usage=_usage_with(result.usage, ps, flavors_now),
-                                frs_need_preemption=need,
-                            )
-                            plan = oracle(wi, trial)
-                            if plan is None:
-                                mode = (NO_CANDIDATES, mode[1])
-                            elif all(getattr(v, "cq", None) is not cq for v, _ in plan.victims):
-                                mode = (RECLAIM, plan.borrow)
-                            else:
-                                mode = (PREEMPT, plan.borrow)
-                if not should_try_next(mode, fungibility):
-                    best, best_flavor, best_extra = mode, name, (placement, plan, need)
-                    break
-                if is_preferred(mode, best, fungibility):
-                    best, best_flavor, best_extra = mode, name, (placement, plan, need)
-            if best_flavor is None or best[0] == NO_FIT:
+            flavor, best = search.choose(flavor_names)
+            notes = search.notes
+            if flavor is None or best.mode[0] == NO_FIT:
                 result.mode = NO_FIT
-                result.reason = worst_reason or NO_MATCHING_FLAVOR
+                result.reason = notes.worst or NO_MATCHING_FLAVOR
                 result.messages.append(
-                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(attempts)
+                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(notes.attempts)
                 )
                 return result
-            for resource in resources:
-                chosen[resource] = best_flavor
-                fr = (best_flavor, resource)
+            for resource in search.resources:
+                chosen[resource] = flavor
+                fr = (flavor, resource)
                 result.usage[fr] = result.usage.get(fr, 0) + ps.totals[resource]
-            overall = _worse(overall, best)
-            placement, plan, need = best_extra
-            if best[0] != FIT:
-                result.frs_need_preemption |= need
+            overall = _worse(overall, best.mode)
+            if best.mode[0] != FIT:
+                result.frs_need_preemption |= best.need
                 result.messages.append(
-                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(attempts)
+                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(notes.attempts)
                 )
-                if not result.reason or _SEVERITY[worst_reason] > _SEVERITY[result.reason]:
-                    result.reason = worst_reason
-            if placement is not None and single:
-                result.placement = placement
-            if plan is not None:
-                result.plan = plan
+                if not result.reason or _SEVERITY[notes.worst] > _SEVERITY[result.reason]:
+                    result.reason = notes.worst
+            if best.placement is not None and single:
+                result.placement = best.placement
+            if best.plan is not None:
+                result.plan = best.plan
         result.pod_set_flavors.append(chosen)
     result.mode, result.borrow = overall
     if result.mode == FIT and physical and not single:
-        result.placement = place_gang(
-            state.inventory,
-            [state.pod_set_request(wi, i, f) for i, f in enumerate(result.pod_set_flavors)],
-        )
-        if result.placement is None:
-            result.mode = PREEMPT if _can_preempt_at_all(cq) else NO_CANDIDATES
-            result.reason = WAITING_FOR_CAPACITY
-            result.messages.append("no single cluster has room now for every pod set of the gang")
-            for index, flavors in enumerate(result.pod_set_flavors):
-                result.frs_need_preemption |= {
-                    (f, r) for r, f in flavors.items() if r in wi.pod_sets[index].totals
-                }
+        _place_whole_gang(state, wi, cq, result)
     return result
+
+
+def _place_whole_gang(state: CycleState, wi: WorkloadInfo, cq: CQState, result: Assignment) -> None:
+    """Several pod sets: all of them in one cluster, or the gang waits for capacity."""
+    result.placement = place_gang(
+        state.inventory,
+        [state.pod_set_request(wi, i, f) for i, f in enumerate(result.pod_set_flavors)],
+    )
+    if result.placement is not None:
+        return
+    result.mode = PREEMPT if _can_preempt_at_all(cq) else NO_CANDIDATES
+    result.reason = WAITING_FOR_CAPACITY
+    result.messages.append("no single cluster has room now for every pod set of the gang")
+    for index, flavors in enumerate(result.pod_set_flavors):
+        result.frs_need_preemption |= {
+            (f, r) for r, f in flavors.items() if r in wi.pod_sets[index].totals
+        }
 
 
 def _most_severe(a: str, b: str) -> str:
@@ -351,12 +417,7 @@ def _usage_with(
 
 
 def _try_place(
-    state: CycleState,
-    wi: WorkloadInfo,
-    index: int,
-    flavors: dict[str, str],
-    result: Assignment,
-    single: bool,
+    state: CycleState, wi: WorkloadInfo, index: int, flavors: dict[str, str]
 ) -> GangPlacement | None:
     request: PodSetRequest = state.pod_set_request(wi, index, flavors)
     return place_gang(state.inventory, [request])

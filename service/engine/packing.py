@@ -133,14 +133,8 @@ def _spread_in_cluster(
         if amount > 0:
             if sum(i.upper_bound(shape, amount) for i in islands) < request.count:
                 return None
-            size = max(len(i.buckets) for i in islands)
-            nodes = (
-                n
-                for f in range(amount, size)
-                for i in islands
-                if f < len(i.buckets)
-                for n in i.buckets[f]
-            )
+            levels = sorted({f for i in islands for f in i.levels_from(amount)})
+            nodes = (n for f in levels for i in islands for n in i.buckets.get(f, ()))
             return fill_domain(nodes, shape, request.count)
     for resource, per_pod in shape:
         if sum(i.free_total.get(resource, 0) for i in islands) < per_pod * request.count:

@@ -7,7 +7,9 @@ rejected without walking nodes:
 * each :class:`Island` buckets its nodes by the free amount of its *primary*
   resource (the accelerator, e.g. ``nvidia.com/gpu``): a pod asking for ``g``
   GPUs looks only at buckets ``g…max``, smallest first (best fit), and the
-  bucket counts give an upper bound on how many such pods the island can hold;
+  bucket counts give an upper bound on how many such pods the island can hold.
+  Buckets are sparse (one per distinct free amount, kept in a sorted list), so
+  a node with a huge allocatable costs no more than a small one;
 * per node flavor, islands and clusters are kept sorted by total free primary
   resource, so the best-fit search starts at the first one big enough.
 
@@ -88,6 +90,7 @@ class Island:
         "cluster",
         "free_total",
         "labels",
+        "levels",
         "name",
         "node_flavor",
         "nodes",
@@ -103,8 +106,10 @@ class Island:
         self.name = name
         self.nodes: list[NodeState] = []
         self.primary: str | None = None
-        #: ``buckets[f]`` holds nodes whose free primary amount is ``f``.
-        self.buckets: list[dict[NodeState, None]] = []
+        #: ``buckets[f]`` holds the nodes whose free primary amount is ``f`` (never empty).
+        self.buckets: dict[int, dict[NodeState, None]] = {}
+        #: The keys of ``buckets``, ascending.
+        self.levels: list[int] = []
         self.free_total: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.taints: tuple[Taint, ...] = ()
@@ -115,18 +120,39 @@ class Island:
     def upper_bound(self, shape: Shape, primary_amount: int) -> int:
         """Pods of ``shape`` the island could hold judging by the primary resource alone."""
         buckets = self.buckets
+        levels = self.levels
         total = 0
-        for f in range(primary_amount, len(buckets)):
-            bucket = buckets[f]
-            if bucket:
-                total += len(bucket) * (f // primary_amount)
+        for position in range(bisect.bisect_left(levels, primary_amount), len(levels)):
+            f = levels[position]
+            total += len(buckets[f]) * (f // primary_amount)
         return total
 
     def candidate_nodes(self, primary_amount: int) -> Iterable[NodeState]:
         """Nodes that could take a pod, best fit first (least free primary)."""
         if self.primary is None or primary_amount <= 0:
             return sorted((n for n in self.nodes), key=lambda n: (sum(n.free.values()), n.name))
-        return (n for f in range(primary_amount, len(self.buckets)) for n in self.buckets[f])
+        levels = self.levels[bisect.bisect_left(self.levels, primary_amount) :]
+        return (n for f in levels for n in self.buckets[f])
+
+    def levels_from(self, primary_amount: int) -> list[int]:
+        """Free primary amounts of at least ``primary_amount`` held by some node, ascending."""
+        return self.levels[bisect.bisect_left(self.levels, primary_amount) :]
+
+    def bucket_add(self, node: NodeState, free: int) -> None:
+        key = max(0, free)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = {}
+            bisect.insort(self.levels, key)
+        bucket[node] = None
+
+    def bucket_remove(self, node: NodeState, free: int) -> None:
+        key = max(0, free)
+        bucket = self.buckets[key]
+        del bucket[node]
+        if not bucket:
+            del self.buckets[key]
+            del self.levels[bisect.bisect_left(self.levels, key)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +248,8 @@ class Inventory:
         # The union of node taints: a pod must tolerate all of them to use the island.
         island.taints = tuple(taints)
         if island.primary is not None:
-            size = max(n.pristine.get(island.primary, 0) for n in nodes) + 1
-            island.buckets = [{} for _ in range(size)]
             for node in island.nodes:
-                island.buckets[_clamp(node.free.get(island.primary, 0), size)][node] = None
+                island.bucket_add(node, node.free.get(island.primary, 0))
         for node in island.nodes:
             for r, amount in node.free.items():
                 island.free_total[r] = island.free_total.get(r, 0) + max(0, amount)
@@ -251,11 +275,9 @@ class Inventory:
         new_primary = node.free.get(primary, 0)
         if new_primary == old_primary:
             return
-        size = len(island.buckets)
-        old_bucket, new_bucket = _clamp(old_primary, size), _clamp(new_primary, size)
-        if old_bucket != new_bucket:
-            del island.buckets[old_bucket][node]
-            island.buckets[new_bucket][node] = None
+        if max(0, old_primary) != max(0, new_primary):
+            island.bucket_remove(node, old_primary)
+            island.bucket_add(node, new_primary)
         delta = max(0, new_primary) - max(0, old_primary)
         if delta:
             self._reindex(island, delta)
@@ -317,7 +339,7 @@ class Inventory:
         tolerations: Sequence[Toleration],
         cluster_selector: LabelSelector | None,
     ) -> dict[int, Island]:
-        """Islands of schedulable clusters whose nodes carry the labels and whose taints are tolerated."""
+        """Islands of schedulable clusters with the node labels, whose taints are tolerated."""
         result: dict[int, Island] = {}
         for cluster in self.clusters.values():
             if not cluster.cluster.schedulable:
@@ -334,12 +356,6 @@ class Inventory:
                     continue
                 result[island.seq] = island
         return result
-
-
-def _clamp(value: int, size: int) -> int:
-    if value <= 0:
-        return 0
-    return value if value < size else size - 1
 
 
 def fill_domain(

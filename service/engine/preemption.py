@@ -380,6 +380,17 @@ def _almost_lcas(preemptor: QuotaNode, target: QuotaNode) -> tuple[QuotaNode, Qu
     return preemptor_path[-1], target_path[-1]
 
 
+def _passes(strategy: str, preemptor_new: Share, target_old: Share, target_new: Share) -> bool:
+    if strategy == "LessThanInitialShare":
+        return preemptor_new < target_old
+    return preemptor_new <= target_new
+
+
+def _shares(node: QuotaNode, target: QuotaNode, ordering: _TargetOrdering) -> tuple[Share, Share]:
+    mine, theirs = _almost_lcas(node, target)
+    return ordering.share(mine), ordering.share(theirs)
+
+
 def _fair(search: _Search) -> PreemptionPlan | None:
     candidates = _fair_candidates(search)
     if not candidates:
@@ -399,15 +410,6 @@ def _fair(search: _Search) -> PreemptionPlan | None:
         finally:
             node.add(search.usage)
 
-    def passes(strategy: str, preemptor_new: Share, target_old: Share, target_new: Share) -> bool:
-        if strategy == "LessThanInitialShare":
-            return preemptor_new < target_old
-        return preemptor_new <= target_new
-
-    def shares(target: QuotaNode, ordering: _TargetOrdering) -> tuple[Share, Share]:
-        mine, theirs = _almost_lcas(node, target)
-        return ordering.share(mine), ordering.share(theirs)
-
     # A preemptor that stays within its nominal quota even with the incoming
     # workload reclaims what others borrowed regardless of shares (Kueue's
     # FairSharingPreemptWithinNominal).
@@ -424,14 +426,14 @@ def _fair(search: _Search) -> PreemptionPlan | None:
             if within_nominal:
                 yield ordering.pop(target), IN_COHORT_RECLAMATION
                 continue
-            preemptor_new, target_old = shares(target, ordering)
+            preemptor_new, target_old = _shares(node, target, ordering)
             while ordering.has_workload(target):
                 candidate = ordering.pop(target)
                 state.simulate_remove(candidate)
                 _, almost = _almost_lcas(node, target)
                 target_new = ordering.share(almost)
                 state.simulate_restore(candidate)
-                if passes(first, preemptor_new, target_old, target_new):
+                if _passes(first, preemptor_new, target_old, target_new):
                     yield candidate, IN_COHORT_FAIR_SHARING
                     break
                 retry.append(candidate)
@@ -442,9 +444,9 @@ def _fair(search: _Search) -> PreemptionPlan | None:
             if target is node:
                 ordering.drop(target)
                 continue
-            preemptor_new, target_old = shares(target, ordering)
+            preemptor_new, target_old = _shares(node, target, ordering)
             candidate = ordering.pop(target)
-            if passes(strategies[1], preemptor_new, target_old, ZERO_SHARE):
+            if _passes(strategies[1], preemptor_new, target_old, ZERO_SHARE):
                 yield candidate, IN_COHORT_FAIR_SHARING
             ordering.drop(target)
 

@@ -51,7 +51,9 @@ def _whole_gangs(snapshot: Snapshot, result: CycleResult) -> list[str]:
             continue
         cluster = clusters.get(decision.admission.cluster)
         if cluster is None or not cluster.schedulable:
-            problems.append(f"{wl.key} admitted to unschedulable cluster {decision.admission.cluster}")
+            problems.append(
+                f"{wl.key} admitted to unschedulable cluster {decision.admission.cluster}"
+            )
         by_name = {a.name: a for a in decision.admission.pod_set_assignments}
         for ps in wl.pod_sets:
             assignment = by_name.get(ps.name)
@@ -92,7 +94,9 @@ def _no_duplicates(snapshot: Snapshot, result: CycleResult) -> list[str]:
             problems.append(f"{key} preempted but was not admitted")
     for preemption in result.preemptions:
         if preemption.preemptor not in keys:
-            problems.append(f"{preemption.workload} preempted for {preemption.preemptor}, not admitted")
+            problems.append(
+                f"{preemption.workload} preempted for {preemption.preemptor}, not admitted"
+            )
     return problems
 
 
@@ -100,7 +104,10 @@ def _capacity(snapshot: Snapshot, result: CycleResult, now: float) -> list[str]:
     """Per node, pods of admitted gangs never exceed allocatable minus reserved."""
     before: dict[str, dict[str, int]] = {}
     after: dict[str, dict[str, int]] = {}
-    for target, admitted in ((before, list(snapshot.admitted)), (after, apply(snapshot, result, now))):
+    for target, admitted in (
+        (before, list(snapshot.admitted)),
+        (after, apply(snapshot, result, now)),
+    ):
         for adm in admitted:
             requests = {ps.name: ps.requests for ps in adm.workload.pod_sets}
             for assignment in adm.admission.pod_set_assignments:

@@ -80,7 +80,15 @@ class Scenario:
     expect: dict[str, Any] = field(default_factory=dict)
 
 
+def _name(name: object) -> str:
+    if not isinstance(name, str):
+        # YAML 1.1 reads bare on/off/yes/no as booleans: quote such names.
+        raise TypeError(f"workload name {name!r} is not a string (quote it in the YAML)")
+    return name
+
+
 def key_of(name: str) -> str:
+    name = _name(name)
     return name if "/" in name else f"default/{name}"
 
 
@@ -134,7 +142,12 @@ def _fleet_data(data: dict[str, Any]) -> dict[str, Any]:
             {
                 "name": "c1",
                 "nodeGroups": [
-                    {"flavor": f["name"], "islands": 1, "nodesPerIsland": 1, "allocatable": allocatable}
+                    {
+                        "flavor": f["name"],
+                        "islands": 1,
+                        "nodesPerIsland": 1,
+                        "allocatable": allocatable,
+                    }
                     for f in fleet["resourceFlavors"]
                 ],
             }
@@ -150,7 +163,11 @@ def _fleet_data(data: dict[str, Any]) -> dict[str, Any]:
                 if (ns, wl["clusterQueue"]) not in queues:
                     queues.add((ns, wl["clusterQueue"]))
                     fleet.setdefault("localQueues", []).append(
-                        {"namespace": ns, "name": wl["clusterQueue"], "clusterQueue": wl["clusterQueue"]}
+                        {
+                            "namespace": ns,
+                            "name": wl["clusterQueue"],
+                            "clusterQueue": wl["clusterQueue"],
+                        }
                     )
     return fleet
 
@@ -191,7 +208,7 @@ def _workload(wl: dict[str, Any], index: int) -> Workload:
     requeue = wl.get("requeueState")
     return Workload(
         namespace=wl.get("namespace", "default"),
-        name=wl["name"],
+        name=_name(wl["name"]),
         queue_name=wl.get("queue") or wl.get("clusterQueue") or "main",
         pod_sets=_pod_sets(wl),
         creation_time=float(wl.get("created", index)),
@@ -200,14 +217,18 @@ def _workload(wl: dict[str, Any], index: int) -> Workload:
         workload_class=wl.get("class", "training"),
         cluster_selector=label_selector_from_manifest(wl.get("clusterSelector")),
         active=wl.get("active", True),
-        requeue_state=RequeueState(count=requeue.get("count", 0), requeue_at=requeue.get("requeueAt"))
+        requeue_state=RequeueState(
+            count=requeue.get("count", 0), requeue_at=requeue.get("requeueAt")
+        )
         if requeue
         else None,
         queued_at=wl.get("queuedAt"),
     )
 
 
-def _admitted(wl_data: dict[str, Any], wl: Workload, fleet: Fleet, used: dict[str, dict[str, int]]) -> AdmittedWorkload:
+def _admitted(
+    wl_data: dict[str, Any], wl: Workload, fleet: Fleet, used: dict[str, dict[str, int]]
+) -> AdmittedWorkload:
     admission = wl_data["admission"]
     lq = next(
         (q for q in fleet.local_queues if q.namespace == wl.namespace and q.name == wl.queue_name),
@@ -244,7 +265,9 @@ def _admitted(wl_data: dict[str, Any], wl: Workload, fleet: Fleet, used: dict[st
         )
     return AdmittedWorkload(
         workload=wl,
-        admission=Admission(cluster_queue=cq, cluster=cluster, pod_set_assignments=tuple(assignments)),
+        admission=Admission(
+            cluster_queue=cq, cluster=cluster, pod_set_assignments=tuple(assignments)
+        ),
         admitted_at=float(wl_data.get("admittedAt", 0)),
         pods_ready=wl_data.get("podsReady"),
     )

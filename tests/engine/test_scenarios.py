@@ -107,11 +107,11 @@ def _check_evicted(expected: list[dict[str, Any]], result: CycleResult) -> None:
 
 
 def _check_pending(expected: dict[str, Any], result: CycleResult) -> None:
-    for name, details in expected.items():
+    for name, given in expected.items():
         key = key_of(name)
         assert key in result.pending, f"{key} is not pending"
         reason = result.pending[key]
-        details = details or {}
+        details = given or {}
         if "reason" in details:
             assert reason.reason == details["reason"], f"{key}: {reason.reason}: {reason.message}"
         if "message" in details:
