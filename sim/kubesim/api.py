@@ -16,7 +16,7 @@ import base64
 import json
 import random
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +33,7 @@ from sim.kubesim.selectors import (
     LabelSelector,
     field_value,
 )
-from sim.kubesim.store import Store, clone
+from sim.kubesim.store import Collection, Store, clone
 
 __all__ = ["ApiCore", "Context", "Resource", "now_rfc3339"]
 
@@ -66,6 +66,11 @@ _META_KNOWN = (
     "managedFields",
     "resourceVersion",
     *_SERVER_METADATA,
+)
+
+
+_MODIFIED = (
+    "the object has been modified; please apply your changes to the latest version and try again"
 )
 
 
@@ -230,7 +235,9 @@ class ApiCore:
         return matched, list_rv, "", None
 
     @staticmethod
-    def _state_at(collection: Any, rv: int, *, continued: bool) -> dict[tuple[str, str], Obj]:
+    def _state_at(
+        collection: Collection, rv: int, *, continued: bool
+    ) -> dict[tuple[str, str], Obj]:
         try:
             return collection.state_at(rv)
         except ApiError:
@@ -252,9 +259,12 @@ class ApiCore:
         labels: LabelSelector | None,
         fields: FieldSelector | None,
     ) -> bool:
-        if labels is not None and not labels.empty:
-            if not labels.matches(obj["metadata"].get("labels")):
-                return False
+        if (
+            labels is not None
+            and not labels.empty
+            and not labels.matches(obj["metadata"].get("labels"))
+        ):
+            return False
         if fields is not None and not fields.empty:
             return fields.matches(obj, selectable_value)
         return True
@@ -372,7 +382,7 @@ class ApiCore:
                 resource.plural,
                 resource.group,
                 name,
-                "the object has been modified; please apply your changes to the latest version and try again",
+                _MODIFIED,
             )
         new = self._merge_update(resource, old, patched, subresource)
         new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
@@ -540,7 +550,8 @@ class ApiCore:
             )
         if kind and kind != resource.rtype.kind:
             raise errors.bad_request(
-                f"the kind in the data ({kind}) does not match the expected kind ({resource.rtype.kind})"
+                f"the kind in the data ({kind}) does not match the expected kind "
+                f"({resource.rtype.kind})"
             )
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.rtype.kind
         metadata = obj.get("metadata")
@@ -549,7 +560,8 @@ class ApiCore:
         if resource.rtype.namespaced:
             if metadata.get("namespace") and metadata["namespace"] != namespace:
                 raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request"
                 )
             metadata["namespace"] = namespace
         else:
@@ -573,7 +585,8 @@ class ApiCore:
                 resource.plural,
                 resource.group,
                 name,
-                f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {old['metadata']['uid']}",
             )
         rv = metadata.get("resourceVersion")
         if rv and rv != old["metadata"]["resourceVersion"]:
@@ -581,7 +594,7 @@ class ApiCore:
                 resource.plural,
                 resource.group,
                 name,
-                "the object has been modified; please apply your changes to the latest version and try again",
+                _MODIFIED,
             )
         if not rv and require_rv:
             raise errors.invalid(
@@ -642,13 +655,14 @@ class ApiCore:
             if apply:
                 raise errors.bad_request(
                     f"failed to create typed patch object ({metadata.get('namespace', '')}/"
-                    f"{metadata.get('name', '')}; {resource.api_version}, Kind={resource.rtype.kind}): "
+                    f"{metadata.get('name', '')}; {resource.api_version}, "
+                    f"Kind={resource.rtype.kind}): "
                     f".{unknown[0]}: field not declared in schema"
                 )
             fields = ", ".join(f'unknown field "{u}"' for u in unknown)
             raise errors.bad_request(
-                f'{resource.rtype.kind} in version "{resource.version.name}" cannot be handled as a '
-                f"{resource.rtype.kind}: strict decoding error: {fields}"
+                f'{resource.rtype.kind} in version "{resource.version.name}" cannot be handled '
+                f"as a {resource.rtype.kind}: strict decoding error: {fields}"
             )
         if mode == "Warn":
             ctx.warnings.extend(f'unknown field "{u}"' for u in unknown)
@@ -698,18 +712,22 @@ class ApiCore:
                 resource.plural,
                 resource.group,
                 "",
-                f"unable to create new content in namespace {namespace} because it is being terminated",
+                f"unable to create new content in namespace {namespace} "
+                "because it is being terminated",
             )
 
     def _finish_update(self, resource: Resource, old: Obj, new: Obj, ctx: Context) -> Obj:
         metadata = new["metadata"]
         if _content(new) != _content(old):
             metadata["generation"] = old["metadata"].get("generation", 1) + 1
-        if metadata.get("deletionTimestamp") and not metadata.get("finalizers"):
-            if resource.rtype.key != "namespaces" or not (new.get("spec") or {}).get("finalizers"):
-                if ctx.dry_run:
-                    return new
-                return self.store.remove(resource.rtype, old).obj
+        finished = metadata.get("deletionTimestamp") and not metadata.get("finalizers")
+        # A namespace also waits for its spec.finalizers (the namespace controller's).
+        if finished and (
+            resource.rtype.key != "namespaces" or not (new.get("spec") or {}).get("finalizers")
+        ):
+            if ctx.dry_run:
+                return new
+            return self.store.remove(resource.rtype, old).obj
         return self._commit(resource, new, ctx, allow_terminating=True)
 
     def _commit(
@@ -757,7 +775,8 @@ def _check_delete_preconditions(
             resource.plural,
             resource.group,
             name,
-            f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
+            f"Precondition failed: UID in precondition: {uid}, "
+            f"UID in object meta: {old['metadata']['uid']}",
         )
     if rv and rv != old["metadata"]["resourceVersion"]:
         raise errors.conflict(
@@ -769,7 +788,7 @@ def _check_delete_preconditions(
         )
 
 
-def selectable_value(obj: Obj, path: str) -> str:
+def selectable_value(obj: Mapping[str, Any], path: str) -> str:
     """A field selector's view of ``obj`` (``source`` on events means the component)."""
     if path == "source":
         return field_value(obj, "source.component")

@@ -80,7 +80,9 @@ def rule_allows(
     return not namespaces or namespace in namespaces
 
 
-def forbidden_reason(user: User, verb: str, group: str, resource: str, subresource: str, namespace: str) -> str:
+def forbidden_reason(
+    user: User, verb: str, group: str, resource: str, subresource: str, namespace: str
+) -> str:
     combined = f"{resource}/{subresource}" if subresource else resource
     scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
     return f'User "{user.name}" cannot {verb} resource "{combined}" in API group "{group}" {scope}'
@@ -105,12 +107,20 @@ class Authorizer:
         return self.users.get(header[7:].strip())
 
     def allows(
-        self, user: User, verb: str, group: str, resource: str, subresource: str, namespace: str, name: str
+        self,
+        user: User,
+        verb: str,
+        group: str,
+        resource: str,
+        subresource: str,
+        namespace: str,
+        name: str,
     ) -> bool:
         if user.rules is None:
             return True
         return any(
-            rule_allows(rule, verb, group, resource, subresource, namespace, name) for rule in user.rules
+            rule_allows(rule, verb, group, resource, subresource, namespace, name)
+            for rule in user.rules
         )
 
     def record(self, entry: AuditRecord) -> None:
@@ -124,7 +134,9 @@ class Authorizer:
         for entry in self.audit:
             if user is not None and entry.user != user:
                 continue
-            combined = f"{entry.resource}/{entry.subresource}" if entry.subresource else entry.resource
+            combined = (
+                f"{entry.resource}/{entry.subresource}" if entry.subresource else entry.resource
+            )
             used.setdefault((entry.group, combined), set()).add(entry.verb)
         return [
             {"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)}

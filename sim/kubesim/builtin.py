@@ -81,9 +81,9 @@ def validate_metadata(obj: Obj, *, dns_label: bool = False) -> list[Cause]:
             causes.append(
                 Cause(
                     "FieldValueInvalid",
-                    f"Invalid value: {value!r}: a valid label must be an empty string or consist of "
-                    "alphanumeric characters, '-', '_' or '.', and must start and end with an "
-                    "alphanumeric character",
+                    f"Invalid value: {value!r}: a valid label must be an empty string or "
+                    "consist of alphanumeric characters, '-', '_' or '.', and must start and "
+                    "end with an alphanumeric character",
                     f"metadata.labels[{key}]",
                 )
             )
@@ -224,8 +224,9 @@ def _pod_spec_immutable(old: Obj, new: Obj) -> list[Cause]:
         return [
             Cause(
                 "FieldValueForbidden",
-                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-                "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                "Forbidden: pod updates may not change fields other than "
+                "`spec.containers[*].image`,`spec.initContainers[*].image`,"
+                "`spec.activeDeadlineSeconds`,`spec.tolerations` "
                 "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
                 "(allow it to be set to 1 if it was previously negative)",
                 "spec",
@@ -317,6 +318,10 @@ class JobStrategy(Strategy):
 
 def _job_immutable(old: Obj, new: Obj) -> list[Cause]:
     causes = []
+    if old.get("managedBy") != new.get("managedBy"):
+        causes.append(
+            Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.managedBy")
+        )
     if old.get("selector") != new.get("selector"):
         causes.append(
             Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.selector")

@@ -69,7 +69,9 @@ class SimCluster:
         self.faults = Faults()
         self.watchers: set[Watcher] = set()
         self.address = "127.0.0.1:0"
-        self.system = Context(user="system:kube-controller-manager", manager="kube-controller-manager")
+        self.system = Context(
+            user="system:kube-controller-manager", manager="kube-controller-manager"
+        )
         self.partition_hook: Callable[[float | None, str], None] | None = None
         self.heal_hook: Callable[[], None] | None = None
         self.controllers: list[Any] = []
@@ -98,7 +100,9 @@ class SimCluster:
         if self.fleet is not None:
             for node in self.fleet.nodes(self.fleet_cluster):
                 created = self.apply_object(node_object(node))
-                self.set_status("nodes", created, node_status(node, now_rfc3339(), ready=node.ready))
+                self.set_status(
+                    "nodes", created, node_status(node, now_rfc3339(), ready=node.ready)
+                )
         if self.options.seed_kueue and self._fleet_data:
             for obj in kueue_objects(self._fleet_data):
                 self.apply_object(obj)
@@ -117,14 +121,21 @@ class SimCluster:
             return existing
         return self.core.create(resource, namespace, obj, ctx or self.system)
 
-    def set_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any], group: str = "") -> dict[str, Any]:
+    def set_status(
+        self, plural: str, obj: dict[str, Any], status: dict[str, Any], group: str = ""
+    ) -> dict[str, Any]:
         rtype = next(t for t in self.types if t.plural == plural and t.group == group)
         resource = self.core.storage(rtype)
         updated = clone(obj)
         updated["status"] = status
         metadata = obj["metadata"]
         return self.core.update(
-            resource, metadata.get("namespace", ""), metadata["name"], updated, self.system, "status"
+            resource,
+            metadata.get("namespace", ""),
+            metadata["name"],
+            updated,
+            self.system,
+            "status",
         )
 
     def add_user(
@@ -162,7 +173,9 @@ class SimCluster:
 
     # -- admin -----------------------------------------------------------------------------
 
-    async def admin(self, method: str, parts: list[str], body: dict[str, Any], query: dict[str, str]) -> Any:
+    async def admin(
+        self, method: str, parts: list[str], body: dict[str, Any], query: dict[str, str]
+    ) -> Any:
         """The ``/_admin/...`` endpoints: faults, partitions, node and pod failures, audit."""
         head = parts[0] if parts else ""
         if head == "faults":
@@ -177,7 +190,11 @@ class SimCluster:
             return self.set_node_ready(parts[1], bool(body.get("ready", True)))
         if head == "pods" and len(parts) >= 4 and parts[3] == "fail":
             return self.fail_pod(
-                parts[1], parts[2], int(body.get("exitCode", 1)), body.get("reason", "Error"), body.get("message", "")
+                parts[1],
+                parts[2],
+                int(body.get("exitCode", 1)),
+                body.get("reason", "Error"),
+                body.get("message", ""),
             )
         if head == "audit":
             if method == "DELETE":
@@ -202,14 +219,18 @@ class SimCluster:
         if self.partition_hook is None:
             raise errors.ApiError(501, "NotImplemented", "this cluster is not served over TCP")
         seconds = body.get("seconds")
-        self.partition_hook(float(seconds) if seconds is not None else None, body.get("mode", "refuse"))
+        self.partition_hook(
+            float(seconds) if seconds is not None else None, body.get("mode", "refuse")
+        )
         return {"partitioned": True, "seconds": seconds, "mode": body.get("mode", "refuse")}
 
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.options.name,
             "resourceVersion": self.store.rv,
-            "objects": {key: len(c.objects) for key, c in self.store.collections.items() if c.objects},
+            "objects": {
+                key: len(c.objects) for key, c in self.store.collections.items() if c.objects
+            },
             "watchers": len(self.watchers),
             "faults": self.faults.as_dict(),
         }
@@ -222,14 +243,18 @@ class SimCluster:
         for controller in self.controllers:
             hook = getattr(controller, "node_readiness_changed", None)
             if hook is not None:
-                return hook(node, ready)
+                changed: dict[str, Any] = hook(node, ready)
+                return changed
         return node
 
-    def fail_pod(self, namespace: str, name: str, exit_code: int, reason: str, message: str) -> dict[str, Any]:
+    def fail_pod(
+        self, namespace: str, name: str, exit_code: int, reason: str, message: str
+    ) -> dict[str, Any]:
         for controller in self.controllers:
             hook = getattr(controller, "fail_pod", None)
             if hook is not None:
-                return hook(namespace, name, exit_code, reason, message)
+                failed: dict[str, Any] = hook(namespace, name, exit_code, reason, message)
+                return failed
         raise errors.ApiError(501, "NotImplemented", "controllers are not running")
 
 

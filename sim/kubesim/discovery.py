@@ -24,6 +24,7 @@ KUBE_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-kubesim"}
 _ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _STATUS_VERBS = ["get", "patch", "update"]
 
+
 #: Kubernetes version-priority order (``v1`` > ``v1beta2`` > ``v1beta1`` > ``v1alpha2``).
 def _priority(version: str) -> tuple[int, int, int]:
     import re
@@ -111,7 +112,9 @@ class Discovery:
         for group, versions in self.groups.items():
             for version in versions:
                 path = f"api/{version}" if not group else f"apis/{group}/{version}"
-                digest = hashlib.sha256(self.openapi(group, version) or b"").hexdigest()[:16].upper()
+                digest = (
+                    hashlib.sha256(self.openapi(group, version) or b"").hexdigest()[:16].upper()
+                )
                 paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest}"}
         return {"paths": paths}
 

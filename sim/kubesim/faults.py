@@ -54,7 +54,15 @@ class Faults:
 
     def reset(self) -> None:
         self.update(
-            {"latencyMs": 0, "jitterMs": 0, "errorRate": 0, "errorCode": 500, "verbs": [], "resources": [], "blackhole": False}
+            {
+                "latencyMs": 0,
+                "jitterMs": 0,
+                "errorRate": 0,
+                "errorCode": 500,
+                "verbs": [],
+                "resources": [],
+                "blackhole": False,
+            }
         )
 
     def set_blackhole(self, on: bool) -> None:
@@ -67,7 +75,9 @@ class Faults:
             self.healed.set()
 
     def _applies(self, verb: str, resource: str) -> bool:
-        return (not self.verbs or verb in self.verbs) and (not self.resources or resource in self.resources)
+        return (not self.verbs or verb in self.verbs) and (
+            not self.resources or resource in self.resources
+        )
 
     async def before(self, verb: str, resource: str) -> None:
         """Delay, hold or fail a request as configured."""
@@ -80,10 +90,14 @@ class Faults:
             await asyncio.sleep(delay / 1000)
         if self.error_rate and random.random() < self.error_rate:
             code = self.error_code
-            reason = {503: "ServiceUnavailable", 504: "Timeout", 429: "TooManyRequests"}.get(code, "InternalError")
+            reason = {503: "ServiceUnavailable", 504: "Timeout", 429: "TooManyRequests"}.get(
+                code, "InternalError"
+            )
             raise ApiError(
                 code,
                 reason,
-                "Internal error occurred: injected fault" if code == 500 else f"injected fault ({code})",
+                "Internal error occurred: injected fault"
+                if code == 500
+                else f"injected fault ({code})",
                 headers={"Retry-After": "1"} if code in (429, 503) else {},
             )

@@ -11,6 +11,7 @@ terminating namespace is emptied, then removed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 
 from sim.kubesim.api import ApiCore, Context
@@ -27,7 +28,10 @@ class GarbageCollector:
     def __init__(self, core: ApiCore, loop: asyncio.AbstractEventLoop) -> None:
         self.core = core
         self.loop = loop
-        self.ctx = Context(user="system:serviceaccount:kube-system:generic-garbage-collector", manager="kube-controller-manager")
+        self.ctx = Context(
+            user="system:serviceaccount:kube-system:generic-garbage-collector",
+            manager="kube-controller-manager",
+        )
         self.dependents: dict[str, set[Ref]] = defaultdict(set)
         self.types = {t.key: t for t in core.types}
         self.gone: set[str] = set()
@@ -57,7 +61,10 @@ class GarbageCollector:
         return self.namespaces
 
     def _index(self, event: Event, ref: Ref) -> None:
-        before = {o.get("uid") for o in (event.prev or {}).get("metadata", {}).get("ownerReferences") or ()}
+        before = {
+            o.get("uid")
+            for o in (event.prev or {}).get("metadata", {}).get("ownerReferences") or ()
+        }
         after = (
             set()
             if event.type == DELETED
@@ -85,10 +92,11 @@ class GarbageCollector:
 
     def _delete(self, ref: Ref) -> None:
         rtype = self.types[ref[0]]
-        try:
-            self.core.delete(self.core.storage(rtype), ref[1], ref[2], self.ctx, propagation="Background")
-        except ApiError:
-            pass
+        # Already gone, or refused because it is terminating: either way nothing left to do.
+        with contextlib.suppress(ApiError):
+            self.core.delete(
+                self.core.storage(rtype), ref[1], ref[2], self.ctx, propagation="Background"
+            )
 
     def _collect(self, uid: str) -> None:
         if not uid:

@@ -86,7 +86,9 @@ class KubeApp:
             if request.path.startswith("/_admin"):
                 await self._admin(request, send)
             elif self.admin_only:
-                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+                raise errors.ApiError(
+                    404, "NotFound", "the server could not find the requested resource"
+                )
             else:
                 await self._serve(request, scope, receive, send)
         except ApiError as error:
@@ -99,7 +101,8 @@ class KubeApp:
     # -- dispatch --------------------------------------------------------------------------
 
     async def _serve(self, request: Request, scope: Scope, receive: Receive, send: Send) -> None:
-        path = request.path
+        # The generated client asks for ``/version/`` and ``/apis/``; the real server serves both.
+        path = request.path.rstrip("/") or "/"
         user = self.cluster.auth.authenticate(request.headers.get("authorization"))
         if path in _OPEN_PATHS:
             await self._open(path, send)
@@ -108,7 +111,9 @@ class KubeApp:
             raise errors.unauthorized()
         parts = [p for p in path.split("/") if p]
         if not parts:
-            await _respond(send, 200, _dumps({"paths": ["/api", "/apis", "/version", "/openapi/v3"]}))
+            await _respond(
+                send, 200, _dumps({"paths": ["/api", "/apis", "/version", "/openapi/v3"]})
+            )
             return
         if parts[0] == "openapi":
             await self._openapi(parts, send)
@@ -142,7 +147,9 @@ class KubeApp:
             await _respond(send, 200, _dumps(discovery.openapi_index()))
             return
         rest = parts[2:]
-        group, version = ("", rest[1]) if rest[0] == "api" else (rest[1], rest[2] if len(rest) > 2 else "")
+        group, version = (
+            ("", rest[1]) if rest[0] == "api" else (rest[1], rest[2] if len(rest) > 2 else "")
+        )
         body = discovery.openapi(group, version)
         if body is None:
             raise _not_served()
@@ -217,7 +224,13 @@ class KubeApp:
         resource = target.resource
         auth = self.cluster.auth
         if auth.allows(
-            user, verb, resource.group, resource.plural, target.subresource, target.namespace, target.name
+            user,
+            verb,
+            resource.group,
+            resource.plural,
+            target.subresource,
+            target.namespace,
+            target.name,
         ):
             return
         why = forbidden_reason(
@@ -253,7 +266,9 @@ class KubeApp:
             obj = core.create(resource, namespace, body, ctx)
             code = 201
         elif verb == "update":
-            obj = core.update(resource, namespace, name, _body_object(request), ctx, target.subresource)
+            obj = core.update(
+                resource, namespace, name, _body_object(request), ctx, target.subresource
+            )
             code = 200
         elif verb == "patch":
             content_type = request.headers.get("content-type", "").split(";")[0].strip()
@@ -288,7 +303,13 @@ class KubeApp:
     ) -> None:
         if _wants_table(request):
             rv = obj["metadata"].get("resourceVersion", "")
-            body = table(resource.rtype, resource.version.name, [obj], rv, request.query.get("includeObject", "Metadata"))
+            body = table(
+                resource.rtype,
+                resource.version.name,
+                [obj],
+                rv,
+                request.query.get("includeObject", "Metadata"),
+            )
             await _respond(send, code, _dumps(body), warnings=warnings)
             return
         await _respond(send, code, _dumps(obj), warnings=warnings)
@@ -366,14 +387,18 @@ class KubeApp:
         await _respond(send, 200, _dumps(core.present(resource, obj)), warnings=ctx.warnings)
         return 200
 
-    async def _delete_collection(self, target: Target, request: Request, ctx: Context, send: Send) -> int:
+    async def _delete_collection(
+        self, target: Target, request: Request, ctx: Context, send: Send
+    ) -> int:
         core = self.cluster.core
         options = _delete_options(request)
         items, _, _, _ = core.list(
             target.resource,
             target.namespace,
             labels=parse_label_selector(request.query.get("labelSelector")),
-            fields=parse_field_selector(request.query.get("fieldSelector"), _selectable(target.resource)),
+            fields=parse_field_selector(
+                request.query.get("fieldSelector"), _selectable(target.resource)
+            ),
         )
         deleted = []
         for obj in items:
@@ -428,7 +453,9 @@ class KubeApp:
         if not user.admin:
             raise ApiError(403, "Forbidden", f'User "{user.name}" may not use the admin endpoints')
         body = json.loads(request.body) if request.body else {}
-        result = await self.cluster.admin(request.method, request.path.split("/")[2:], body, request.query)
+        result = await self.cluster.admin(
+            request.method, request.path.split("/")[2:], body, request.query
+        )
         await _respond(send, 200, _dumps(result))
 
 
@@ -440,7 +467,9 @@ class WatchSession:
         self.target = target
         self.resource = target.resource
         self.labels = parse_label_selector(request.query.get("labelSelector"))
-        self.fields = parse_field_selector(request.query.get("fieldSelector"), _selectable(self.resource))
+        self.fields = parse_field_selector(
+            request.query.get("fieldSelector"), _selectable(self.resource)
+        )
         self.namespace = target.namespace
         self.name = self.fields.exact("metadata.name") or ""
         self.rv = request.query.get("resourceVersion", "")
@@ -449,14 +478,18 @@ class WatchSession:
         self.table = _wants_table(request)
         self.include = request.query.get("includeObject", "Metadata")
         timeout = request.query.get("timeoutSeconds")
-        self.deadline = time.monotonic() + (float(timeout) if timeout else cluster.options.max_watch_seconds)
+        self.deadline = time.monotonic() + (
+            float(timeout) if timeout else cluster.options.max_watch_seconds
+        )
         self.watcher = Watcher(self._in_scope)
         self.columns_sent = False
         self.last_rv = 0
 
     def _in_scope(self, event: Event) -> bool:
         key = event.key
-        return (not self.namespace or key[0] == self.namespace) and (not self.name or key[1] == self.name)
+        return (not self.namespace or key[0] == self.namespace) and (
+            not self.name or key[1] == self.name
+        )
 
     def _matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
@@ -519,7 +552,11 @@ class WatchSession:
         metadata: dict[str, Any] = {"resourceVersion": str(self.last_rv)}
         if initial_end:
             metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
-        obj = {"kind": self.resource.rtype.kind, "apiVersion": self.resource.api_version, "metadata": metadata}
+        obj = {
+            "kind": self.resource.rtype.kind,
+            "apiVersion": self.resource.api_version,
+            "metadata": metadata,
+        }
         return _dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
 
     async def stream(
@@ -548,7 +585,9 @@ class WatchSession:
                 self.last_rv = self.cluster.store.rv
                 lines.append(self._bookmark())
             if lines:
-                await send({"type": "http.response.body", "body": b"".join(lines), "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": b"".join(lines), "more_body": True}
+                )
         if not disconnected.is_set():
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -584,7 +623,10 @@ async def _read(scope: Scope, receive: Receive) -> Request:
             break
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
-    query = {k.decode() if isinstance(k, bytes) else k: v[-1] for k, v in parse_qs(scope["query_string"].decode(), keep_blank_values=True).items()}
+    query = {
+        k.decode() if isinstance(k, bytes) else k: v[-1]
+        for k, v in parse_qs(scope["query_string"].decode(), keep_blank_values=True).items()
+    }
     headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
     return Request(scope["method"], scope["path"], query, headers, b"".join(chunks))
 
@@ -640,7 +682,9 @@ def _verb(request: Request, target: Target) -> str:
         return "patch"
     if method == "DELETE":
         return "delete" if target.name else "deletecollection"
-    raise errors.method_not_allowed(f"the server does not allow this method on the requested resource ({method})")
+    raise errors.method_not_allowed(
+        f"the server does not allow this method on the requested resource ({method})"
+    )
 
 
 def _wants_table(request: Request) -> bool:
@@ -686,9 +730,12 @@ def _context(request: Request, user: User) -> Context:
     validation = request.query.get("fieldValidation", "")
     if validation and validation not in ("Strict", "Warn", "Ignore"):
         raise errors.bad_request(
-            f'fieldValidation: Unsupported value: "{validation}": supported values: "Ignore", "Strict", "Warn"'
+            f'fieldValidation: Unsupported value: "{validation}": '
+            'supported values: "Ignore", "Strict", "Warn"'
         )
-    return Context(user=user.name, manager=manager, dry_run=dry_run == "All", field_validation=validation)
+    return Context(
+        user=user.name, manager=manager, dry_run=dry_run == "All", field_validation=validation
+    )
 
 
 def _delete_options(request: Request) -> dict[str, Any]:

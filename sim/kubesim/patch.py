@@ -198,8 +198,8 @@ def _merge_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
-def _merge_list(name: str, current: Any, patch: list[Any]) -> list[Any]:
-    current = current if isinstance(current, list) else []
+def _merge_list(name: str, live: Any, patch: list[Any]) -> list[Any]:
+    current: list[Any] = live if isinstance(live, list) else []
     if name in MERGE_SETS:
         return current + [v for v in patch if v not in current]
     merge_key = MERGE_KEYS.get(name)

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 
 from sim.kubesim.errors import Cause
 
@@ -434,7 +435,7 @@ class SchemaValidator:
         rules = schema.get("x-kubernetes-validations")
         if not rules:
             return
-        cel_self = celpy.json_to_cel(value)
+        cel_self = json_to_cel(value)
         cel_old = None
         for rule in rules:
             text = rule["rule"]
@@ -444,7 +445,7 @@ class SchemaValidator:
             activation = {"self": cel_self}
             if transition:
                 if cel_old is None:
-                    cel_old = celpy.json_to_cel(old)
+                    cel_old = json_to_cel(old)
                 activation["oldSelf"] = cel_old
             failure = _evaluate(text, activation)
             if failure is None:

@@ -49,7 +49,12 @@ def node_object(node: Node) -> dict[str, Any]:
         ]
     if node.unschedulable:
         spec["unschedulable"] = True
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": labels}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node.name, "labels": labels},
+        "spec": spec,
+    }
 
 
 def node_status(node: Node, now: str, *, ready: bool = True) -> dict[str, Any]:
@@ -81,7 +86,11 @@ def ready_condition(ready: bool, now: str) -> dict[str, Any]:
     if ready:
         reason, message, status = "KubeletReady", "kubelet is posting ready status", "True"
     else:
-        reason, message, status = "NodeStatusUnknown", "Kubelet stopped posting node status.", "Unknown"
+        reason, message, status = (
+            "NodeStatusUnknown",
+            "Kubelet stopped posting node status.",
+            "Unknown",
+        )
     return {
         "type": "Ready",
         "status": status,
@@ -92,7 +101,9 @@ def ready_condition(ready: bool, now: str) -> dict[str, Any]:
     }
 
 
-def _split(entry: Mapping[str, Any], *, top_level: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split(
+    entry: Mapping[str, Any], *, top_level: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, body) of a fleet entry, full or flattened."""
     if "metadata" in entry:
         metadata = dict(entry["metadata"])
@@ -112,7 +123,8 @@ def _split(entry: Mapping[str, Any], *, top_level: tuple[str, ...] = ()) -> tupl
 def _topology_levels(body: dict[str, Any]) -> None:
     spec = body.get("spec") or {}
     spec["levels"] = [
-        level if isinstance(level, Mapping) else {"nodeLabel": level} for level in spec.get("levels") or ()
+        level if isinstance(level, Mapping) else {"nodeLabel": level}
+        for level in spec.get("levels") or ()
     ]
 
 

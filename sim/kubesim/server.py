@@ -20,10 +20,10 @@ import socket
 import ssl
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 import yaml
@@ -36,6 +36,8 @@ from sim.kubesim.cluster import SimCluster
 from sim.kubesim.http import KubeApp
 
 __all__ = ["ClusterServer", "ServerThread", "TlsMaterial", "kubeconfig", "make_tls"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +185,9 @@ class ClusterServer:
         self.cluster.partition_hook = self.partition
         self.cluster.heal_hook = self.heal
         self._api = uvicorn.Server(self._config(KubeApp(self.cluster), tls=self.tls is not None))
-        self._admin = uvicorn.Server(self._config(KubeApp(self.cluster, admin_only=True), tls=False))
+        self._admin = uvicorn.Server(
+            self._config(KubeApp(self.cluster, admin_only=True), tls=False)
+        )
         for server, sock in ((self._api, self._api_socket), (self._admin, self._admin_socket)):
             server.lifespan = server.config.lifespan_class(server.config)  # set by serve() normally
             await server.startup(sockets=[sock])
@@ -263,7 +267,12 @@ def kubeconfig(
             cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
         clusters.append({"name": name, "cluster": cluster})
         users.append({"name": f"{name}-admin", "user": {"token": token}})
-        contexts.append({"name": name, "context": {"cluster": name, "user": f"{name}-admin", "namespace": "default"}})
+        contexts.append(
+            {
+                "name": name,
+                "context": {"cluster": name, "user": f"{name}-admin", "namespace": "default"},
+            }
+        )
     return {
         "apiVersion": "v1",
         "kind": "Config",
@@ -298,14 +307,14 @@ class ServerThread:
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
 
-    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+    def call(self, coro: Coroutine[Any, Any, _T], timeout: float = 30.0) -> _T:
         """Run a coroutine on the server loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def run(self, function: Any, *args: Any, timeout: float = 30.0) -> Any:
+    def run(self, function: Callable[..., _T], *args: Any, timeout: float = 30.0) -> _T:
         """Run a plain function on the server loop (safe access to cluster state)."""
 
-        async def wrapper() -> Any:
+        async def wrapper() -> _T:
             return function(*args)
 
         return self.call(wrapper(), timeout)

@@ -107,7 +107,7 @@ def _pod_row(pod: Obj) -> list[Any]:
     for container in statuses:
         state = container.get("state") or {}
         detail = (state.get("waiting") or state.get("terminated") or {}).get("reason")
-        if detail and reason not in ("Succeeded", "Failed") or detail in ("Completed", "Error"):
+        if (detail and reason not in ("Succeeded", "Failed")) or detail in ("Completed", "Error"):
             reason = detail or reason
     if pod["metadata"].get("deletionTimestamp"):
         reason = "Terminating"
@@ -137,23 +137,41 @@ def _job_row(job: Obj) -> list[Any]:
         state = "Running"
     completions = (job.get("spec") or {}).get("completions")
     done = status.get("succeeded", 0)
-    shown = f"{done}/{completions}" if completions is not None else f"{done}/1 of {job['spec'].get('parallelism', 1)}"
+    shown = (
+        f"{done}/{completions}"
+        if completions is not None
+        else f"{done}/1 of {job['spec'].get('parallelism', 1)}"
+    )
     duration = ""
     if status.get("startTime"):
         end = status.get("completionTime")
         start = datetime.fromisoformat(status["startTime"].replace("Z", "+00:00"))
         stop = datetime.fromisoformat(end.replace("Z", "+00:00")) if end else datetime.now(UTC)
         duration = human_age(start.strftime("%Y-%m-%dT%H:%M:%SZ"), stop)
-    return [job["metadata"]["name"], state, shown, duration, human_age(job["metadata"].get("creationTimestamp"))]
+    return [
+        job["metadata"]["name"],
+        state,
+        shown,
+        duration,
+        human_age(job["metadata"].get("creationTimestamp")),
+    ]
 
 
 def _node_row(node: Obj) -> list[Any]:
-    conditions = {c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or ()}
+    conditions = {
+        c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or ()
+    }
     state = "Ready" if conditions.get("Ready") == "True" else "NotReady"
     if (node.get("spec") or {}).get("unschedulable"):
         state += ",SchedulingDisabled"
     version = ((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")
-    return [node["metadata"]["name"], state, "<none>", human_age(node["metadata"].get("creationTimestamp")), version]
+    return [
+        node["metadata"]["name"],
+        state,
+        "<none>",
+        human_age(node["metadata"].get("creationTimestamp")),
+        version,
+    ]
 
 
 def _namespace_row(ns: Obj) -> list[Any]:
@@ -163,7 +181,11 @@ def _namespace_row(ns: Obj) -> list[Any]:
 
 def _event_row(event: Obj) -> list[Any]:
     involved = event.get("involvedObject") or {}
-    last = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+    last = (
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event["metadata"].get("creationTimestamp")
+    )
     return [
         human_age(last),
         event.get("type", ""),
@@ -201,7 +223,9 @@ _BUILTIN: dict[str, tuple[list[Column], Callable[[Obj], list[Any]]]] = {
 }
 
 
-def _crd_columns(rtype: ResourceType, version: str) -> tuple[list[Column], Callable[[Obj], list[Any]]]:
+def _crd_columns(
+    rtype: ResourceType, version: str
+) -> tuple[list[Column], Callable[[Obj], list[Any]]]:
     printer = list((rtype.version(version) or rtype.versions[-1]).printer_columns)
     if not printer:
         printer = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]

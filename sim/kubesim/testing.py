@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import kubernetes
 
@@ -26,6 +26,8 @@ from sim.kubesim.cluster import ClusterOptions, SimCluster
 from sim.kubesim.server import ClusterServer, ServerThread, kubeconfig, make_tls, write_kubeconfig
 
 __all__ = ["RunningCluster", "running_cluster", "running_clusters"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -56,7 +58,7 @@ class RunningCluster:
         """An official-client ApiClient for this cluster (close it, or use ``with``)."""
         return kubernetes.client.ApiClient(self.configuration(token))
 
-    def run(self, function: Any, *args: Any) -> Any:
+    def run(self, function: Callable[..., _T], *args: Any) -> _T:
         """Call ``function(*args)`` on the server loop (safe access to ``cluster`` state)."""
         return self.thread.run(function, *args)
 
@@ -70,7 +72,12 @@ class RunningCluster:
 
     def set_faults(self, **changes: Any) -> dict[str, Any]:
         """``latencyMs``, ``jitterMs``, ``errorRate``, ``errorCode``, ``verbs``, ``resources``."""
-        return self.run(lambda: (self.cluster.faults.update(changes), self.cluster.faults.as_dict())[1])
+
+        def update() -> dict[str, Any]:
+            self.cluster.faults.update(changes)
+            return self.cluster.faults.as_dict()
+
+        return self.run(update)
 
     def clear_faults(self) -> None:
         self.run(self.cluster.faults.reset)
@@ -84,7 +91,9 @@ class RunningCluster:
     def set_node_ready(self, node: str, ready: bool) -> None:
         self.run(self.cluster.set_node_ready, node, ready)
 
-    def fail_pod(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error") -> None:
+    def fail_pod(
+        self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error"
+    ) -> None:
         self.run(self.cluster.fail_pod, namespace, name, exit_code, reason, "injected failure")
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -138,7 +147,9 @@ def running_clusters(
             )
             cluster = thread.run(SimCluster, options)
             token = thread.run(lambda c=cluster: c.add_user("admin", None))
-            admin_token = thread.run(lambda c=cluster: c.add_user("kubesim-admin", None, admin=True))
+            admin_token = thread.run(
+                lambda c=cluster: c.add_user("kubesim-admin", None, admin=True)
+            )
             server = thread.run(lambda c=cluster: ClusterServer(c, tls=tls_material))
             thread.call(server.start())
             servers.append(server)

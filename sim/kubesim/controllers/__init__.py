@@ -27,5 +27,13 @@ __all__ = ["start_controllers"]
 
 def start_controllers(cluster: SimCluster, loop: asyncio.AbstractEventLoop) -> list[Any]:
     """Kubelet first: chaos hooks (node readiness, pod failure) are looked up in this order."""
-    kinds = (Kubelet, Scheduler, JobController, JobSetController, PyTorchJobController, MPIJobController, KueueController)
+    kinds = (
+        Kubelet,
+        Scheduler,
+        JobController,
+        JobSetController,
+        PyTorchJobController,
+        MPIJobController,
+        KueueController,
+    )
     return [kind(cluster, loop) for kind in kinds]

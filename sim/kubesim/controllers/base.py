@@ -156,7 +156,9 @@ class Reconciler:
             "status" if status else "",
         )
 
-    def mutate(self, key: str, obj: Obj, change: Callable[[Obj], None], *, status: bool = False) -> Obj:
+    def mutate(
+        self, key: str, obj: Obj, change: Callable[[Obj], None], *, status: bool = False
+    ) -> Obj:
         """Write ``change`` applied to a copy of ``obj`` (a no-op write changes nothing)."""
         updated = clone(obj)
         change(updated)
@@ -166,7 +168,11 @@ class Reconciler:
         metadata = obj["metadata"]
         try:
             self.core.delete(
-                self.resource(key), metadata.get("namespace", ""), metadata["name"], self.ctx, propagation=propagation
+                self.resource(key),
+                metadata.get("namespace", ""),
+                metadata["name"],
+                self.ctx,
+                propagation=propagation,
             )
         except ApiError as error:
             if error.code != 404:
@@ -190,7 +196,9 @@ class EventRecorder:
         try:
             if existing is not None:
                 self.controller.mutate(
-                    "events", existing, lambda e: e.update(count=e.get("count", 1) + 1, lastTimestamp=now)
+                    "events",
+                    existing,
+                    lambda e: e.update(count=e.get("count", 1) + 1, lastTimestamp=now),
                 )
                 return
             self.controller.create(
@@ -226,6 +234,7 @@ class EventRecorder:
 
 
 def condition(obj: Obj, type_: str) -> Obj | None:
+    entry: Obj
     for entry in (obj.get("status") or {}).get("conditions") or ():
         if entry.get("type") == type_:
             return entry
@@ -260,7 +269,13 @@ def set_condition(
             if observed_generation is not None:
                 entry["observedGeneration"] = observed_generation
             return
-    entry = {"type": type_, "status": value, "reason": reason, "message": message, "lastTransitionTime": now}
+    entry = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
     if probe_times:
         entry["lastProbeTime"] = now
     if observed_generation is not None:
@@ -312,6 +327,7 @@ def owner_reference(owner: Obj, *, block: bool = True) -> Obj:
 
 
 def controller_of(obj: Obj) -> Obj | None:
+    ref: Obj
     for ref in obj["metadata"].get("ownerReferences") or ():
         if ref.get("controller"):
             return ref
@@ -319,7 +335,10 @@ def controller_of(obj: Obj) -> Obj | None:
 
 
 def parse_duration(text: str | None) -> float | None:
-    """Seconds in a Go duration (``90s``, ``1h30m``, ``250ms``) or a bare number; ``None`` if absent."""
+    """Seconds in a Go duration (``90s``, ``1h30m``, ``250ms``) or a bare number.
+
+    ``None`` when absent.
+    """
     if text is None or str(text).strip() == "":
         return None
     value = str(text).strip()

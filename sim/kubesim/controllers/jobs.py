@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from sim.kubesim.api import now_rfc3339
 from sim.kubesim.controllers.base import (
@@ -29,15 +29,18 @@ from sim.kubesim.controllers.base import (
 )
 from sim.kubesim.store import DELETED, Event, clone
 
-__all__ = ["JobController", "JobSetController", "ReplicaJobController", "TRACKING_FINALIZER"]
+__all__ = ["TRACKING_FINALIZER", "JobController", "JobSetController", "ReplicaJobController"]
 
 Obj = dict[str, Any]
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+#: ``spec.managedBy`` naming the built-in controller; any other value hands the Job to
+#: an external controller (KEP-4368, on by default since 1.32) and this one leaves it alone.
+JOB_CONTROLLER_NAME = "kubernetes.io/job-controller"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
 def _phase(pod: Obj) -> str:
-    return (pod.get("status") or {}).get("phase", "Pending")
+    return str((pod.get("status") or {}).get("phase", "Pending"))
 
 
 def _ready(pod: Obj) -> bool:
@@ -112,12 +115,14 @@ class JobController(Reconciler):
         return pods
 
     def reconcile(self, key: Hashable) -> None:
-        namespace, name = key  # type: ignore[misc]
+        namespace, name = cast(tuple[str, str], key)
         job = self.get("jobs.batch", namespace, name)
         if job is None:
             self._release_orphans(namespace, name)
             return
         if job["metadata"].get("deletionTimestamp"):
+            return
+        if job["spec"].get("managedBy", JOB_CONTROLLER_NAME) != JOB_CONTROLLER_NAME:
             return
         pods = self._owned(job)
         status = clone(job.get("status") or {})
@@ -127,16 +132,17 @@ class JobController(Reconciler):
     def _release_orphans(self, namespace: str, name: str) -> None:
         for pod in self.items("pods", namespace):
             owner = controller_of(pod)
-            if owner and owner.get("kind") == "Job" and owner.get("name") == name:
-                if TRACKING_FINALIZER in (pod["metadata"].get("finalizers") or ()):
-                    self._drop_finalizer(pod)
+            ours = owner and owner.get("kind") == "Job" and owner.get("name") == name
+            if ours and TRACKING_FINALIZER in (pod["metadata"].get("finalizers") or ()):
+                self._drop_finalizer(pod)
 
     def _drop_finalizer(self, pod: Obj) -> None:
         self.mutate(
             "pods",
             pod,
             lambda p: p["metadata"].__setitem__(
-                "finalizers", [f for f in p["metadata"].get("finalizers") or () if f != TRACKING_FINALIZER]
+                "finalizers",
+                [f for f in p["metadata"].get("finalizers") or () if f != TRACKING_FINALIZER],
             ),
         )
 
@@ -145,7 +151,9 @@ class JobController(Reconciler):
         active = []
         indexes = _index_set(status.get("completedIndexes"))
         for pod in pods:
-            ended = _phase(pod) in ("Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp")
+            ended = _phase(pod) in ("Succeeded", "Failed") or pod["metadata"].get(
+                "deletionTimestamp"
+            )
             if not ended:
                 active.append(pod)
                 continue
@@ -170,7 +178,9 @@ class JobController(Reconciler):
         for pod in active:
             self.expected_deletions.add(pod["metadata"]["uid"])
             self.delete("pods", pod)
-            self.events.emit(job, "Job", "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}")
+            self.events.emit(
+                job, "Job", "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}"
+            )
 
     def _run(self, job: Obj, active: list[Obj], status: Obj) -> None:
         spec = job["spec"]
@@ -182,12 +192,16 @@ class JobController(Reconciler):
         if spec.get("suspend"):
             self._delete_active(job, active)
             if not is_true(job, "Suspended"):
-                set_condition(status, "Suspended", "True", "JobSuspended", "Job suspended", probe_times=True)
+                set_condition(
+                    status, "Suspended", "True", "JobSuspended", "Job suspended", probe_times=True
+                )
                 self.events.emit(job, "Job", "Suspended", "Job suspended")
             self._write(job, status, [])
             return
         if is_true(job, "Suspended"):
-            set_condition(status, "Suspended", "False", "JobResumed", "Job resumed", probe_times=True)
+            set_condition(
+                status, "Suspended", "False", "JobResumed", "Job resumed", probe_times=True
+            )
             status["startTime"] = now
             self.events.emit(job, "Job", "Resumed", "Job resumed")
         status.setdefault("startTime", now)
@@ -200,7 +214,9 @@ class JobController(Reconciler):
     def _failed(self, job: Obj, active: list[Obj], status: Obj) -> bool:
         spec = job["spec"]
         restarts = sum(
-            c.get("restartCount", 0) for p in active for c in (p.get("status") or {}).get("containerStatuses") or ()
+            c.get("restartCount", 0)
+            for p in active
+            for c in (p.get("status") or {}).get("containerStatuses") or ()
         )
         reason = message = ""
         if status.get("failed", 0) + restarts > spec.get("backoffLimit", 6):
@@ -209,10 +225,14 @@ class JobController(Reconciler):
         if deadline is not None and not reason:
             elapsed = _elapsed(status.get("startTime"))
             if elapsed >= self.scaled(float(deadline)):
-                reason, message = "DeadlineExceeded", "Job was active longer than specified deadline"
+                reason, message = (
+                    "DeadlineExceeded",
+                    "Job was active longer than specified deadline",
+                )
             else:
                 self.enqueue_after(
-                    (job["metadata"]["namespace"], job["metadata"]["name"]), self.scaled(float(deadline)) - elapsed
+                    (job["metadata"]["namespace"], job["metadata"]["name"]),
+                    self.scaled(float(deadline)) - elapsed,
                 )
         if not reason:
             return False
@@ -231,7 +251,12 @@ class JobController(Reconciler):
         self._delete_active(job, active)
         for type_ in ("SuccessCriteriaMet", "Complete"):
             set_condition(
-                status, type_, "True", "CompletionsReached", "Reached expected number of succeeded pods", probe_times=True
+                status,
+                type_,
+                "True",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+                probe_times=True,
             )
         status["completionTime"] = now_rfc3339()
         self.events.emit(job, "Job", "Completed", "Job completed")
@@ -251,9 +276,11 @@ class JobController(Reconciler):
         indexes: list[int | None] = [None] * need
         if spec.get("completionMode") == "Indexed":
             taken = _index_set(status.get("completedIndexes")) | {
-                int((p["metadata"].get("annotations") or {}).get(INDEX_ANNOTATION, -1)) for p in active
+                int((p["metadata"].get("annotations") or {}).get(INDEX_ANNOTATION, -1))
+                for p in active
             }
-            indexes = [i for i in range(completions or parallelism) if i not in taken][:need]  # type: ignore[misc]
+            free = [i for i in range(completions or parallelism) if i not in taken]
+            indexes = list[int | None](free[:need])
         return [self._create_pod(job, index) for index in indexes]
 
     def _create_pod(self, job: Obj, index: int | None) -> Obj:
@@ -266,7 +293,7 @@ class JobController(Reconciler):
             annotations[INDEX_ANNOTATION] = str(index)
             labels[INDEX_ANNOTATION] = str(index)
             prefix += f"{index}-"
-        pod = {
+        pod: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -282,7 +309,9 @@ class JobController(Reconciler):
         if not annotations:
             del pod["metadata"]["annotations"]
         created = self.create("pods", pod)
-        self.events.emit(job, "Job", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
+        self.events.emit(
+            job, "Job", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}"
+        )
         return created
 
     def _write(self, job: Obj, status: Obj, active: list[Obj]) -> None:
@@ -320,7 +349,7 @@ class JobSetController(Reconciler):
                 yield (event.key[0], owner.get("name", ""))
 
     def reconcile(self, key: Hashable) -> None:
-        namespace, name = key  # type: ignore[misc]
+        namespace, name = cast(tuple[str, str], key)
         jobset = self.get("jobsets.jobset.x-k8s.io", namespace, name)
         if jobset is None or jobset["metadata"].get("deletionTimestamp"):
             return
@@ -335,7 +364,14 @@ class JobSetController(Reconciler):
         finished = is_true(jobset, "Completed") or is_true(jobset, "Failed")
         summary = []
         for replicated in spec.get("replicatedJobs") or ():
-            counts = {"name": replicated["name"], "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+            counts = {
+                "name": replicated["name"],
+                "ready": 0,
+                "succeeded": 0,
+                "failed": 0,
+                "active": 0,
+                "suspended": 0,
+            }
             for index in range(int(replicated.get("replicas", 1))):
                 child_name = f"{name}-{replicated['name']}-{index}"
                 child = children.get(child_name)
@@ -348,7 +384,12 @@ class JobSetController(Reconciler):
             summary.append(counts)
         status["replicatedJobsStatus"] = summary
         self._conditions(jobset, status, suspended, summary)
-        self.mutate("jobsets.jobset.x-k8s.io", jobset, lambda j: j.__setitem__("status", status), status=True)
+        self.mutate(
+            "jobsets.jobset.x-k8s.io",
+            jobset,
+            lambda j: j.__setitem__("status", status),
+            status=True,
+        )
 
     def _create_child(self, jobset: Obj, replicated: Obj, index: int, suspended: bool) -> Obj:
         template = clone(replicated.get("template") or {})
@@ -361,7 +402,9 @@ class JobSetController(Reconciler):
         }
         spec = template.get("spec") or {}
         spec["suspend"] = suspended
-        pod_labels = spec.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})
+        pod_labels = (
+            spec.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})
+        )
         pod_labels.update({k: v for k, v in labels.items() if k.startswith("jobset.sigs.k8s.io/")})
         child = {
             "apiVersion": "batch/v1",
@@ -397,13 +440,24 @@ class JobSetController(Reconciler):
     def _conditions(self, jobset: Obj, status: Obj, suspended: bool, summary: list[Obj]) -> None:
         if is_true(jobset, "Completed") or is_true(jobset, "Failed"):
             return
-        expected = sum(int(r.get("replicas", 1)) for r in (jobset.get("spec") or {}).get("replicatedJobs") or ())
+        expected = sum(
+            int(r.get("replicas", 1))
+            for r in (jobset.get("spec") or {}).get("replicatedJobs") or ()
+        )
         if any(c["failed"] for c in summary):
-            set_condition(status, "Failed", "True", "FailedJobs", "jobset failed due to one or more job failures")
+            set_condition(
+                status,
+                "Failed",
+                "True",
+                "FailedJobs",
+                "jobset failed due to one or more job failures",
+            )
             status["terminalState"] = "Failed"
             return
         if expected and sum(c["succeeded"] for c in summary) >= expected:
-            set_condition(status, "Completed", "True", "AllJobsCompleted", "jobset completed successfully")
+            set_condition(
+                status, "Completed", "True", "AllJobsCompleted", "jobset completed successfully"
+            )
             status["terminalState"] = "Completed"
             return
         if suspended:
@@ -444,7 +498,7 @@ class ReplicaJobController(Reconciler):
                 yield (event.key[0], owner.get("name", ""))
 
     def reconcile(self, key: Hashable) -> None:
-        namespace, name = key  # type: ignore[misc]
+        namespace, name = cast(tuple[str, str], key)
         job = self.get(self.resource_key, namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
@@ -462,23 +516,55 @@ class ReplicaJobController(Reconciler):
                 if _phase(pod) not in ("Succeeded", "Failed"):
                     self.delete("pods", pod)
             if suspended and not finished:
-                set_condition(status, "Suspended", "True", f"{self.kind}Suspended", f"{self.kind} {name} is suspended.")
-                set_condition(status, "Running", "False", f"{self.kind}Suspended", f"{self.kind} {name} is suspended.")
+                set_condition(
+                    status,
+                    "Suspended",
+                    "True",
+                    f"{self.kind}Suspended",
+                    f"{self.kind} {name} is suspended.",
+                )
+                set_condition(
+                    status,
+                    "Running",
+                    "False",
+                    f"{self.kind}Suspended",
+                    f"{self.kind} {name} is suspended.",
+                )
             self._write(job, status)
             return
         if is_true(job, "Suspended"):
-            set_condition(status, "Suspended", "False", f"{self.kind}Resumed", f"{self.kind} {name} is resumed.")
+            set_condition(
+                status,
+                "Suspended",
+                "False",
+                f"{self.kind}Resumed",
+                f"{self.kind} {name} is resumed.",
+            )
         status.setdefault("startTime", now_rfc3339())
         if condition(job, "Created") is None:
-            set_condition(status, "Created", "True", f"{self.kind}Created", f"{self.kind} {namespace}/{name} is created.")
+            set_condition(
+                status,
+                "Created",
+                "True",
+                f"{self.kind}Created",
+                f"{self.kind} {namespace}/{name} is created.",
+            )
         replica_status: dict[str, Obj] = {}
         for replica_type, replica in (spec.get(self.specs_field) or {}).items():
             counts = {"active": 0, "succeeded": 0, "failed": 0}
             for index in range(int(replica.get("replicas", 1))):
                 pod_name = self._pod_name(name, replica_type, index)
-                pod = pods.get(pod_name) or self._create_pod(job, replica_type, replica, index, pod_name)
+                pod = pods.get(pod_name) or self._create_pod(
+                    job, replica_type, replica, index, pod_name
+                )
                 phase = _phase(pod)
-                counts["succeeded" if phase == "Succeeded" else "failed" if phase == "Failed" else "active"] += 1
+                counts[
+                    "succeeded"
+                    if phase == "Succeeded"
+                    else "failed"
+                    if phase == "Failed"
+                    else "active"
+                ] += 1
             replica_status[replica_type] = counts
         status["replicaStatuses"] = replica_status
         self._conditions(job, status, replica_status)
@@ -489,17 +575,21 @@ class ReplicaJobController(Reconciler):
             return f"{name}-launcher"
         return f"{name}-{replica_type.lower()}-{index}"
 
-    def _create_pod(self, job: Obj, replica_type: str, replica: Obj, index: int, pod_name: str) -> Obj:
+    def _create_pod(
+        self, job: Obj, replica_type: str, replica: Obj, index: int, pod_name: str
+    ) -> Obj:
         template = clone(replica.get("template") or {})
         metadata = template.get("metadata") or {}
         labels = {
             **(metadata.get("labels") or {}),
             "training.kubeflow.org/job-name": job["metadata"]["name"],
-            "training.kubeflow.org/operator-name": self.kind.lower().replace("job", "job-controller"),
+            "training.kubeflow.org/operator-name": self.kind.lower().replace(
+                "job", "job-controller"
+            ),
             "training.kubeflow.org/replica-type": replica_type.lower(),
             "training.kubeflow.org/replica-index": str(index),
         }
-        pod = {
+        pod: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -520,17 +610,39 @@ class ReplicaJobController(Reconciler):
         name = job["metadata"]["name"]
         now = now_rfc3339()
         if any(c["failed"] for c in replicas.values()):
-            set_condition(status, "Running", "False", f"{self.kind}Failed", f"{self.kind} {name} is failed.")
-            set_condition(status, "Failed", "True", f"{self.kind}Failed", f"{self.kind} {name} is failed because a replica failed.")
+            set_condition(
+                status, "Running", "False", f"{self.kind}Failed", f"{self.kind} {name} is failed."
+            )
+            set_condition(
+                status,
+                "Failed",
+                "True",
+                f"{self.kind}Failed",
+                f"{self.kind} {name} is failed because a replica failed.",
+            )
             status["completionTime"] = now
             return
         deciding = {self.leader: replicas[self.leader]} if self.leader in replicas else replicas
         if deciding and all(c["succeeded"] and not c["active"] for c in deciding.values()):
-            set_condition(status, "Running", "False", f"{self.kind}Succeeded", f"{self.kind} {name} is successfully completed.")
-            set_condition(status, "Succeeded", "True", f"{self.kind}Succeeded", f"{self.kind} {name} is successfully completed.")
+            set_condition(
+                status,
+                "Running",
+                "False",
+                f"{self.kind}Succeeded",
+                f"{self.kind} {name} is successfully completed.",
+            )
+            set_condition(
+                status,
+                "Succeeded",
+                "True",
+                f"{self.kind}Succeeded",
+                f"{self.kind} {name} is successfully completed.",
+            )
             status["completionTime"] = now
             return
-        set_condition(status, "Running", "True", f"{self.kind}Running", f"{self.kind} {name} is running.")
+        set_condition(
+            status, "Running", "True", f"{self.kind}Running", f"{self.kind} {name} is running."
+        )
 
     def _write(self, job: Obj, status: Obj) -> None:
         self.mutate(self.resource_key, job, lambda j: j.__setitem__("status", status), status=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.domain.quantity import format_amount
-from sim.kubesim.api import Context, Resource, now_rfc3339
+from sim.kubesim.api import Context, Resource
 from sim.kubesim.controllers.base import (
     Reconciler,
     condition,
@@ -48,7 +48,7 @@ from sim.kubesim.controllers.nodes import matches_node, node_ready, tolerates
 from sim.kubesim.selectors import match_selector_object
 from sim.kubesim.store import DELETED, Event, clone
 
-__all__ = ["JOB_KINDS", "KueueController", "QUEUE_LABEL", "suspend_queued_jobs"]
+__all__ = ["JOB_KINDS", "QUEUE_LABEL", "KueueController", "suspend_queued_jobs"]
 
 Obj = dict[str, Any]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -113,12 +113,18 @@ class JobKind:
                 sets.append((replicated["name"], count, job_spec.setdefault("template", {})))
             return sets
         return [
-            (replica_type.lower(), int(replica.get("replicas", 1)), replica.setdefault("template", {}))
+            (
+                replica_type.lower(),
+                int(replica.get("replicas", 1)),
+                replica.setdefault("template", {}),
+            )
             for replica_type, replica in (spec.get(self.specs_field) or {}).items()
         ]
 
     def finished(self, job: Obj) -> tuple[bool, bool, str]:
-        success = {"jobs.batch": "Complete", "jobsets.jobset.x-k8s.io": "Completed"}.get(self.key, "Succeeded")
+        success = {"jobs.batch": "Complete", "jobsets.jobset.x-k8s.io": "Completed"}.get(
+            self.key, "Succeeded"
+        )
         if is_true(job, success):
             return True, True, "Job finished successfully"
         failed = condition(job, "Failed")
@@ -132,8 +138,15 @@ JOB_KINDS: dict[str, JobKind] = {
     for kind in (
         JobKind("jobs.batch", "Job", ("spec", "suspend")),
         JobKind("jobsets.jobset.x-k8s.io", "JobSet", ("spec", "suspend")),
-        JobKind("pytorchjobs.kubeflow.org", "PyTorchJob", ("spec", "runPolicy", "suspend"), "pytorchReplicaSpecs"),
-        JobKind("mpijobs.kubeflow.org", "MPIJob", ("spec", "runPolicy", "suspend"), "mpiReplicaSpecs"),
+        JobKind(
+            "pytorchjobs.kubeflow.org",
+            "PyTorchJob",
+            ("spec", "runPolicy", "suspend"),
+            "pytorchReplicaSpecs",
+        ),
+        JobKind(
+            "mpijobs.kubeflow.org", "MPIJob", ("spec", "runPolicy", "suspend"), "mpiReplicaSpecs"
+        ),
     )
 }
 _MANAGED_KINDS = {kind.kind for kind in JOB_KINDS.values()}
@@ -144,7 +157,9 @@ def _managed_by_parent(job: Obj) -> bool:
     return owner is not None and owner.get("kind") in _MANAGED_KINDS
 
 
-def suspend_queued_jobs(operation: str, resource: Resource, obj: Obj, old: Obj | None, ctx: Context) -> None:
+def suspend_queued_jobs(
+    operation: str, resource: Resource, obj: Obj, old: Obj | None, ctx: Context
+) -> None:
     """Kueue's mutating webhook: a queued job starts suspended."""
     kind = JOB_KINDS.get(resource.rtype.key)
     if kind is None or operation != "CREATE":
@@ -204,6 +219,10 @@ def _cohort(cq: Obj) -> str:
     return spec.get("cohortName") or spec.get("cohort") or ""
 
 
+def _insufficient(resource: str, flavor: str, lack: str) -> str:
+    return f"insufficient unused quota for {resource} in flavor {flavor}, {lack} more needed"
+
+
 class Ledger:
     """Reserved usage per (ClusterQueue, flavor, resource) during one cycle."""
 
@@ -237,7 +256,10 @@ class Ledger:
             return f"insufficient quota for {resource} in flavor {flavor} in ClusterQueue"
         used = self.used[cq][key]
         cohort = _cohort(self.cqs[cq])
-        shown = lambda amount: format_amount(resource, amount)  # noqa: E731
+
+        def shown(amount: int) -> str:
+            return format_amount(resource, amount)
+
         if not cohort:
             if request > quota.nominal:
                 return (
@@ -245,7 +267,7 @@ class Ledger:
                     f"capacity ({shown(request)} > {shown(quota.nominal)})"
                 )
             if used + request > quota.nominal:
-                return f"insufficient unused quota for {resource} in flavor {flavor}, {shown(used + request - quota.nominal)} more needed"
+                return _insufficient(resource, flavor, shown(used + request - quota.nominal))
             return None
         pool = sum(
             self.quotas[m][key].lendable for m in self.cohorts[cohort] if key in self.quotas[m]
@@ -260,10 +282,12 @@ class Ledger:
             )
         own_free = max(0, quota.guaranteed - used)
         available = own_free + self._cohort_free(cohort, key)
-        limit_left = None if quota.borrowing_limit is None else quota.nominal + quota.borrowing_limit - used
+        limit_left = (
+            None if quota.borrowing_limit is None else quota.nominal + quota.borrowing_limit - used
+        )
         if request > available or (limit_left is not None and request > limit_left):
             lack = request - min(available, limit_left if limit_left is not None else available)
-            return f"insufficient unused quota for {resource} in flavor {flavor}, {shown(lack)} more needed"
+            return _insufficient(resource, flavor, shown(lack))
         return None
 
 
@@ -314,7 +338,11 @@ class KueueController(Reconciler):
         elif resource_key == "pods":
             owner = controller_of(event.obj)
             if owner and owner.get("kind") in ("PyTorchJob", "MPIJob"):
-                key = "pytorchjobs.kubeflow.org" if owner["kind"] == "PyTorchJob" else "mpijobs.kubeflow.org"
+                key = (
+                    "pytorchjobs.kubeflow.org"
+                    if owner["kind"] == "PyTorchJob"
+                    else "mpijobs.kubeflow.org"
+                )
                 yield ("job", key, event.key[0], owner.get("name", ""))
         elif resource_key in _QUEUE_OBJECTS:
             if resource_key in (CLUSTER_QUEUES, FLAVORS) and event.type != DELETED:
@@ -370,7 +398,11 @@ class KueueController(Reconciler):
         if priority_class:
             wpc = self.get("workloadpriorityclasses.kueue.x-k8s.io", "", priority_class)
             if wpc is not None:
-                spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": priority_class}
+                spec["priorityClassRef"] = {
+                    "group": "kueue.x-k8s.io",
+                    "kind": "WorkloadPriorityClass",
+                    "name": priority_class,
+                }
                 spec["priority"] = int(wpc.get("value", 0))
         workload = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -397,7 +429,9 @@ class KueueController(Reconciler):
         """Per pod set: node labels and tolerations its assigned flavors add to the pods."""
         result = {}
         topology = self.topology.get(workload["metadata"]["uid"], {})
-        for assignment in (workload.get("status") or {}).get("admission", {}).get("podSetAssignments") or ():
+        for assignment in (workload.get("status") or {}).get("admission", {}).get(
+            "podSetAssignments"
+        ) or ():
             labels: dict[str, str] = {}
             tolerations: list[Obj] = []
             for flavor_name in dict.fromkeys((assignment.get("flavors") or {}).values()):
@@ -429,7 +463,9 @@ class KueueController(Reconciler):
 
     def _stop(self, kind: JobKind, job: Obj, workload: Obj) -> None:
         suspended = self.mutate(kind.key, job, lambda obj: kind.set_suspend(obj, True))
-        originals = {ps["name"]: ps.get("template") or {} for ps in workload["spec"].get("podSets") or ()}
+        originals = {
+            ps["name"]: ps.get("template") or {} for ps in workload["spec"].get("podSets") or ()
+        }
 
         def restore(obj: Obj) -> None:
             for name, _, template in kind.podsets(obj):
@@ -449,19 +485,34 @@ class KueueController(Reconciler):
         ready = self._ready_pods(kind, job)
         previous = condition(workload, "PodsReady")
         if ready >= wanted:
-            reason, message, status = "Started", "All pods reached readiness and the workload is running", "True"
+            reason, message, status = (
+                "Started",
+                "All pods reached readiness and the workload is running",
+                "True",
+            )
             if previous is not None and previous.get("reason") in ("WaitForRecovery", "Recovered"):
                 reason = "Recovered"
-        elif previous is not None and previous.get("status") == "True" or (previous or {}).get("reason") == "WaitForRecovery":
-            reason, message, status = "WaitForRecovery", "At least one pod has failed, waiting for recovery", "False"
+        elif (previous is not None and previous.get("status") == "True") or (previous or {}).get(
+            "reason"
+        ) == "WaitForRecovery":
+            reason, message, status = (
+                "WaitForRecovery",
+                "At least one pod has failed, waiting for recovery",
+                "False",
+            )
         else:
             reason, message, status = "WaitForStart", "Not all pods are ready or succeeded", "False"
-        if previous is not None and (previous.get("status"), previous.get("reason")) == (status, reason):
+        if previous is not None and (previous.get("status"), previous.get("reason")) == (
+            status,
+            reason,
+        ):
             return
         self.mutate(
             WORKLOADS,
             workload,
-            lambda w: set_condition(w.setdefault("status", {}), "PodsReady", status, reason, message),
+            lambda w: set_condition(
+                w.setdefault("status", {}), "PodsReady", status, reason, message
+            ),
             status=True,
         )
 
@@ -474,7 +525,9 @@ class KueueController(Reconciler):
             for child in self.items("jobs.batch", job["metadata"]["namespace"]):
                 if (controller_of(child) or {}).get("uid") == job["metadata"]["uid"]:
                     child_status = child.get("status") or {}
-                    total += int(child_status.get("ready", 0)) + int(child_status.get("succeeded", 0))
+                    total += int(child_status.get("ready", 0)) + int(
+                        child_status.get("succeeded", 0)
+                    )
             return total
         total = 0
         for pod in self.items("pods", job["metadata"]["namespace"]):
@@ -491,11 +544,7 @@ class KueueController(Reconciler):
         reason = "Succeeded" if succeeded else "Failed"
 
         def finished(w: Obj) -> None:
-            status = w.setdefault("status", {})
-            set_condition(status, "Finished", "True", reason, message)
-            pods_ready = condition(w, "PodsReady")
-            if pods_ready is not None and pods_ready.get("status") == "True":
-                set_condition(status, "PodsReady", "False", "PodsReady", "Pods are not ready")
+            set_condition(w.setdefault("status", {}), "Finished", "True", reason, message)
 
         updated = self.mutate(WORKLOADS, workload, finished, status=True)
         self._drop_finalizer(updated)
@@ -506,7 +555,8 @@ class KueueController(Reconciler):
             WORKLOADS,
             workload,
             lambda w: w["metadata"].__setitem__(
-                "finalizers", [f for f in w["metadata"].get("finalizers") or () if f != RESOURCE_IN_USE]
+                "finalizers",
+                [f for f in w["metadata"].get("finalizers") or () if f != RESOURCE_IN_USE],
             ),
         )
 
@@ -552,9 +602,17 @@ class KueueController(Reconciler):
             status = w.setdefault("status", {})
             set_condition(status, "Evicted", "True", reason, message)
             set_condition(status, "QuotaReserved", "False", "Pending", message)
-            set_condition(status, "Admitted", "False", "NoReservation", "The workload has no reservation")
+            set_condition(
+                status, "Admitted", "False", "NoReservation", "The workload has no reservation"
+            )
             if condition(w, "PodsReady") is not None:
-                set_condition(status, "PodsReady", "False", "WaitForStart", "Not all pods are ready or succeeded")
+                set_condition(
+                    status,
+                    "PodsReady",
+                    "False",
+                    "WaitForStart",
+                    "Not all pods are ready or succeeded",
+                )
             requeued = reason != "Deactivated"
             set_condition(status, "Requeued", "True" if requeued else "False", reason, message)
             status.pop("admission", None)
@@ -574,11 +632,17 @@ class KueueController(Reconciler):
                 self.mutate(
                     resource_key,
                     obj,
-                    lambda o: o["metadata"].__setitem__("finalizers", [f for f in finalizers if f != RESOURCE_IN_USE]),
+                    lambda o: o["metadata"].__setitem__(
+                        "finalizers", [f for f in finalizers if f != RESOURCE_IN_USE]
+                    ),
                 )
             return
         if RESOURCE_IN_USE not in finalizers:
-            self.mutate(resource_key, obj, lambda o: o["metadata"].__setitem__("finalizers", [*finalizers, RESOURCE_IN_USE]))
+            self.mutate(
+                resource_key,
+                obj,
+                lambda o: o["metadata"].__setitem__("finalizers", [*finalizers, RESOURCE_IN_USE]),
+            )
 
     def _in_use(self, resource_key: str, name: str) -> bool:
         for workload in self.items(WORKLOADS):
@@ -606,7 +670,11 @@ class KueueController(Reconciler):
                     ledger.add(admission["clusterQueue"], _usage(admission))
         pending = sorted(
             (w for w in workloads if _pending(w)),
-            key=lambda w: (-int(w["spec"].get("priority", 0)), w["metadata"].get("creationTimestamp", ""), w["metadata"]["name"]),
+            key=lambda w: (
+                -int(w["spec"].get("priority", 0)),
+                w["metadata"].get("creationTimestamp", ""),
+                w["metadata"]["name"],
+            ),
         )
         blocked: set[str] = set()
         placements = _Placements(self)
@@ -618,7 +686,12 @@ class KueueController(Reconciler):
         self._queue_statuses(cqs, ledger, self.items(WORKLOADS))
 
     def _consider(
-        self, workload: Obj, cqs: dict[str, Obj], ledger: Ledger, blocked: set[str], placements: _Placements
+        self,
+        workload: Obj,
+        cqs: dict[str, Obj],
+        ledger: Ledger,
+        blocked: set[str],
+        placements: _Placements,
     ) -> None:
         namespace = workload["metadata"]["namespace"]
         queue = workload["spec"].get("queueName", "")
@@ -638,10 +711,16 @@ class KueueController(Reconciler):
         ns = self.get("namespaces", "", namespace)
         ns_labels = (ns or {}).get("metadata", {}).get("labels") or {}
         if not match_selector_object((cq.get("spec") or {}).get("namespaceSelector"), ns_labels):
-            self._pending(workload, "Inadmissible", "Workload namespace doesn't match ClusterQueue selector")
+            self._pending(
+                workload, "Inadmissible", "Workload namespace doesn't match ClusterQueue selector"
+            )
             return
         if cq_name in blocked:
-            self._pending(workload, "Pending", "Workload is waiting for the head of its StrictFIFO ClusterQueue")
+            self._pending(
+                workload,
+                "Pending",
+                "Workload is waiting for the head of its StrictFIFO ClusterQueue",
+            )
             return
         assignment, message = self._assign(workload, cq_name, cq, ledger, placements)
         if assignment is None:
@@ -660,7 +739,11 @@ class KueueController(Reconciler):
         return "FlavorNotFound" if missing else ""
 
     def _missing_flavors(self, cq: Obj) -> list[str]:
-        names = [f["name"] for g in (cq.get("spec") or {}).get("resourceGroups") or () for f in g.get("flavors") or ()]
+        names = [
+            f["name"]
+            for g in (cq.get("spec") or {}).get("resourceGroups") or ()
+            for f in g.get("flavors") or ()
+        ]
         return [name for name in names if self.get(FLAVORS, "", name) is None]
 
     def _assign(
@@ -678,7 +761,11 @@ class KueueController(Reconciler):
             flavors: dict[str, str] = {}
             for resource in total:
                 if not any(resource in g.get("coveredResources", ()) for g in groups):
-                    return None, f"couldn't assign flavors to pod set {pod_set['name']}: resource {resource} unavailable in ClusterQueue"
+                    return (
+                        None,
+                        f"couldn't assign flavors to pod set {pod_set['name']}: "
+                        f"resource {resource} unavailable in ClusterQueue",
+                    )
             domain: dict[str, str] = {}
             for group in groups:
                 wanted = {r: a for r, a in total.items() if r in group.get("coveredResources", ())}
@@ -688,7 +775,11 @@ class KueueController(Reconciler):
                     cq_name, group, pod_set, wanted, per_pod, count, ledger, trial, placements
                 )
                 if chosen is None:
-                    return None, f"couldn't assign flavors to pod set {pod_set['name']}: {', '.join(reasons)}"
+                    return (
+                        None,
+                        f"couldn't assign flavors to pod set {pod_set['name']}: "
+                        f"{', '.join(reasons)}",
+                    )
                 domain.update(chosen_domain)
                 for resource, amount in wanted.items():
                     flavors[resource] = chosen
@@ -722,7 +813,9 @@ class KueueController(Reconciler):
         label_keys = {
             key
             for entry in group.get("flavors") or ()
-            for key in ((self.get(FLAVORS, "", entry["name"]) or {}).get("spec") or {}).get("nodeLabels", {})
+            for key in ((self.get(FLAVORS, "", entry["name"]) or {}).get("spec") or {}).get(
+                "nodeLabels", {}
+            )
         }
         reasons: list[str] = []
         for entry in group.get("flavors") or ():
@@ -734,7 +827,11 @@ class KueueController(Reconciler):
             misses = [
                 why
                 for resource, amount in wanted.items()
-                if (why := ledger.check(cq_name, entry["name"], resource, amount + trial[(entry["name"], resource)]))
+                if (
+                    why := ledger.check(
+                        cq_name, entry["name"], resource, amount + trial[(entry["name"], resource)]
+                    )
+                )
             ]
             if misses:
                 reasons.extend(misses)
@@ -748,7 +845,11 @@ class KueueController(Reconciler):
 
     def _pending(self, workload: Obj, reason: str, message: str) -> None:
         current = condition(workload, "QuotaReserved")
-        if current is not None and (current.get("status"), current.get("reason"), current.get("message")) == (
+        if current is not None and (
+            current.get("status"),
+            current.get("reason"),
+            current.get("message"),
+        ) == (
             "False",
             reason,
             message,
@@ -764,16 +865,34 @@ class KueueController(Reconciler):
         def admitted(w: Obj) -> None:
             status = w.setdefault("status", {})
             status["admission"] = {"clusterQueue": cq_name, "podSetAssignments": assignments}
-            set_condition(status, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {cq_name}")
+            set_condition(
+                status,
+                "QuotaReserved",
+                "True",
+                "QuotaReserved",
+                f"Quota reserved in ClusterQueue {cq_name}",
+            )
             set_condition(status, "Admitted", "True", "Admitted", "The workload is admitted")
             if is_true(w, "Evicted"):
                 set_condition(status, "Evicted", "False", "QuotaReserved", "Previously: evicted")
             if condition(w, "Requeued") is not None:
-                set_condition(status, "Requeued", "True", "QuotaReserved", "The workload was requeued")
+                set_condition(
+                    status, "Requeued", "True", "QuotaReserved", "The workload was requeued"
+                )
 
         updated = self.mutate(WORKLOADS, workload, admitted, status=True)
-        self.events.emit(updated, "Workload", "QuotaReserved", f"Quota reserved in ClusterQueue {cq_name}, wait time since queued was 0s")
-        self.events.emit(updated, "Workload", "Admitted", f"Admitted by ClusterQueue {cq_name}, wait time since reservation was 0s")
+        self.events.emit(
+            updated,
+            "Workload",
+            "QuotaReserved",
+            f"Quota reserved in ClusterQueue {cq_name}, wait time since queued was 0s",
+        )
+        self.events.emit(
+            updated,
+            "Workload",
+            "Admitted",
+            f"Admitted by ClusterQueue {cq_name}, wait time since reservation was 0s",
+        )
 
     # -- queue statuses --------------------------------------------------------------------
 
@@ -782,7 +901,9 @@ class KueueController(Reconciler):
         per_lq: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         lq_usage: dict[tuple[str, str], Counter[tuple[str, str]]] = defaultdict(Counter)
         lq_target = {
-            (lq["metadata"]["namespace"], lq["metadata"]["name"]): (lq.get("spec") or {}).get("clusterQueue", "")
+            (lq["metadata"]["namespace"], lq["metadata"]["name"]): (lq.get("spec") or {}).get(
+                "clusterQueue", ""
+            )
             for lq in self.items(LOCAL_QUEUES)
         }
         for workload in workloads:
@@ -837,9 +958,18 @@ class KueueController(Reconciler):
             )
             if inactive == "FlavorNotFound":
                 missing = ", ".join(self._missing_flavors(cq))
-                set_condition(st, "Active", "False", "FlavorNotFound", f"Can't admit new workloads: references missing ResourceFlavor(s): [{missing}].")
+                set_condition(
+                    st,
+                    "Active",
+                    "False",
+                    "FlavorNotFound",
+                    "Can't admit new workloads: references missing ResourceFlavor(s): "
+                    f"[{missing}].",
+                )
             elif inactive == "Stopped":
-                set_condition(st, "Active", "False", "Stopped", "Can't admit new workloads: is stopped.")
+                set_condition(
+                    st, "Active", "False", "Stopped", "Can't admit new workloads: is stopped."
+                )
             else:
                 set_condition(st, "Active", "True", "Ready", "Can admit new workloads")
 
@@ -864,9 +994,17 @@ class KueueController(Reconciler):
                 flavorsUsage=clone(listed),
             )
             if cq_name in cqs:
-                set_condition(st, "Active", "True", "Ready", "Can submit new workloads to localQueue")
+                set_condition(
+                    st, "Active", "True", "Ready", "Can submit new workloads to localQueue"
+                )
             else:
-                set_condition(st, "Active", "False", "ClusterQueueDoesNotExist", "Can't submit new workloads to clusterQueue")
+                set_condition(
+                    st,
+                    "Active",
+                    "False",
+                    "ClusterQueueDoesNotExist",
+                    "Can't submit new workloads to clusterQueue",
+                )
 
         self.mutate(LOCAL_QUEUES, lq, status, status=True)
 
@@ -911,16 +1049,25 @@ def _flavor_mismatch(name: str, flavor: Obj, spec: Obj, label_keys: set[str]) ->
     for taint in flavor_spec.get("nodeTaints") or ():
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
             value = taint.get("value", "")
-            return f"untolerated taint {{{taint.get('key')}{'=' + value if value else ''}:{taint.get('effect')}}} in flavor {name}"
+            shown = f"{taint.get('key')}{'=' + value if value else ''}:{taint.get('effect')}"
+            return f"untolerated taint {{{shown}}} in flavor {name}"
     selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if k in label_keys}
     restricted: Obj = {"nodeSelector": selector}
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     if affinity:
         terms = []
         for term in affinity.get("nodeSelectorTerms") or ():
-            expressions = [e for e in term.get("matchExpressions") or () if e.get("key") in label_keys]
+            expressions = [
+                e for e in term.get("matchExpressions") or () if e.get("key") in label_keys
+            ]
             terms.append({"matchExpressions": expressions})
-        restricted["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+        restricted["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+            }
+        }
     fake_node = {"metadata": {"name": "", "labels": flavor_spec.get("nodeLabels") or {}}}
     if not matches_node(restricted, fake_node):
         return f"flavor {name} doesn't match node affinity"
@@ -941,16 +1088,25 @@ class _Placements:
                 if not node_ready(node) or (node.get("spec") or {}).get("unschedulable"):
                     continue
                 allocatable = (node.get("status") or {}).get("allocatable") or {}
-                free[node["metadata"]["name"]] = Counter(pod_requests({"containers": [{"resources": {"requests": allocatable}}]}))
+                free[node["metadata"]["name"]] = Counter(
+                    pod_requests({"containers": [{"resources": {"requests": allocatable}}]})
+                )
             for pod in self.controller.items("pods"):
                 node_name = (pod.get("spec") or {}).get("nodeName")
-                if node_name in free and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                if node_name in free and (pod.get("status") or {}).get("phase") not in (
+                    "Succeeded",
+                    "Failed",
+                ):
                     free[node_name].subtract(pod_requests(pod["spec"]))
             self._free = free
         return self._free
 
-    def find(self, pod_set: Obj, flavor: Obj, per_pod: dict[str, int], count: int) -> tuple[dict[str, str], str]:
-        annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    def find(
+        self, pod_set: Obj, flavor: Obj, per_pod: dict[str, int], count: int
+    ) -> tuple[dict[str, str], str]:
+        annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get(
+            "annotations"
+        ) or {}
         level = annotations.get(REQUIRED_TOPOLOGY) or annotations.get(PREFERRED_TOPOLOGY)
         if not level:
             return {}, ""
@@ -973,7 +1129,10 @@ class _Placements:
             if not required:
                 return {}, ""
             name = flavor.get("metadata", {}).get("name", "")
-            return {}, f'topology "{level}" doesn\'t allow to fit any of {count} pod(s) in flavor {name}'
+            return (
+                {},
+                f'topology "{level}" doesn\'t allow to fit any of {count} pod(s) in flavor {name}',
+            )
         self._reserve(domains[best[1]], per_pod, count)
         return {level: best[1]}, ""
 

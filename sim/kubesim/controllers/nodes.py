@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from sim.kubesim.api import now_rfc3339
 from sim.kubesim.controllers.base import (
@@ -42,13 +42,16 @@ _DEFAULT_TOLERATION_SECONDS = 300.0
 
 
 def _bound_and_live(pod: Obj) -> bool:
-    return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get("phase") not in _TERMINAL
+    return (
+        bool((pod.get("spec") or {}).get("nodeName"))
+        and (pod.get("status") or {}).get("phase") not in _TERMINAL
+    )
 
 
 def node_ready(node: Obj) -> bool:
     for entry in (node.get("status") or {}).get("conditions") or ():
         if entry.get("type") == "Ready":
-            return entry.get("status") == "True"
+            return bool(entry.get("status") == "True")
     return False
 
 
@@ -60,7 +63,9 @@ def tolerates(tolerations: Iterable[Obj], taint: Obj) -> bool:
         if toleration.get("operator", "Equal") == "Exists":
             if not toleration.get("key") or toleration.get("key") == taint.get("key"):
                 return True
-        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
+        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get(
+            "value", ""
+        ):
             return True
     return False
 
@@ -93,7 +98,9 @@ def _term_matches(term: Obj, node: Obj) -> bool:
         if not _expression_matches(expression, labels):
             return False
     fields = {"metadata.name": node["metadata"]["name"]}
-    return all(_expression_matches(expression, fields) for expression in term.get("matchFields") or ())
+    return all(
+        _expression_matches(expression, fields) for expression in term.get("matchFields") or ()
+    )
 
 
 def matches_node(spec: Obj, node: Obj) -> bool:
@@ -140,7 +147,11 @@ class Scheduler(Reconciler):
         if resource_key == "pods":
             freed = self._account(event.obj, deleted=event.type == DELETED)
             spec = event.obj.get("spec") or {}
-            if event.type != DELETED and not spec.get("nodeName") and spec.get("schedulerName", "default-scheduler") == "default-scheduler":
+            if (
+                event.type != DELETED
+                and not spec.get("nodeName")
+                and spec.get("schedulerName", "default-scheduler") == "default-scheduler"
+            ):
                 yield event.key
             elif event.type == DELETED:
                 self.waiting.discard(event.key)
@@ -150,24 +161,26 @@ class Scheduler(Reconciler):
             yield from list(self.waiting)
 
     def reconcile(self, key: Hashable) -> None:
-        namespace, name = key  # type: ignore[misc]
+        namespace, name = cast(tuple[str, str], key)
         pod = self.get("pods", namespace, name)
         if pod is None or pod["metadata"].get("deletionTimestamp"):
-            self.waiting.discard(key)  # type: ignore[arg-type]
+            self.waiting.discard((namespace, name))
             return
         spec = pod.get("spec") or {}
         if spec.get("nodeName") or (pod.get("status") or {}).get("phase") != "Pending":
-            self.waiting.discard(key)  # type: ignore[arg-type]
+            self.waiting.discard((namespace, name))
             return
         if spec.get("schedulingGates"):
-            self._set_unscheduled(pod, "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates")
+            self._set_unscheduled(
+                pod, "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates"
+            )
             return
         node, reasons, total = self._choose(pod)
         if node is None:
-            self.waiting.add(key)  # type: ignore[arg-type]
+            self.waiting.add((namespace, name))
             self._unschedulable(pod, reasons, total)
             return
-        self.waiting.discard(key)  # type: ignore[arg-type]
+        self.waiting.discard((namespace, name))
         self._bind(pod, node)
 
     def _choose(self, pod: Obj) -> tuple[str | None, Counter[str], int]:
@@ -182,14 +195,22 @@ class Scheduler(Reconciler):
             if failure:
                 reasons.update(failure)
                 continue
-            free_gpus = self._free(node).get("nvidia.com/gpu", 0) - requests.get("nvidia.com/gpu", 0)
+            free_gpus = self._free(node).get("nvidia.com/gpu", 0) - requests.get(
+                "nvidia.com/gpu", 0
+            )
             score = (free_gpus, node["metadata"]["name"])
             if best is None or score < best:
                 best = score
         return (best[1] if best else None), reasons, len(nodes)
 
     def _free(self, node: Obj) -> dict[str, int]:
-        allocatable = pod_requests({"containers": [{"resources": {"requests": (node.get("status") or {}).get("allocatable") or {}}}]})
+        allocatable = pod_requests(
+            {
+                "containers": [
+                    {"resources": {"requests": (node.get("status") or {}).get("allocatable") or {}}}
+                ]
+            }
+        )
         used: Counter[str] = Counter()
         for requests in self.usage.get(node["metadata"]["name"], {}).values():
             used.update(requests)
@@ -197,21 +218,31 @@ class Scheduler(Reconciler):
         free["pods"] = free.get("pods", 110) - len(self.usage.get(node["metadata"]["name"], {}))
         return free
 
-    def _filter(self, node: Obj, spec: Obj, requests: dict[str, int], tolerations: list[Obj]) -> list[str]:
+    def _filter(
+        self, node: Obj, spec: Obj, requests: dict[str, int], tolerations: list[Obj]
+    ) -> list[str]:
         if (node.get("spec") or {}).get("unschedulable"):
             return ["node(s) were unschedulable"]
         for taint in (node.get("spec") or {}).get("taints") or ():
-            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
-                return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"]
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
+                tolerations, taint
+            ):
+                shown = f"{taint.get('key')}: {taint.get('value', '')}"
+                return [f"node(s) had untolerated taint {{{shown}}}"]
         if not node_ready(node):
             return ["node(s) were not ready"]
         if not matches_node(spec, node):
             return ["node(s) didn't match Pod's node affinity/selector"]
         free = self._free(node)
-        missing = [name for name, amount in requests.items() if amount > 0 and amount > free.get(name, 0)]
+        missing = [
+            name for name, amount in requests.items() if amount > 0 and amount > free.get(name, 0)
+        ]
         if free.get("pods", 0) < 1:
             missing.append("pods")
-        return [("Too many pods" if name == "pods" else f"Insufficient {name}") for name in sorted(missing)]
+        return [
+            ("Too many pods" if name == "pods" else f"Insufficient {name}")
+            for name in sorted(missing)
+        ]
 
     def _bind(self, pod: Obj, node: str) -> None:
         bound = self.mutate("pods", pod, lambda p: p["spec"].__setitem__("nodeName", node))
@@ -223,7 +254,11 @@ class Scheduler(Reconciler):
 
         self.mutate("pods", bound, scheduled, status=True)
         self.events.emit(
-            bound, "Pod", "Scheduled", f"Successfully assigned {pod['metadata'].get('namespace')}/{pod['metadata']['name']} to {node}"
+            bound,
+            "Pod",
+            "Scheduled",
+            f"Successfully assigned {pod['metadata'].get('namespace')}/"
+            f"{pod['metadata']['name']} to {node}",
         )
 
     def _unschedulable(self, pod: Obj, reasons: Counter[str], total: int) -> None:
@@ -235,13 +270,27 @@ class Scheduler(Reconciler):
         self._set_unscheduled(pod, "Unschedulable", message)
 
     def _set_unscheduled(self, pod: Obj, reason: str, message: str) -> None:
-        current = next((c for c in (pod.get("status") or {}).get("conditions") or () if c.get("type") == "PodScheduled"), None)
+        current = next(
+            (
+                c
+                for c in (pod.get("status") or {}).get("conditions") or ()
+                if c.get("type") == "PodScheduled"
+            ),
+            None,
+        )
         if current and current.get("reason") == reason and current.get("message") == message:
             return
         self.mutate(
             "pods",
             pod,
-            lambda p: set_condition(p.setdefault("status", {}), "PodScheduled", "False", reason, message, probe_times=True),
+            lambda p: set_condition(
+                p.setdefault("status", {}),
+                "PodScheduled",
+                "False",
+                reason,
+                message,
+                probe_times=True,
+            ),
             status=True,
         )
         if reason == "Unschedulable":
@@ -260,13 +309,17 @@ class Kubelet(Reconciler):
         self.running: set[str] = set()
 
     def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
-        if resource_key == "pods" and event.type != DELETED and (event.obj.get("spec") or {}).get("nodeName"):
+        if (
+            resource_key == "pods"
+            and event.type != DELETED
+            and (event.obj.get("spec") or {}).get("nodeName")
+        ):
             yield ("pod", *event.key)
         elif resource_key == "nodes" and event.type != DELETED:
             yield ("node", event.key[1])
 
     def reconcile(self, key: Hashable) -> None:
-        kind, *rest = key  # type: ignore[misc]
+        kind, *rest = cast(tuple[str, ...], key)
         if kind == "pod":
             self._reconcile_pod(*rest)
         elif kind == "node":
@@ -292,20 +345,31 @@ class Kubelet(Reconciler):
             self._start(pod)
 
     def _evicted(self, pod: Obj) -> bool:
-        return any(c.get("type") == "DisruptionTarget" for c in (pod.get("status") or {}).get("conditions") or ())
+        return any(
+            c.get("type") == "DisruptionTarget"
+            for c in (pod.get("status") or {}).get("conditions") or ()
+        )
 
     def _start(self, pod: Obj) -> None:
         now = now_rfc3339()
         node = self.get("nodes", "", pod["spec"]["nodeName"]) or {}
         addresses = (node.get("status") or {}).get("addresses") or []
-        host_ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), "10.0.0.1")
+        host_ip = next(
+            (a["address"] for a in addresses if a.get("type") == "InternalIP"), "10.0.0.1"
+        )
 
         def running(p: Obj) -> None:
             status = p.setdefault("status", {})
             status.update(phase="Running", startTime=now, hostIP=host_ip, podIP=_pod_ip(p))
             status["hostIPs"] = [{"ip": host_ip}]
             status["podIPs"] = [{"ip": status["podIP"]}]
-            for type_ in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
+            for type_ in (
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled",
+            ):
                 set_condition(status, type_, "True", "", "", probe_times=True)
             _strip_empty_reasons(status)
             status["containerStatuses"] = [
@@ -313,7 +377,7 @@ class Kubelet(Reconciler):
                     "name": c["name"],
                     "image": c.get("image", ""),
                     "imageID": f"{c.get('image', '')}@sha256:{'0' * 64}",
-                    "containerID": f"containerd://{hashlib.sha1((p['metadata']['uid'] + c['name']).encode()).hexdigest()}",
+                    "containerID": _container_id(p, c),
                     "ready": True,
                     "started": True,
                     "restartCount": _restarts(p, c["name"]),
@@ -325,7 +389,12 @@ class Kubelet(Reconciler):
         started = self.mutate("pods", pod, running, status=True)
         duration = self._duration(started)
         if duration is not None:
-            key = ("finish", pod["metadata"].get("namespace", ""), pod["metadata"]["name"], pod["metadata"]["uid"])
+            key = (
+                "finish",
+                pod["metadata"].get("namespace", ""),
+                pod["metadata"]["name"],
+                pod["metadata"]["uid"],
+            )
             self.enqueue_after(key, self.scaled(duration))
 
     def _duration(self, pod: Obj) -> float | None:
@@ -358,12 +427,18 @@ class Kubelet(Reconciler):
             resource = self.core.for_kind(api_version, kind)
         except Exception:
             return None
-        owner = self.store.get(resource.rtype, obj["metadata"].get("namespace", ""), ref.get("name", ""))
+        owner = self.store.get(
+            resource.rtype, obj["metadata"].get("namespace", ""), ref.get("name", "")
+        )
         return owner if owner is not None and owner["metadata"]["uid"] == ref.get("uid") else None
 
     def _finish(self, namespace: str, name: str, uid: str) -> None:
         pod = self.get("pods", namespace, name)
-        if pod is None or pod["metadata"]["uid"] != uid or (pod.get("status") or {}).get("phase") != "Running":
+        if (
+            pod is None
+            or pod["metadata"]["uid"] != uid
+            or (pod.get("status") or {}).get("phase") != "Running"
+        ):
             return
         _, exit_code = self._sim_annotations(pod)
         if exit_code == 0:
@@ -379,12 +454,23 @@ class Kubelet(Reconciler):
         def restarted(p: Obj) -> None:
             for status in p["status"].get("containerStatuses") or ():
                 status["restartCount"] = status.get("restartCount", 0) + 1
-                status["lastState"] = {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": now_rfc3339()}}
+                status["lastState"] = {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": reason,
+                        "finishedAt": now_rfc3339(),
+                    }
+                }
 
         updated = self.mutate("pods", pod, restarted, status=True)
         duration = self._duration(updated)
         if duration is not None:
-            key = ("finish", updated["metadata"].get("namespace", ""), updated["metadata"]["name"], updated["metadata"]["uid"])
+            key = (
+                "finish",
+                updated["metadata"].get("namespace", ""),
+                updated["metadata"]["name"],
+                updated["metadata"]["uid"],
+            )
             self.enqueue_after(key, self.scaled(duration))
         return updated
 
@@ -396,7 +482,14 @@ class Kubelet(Reconciler):
             status = p.setdefault("status", {})
             status["phase"] = phase
             for type_ in ("Ready", "ContainersReady"):
-                set_condition(status, type_, "False", "PodCompleted" if phase == "Succeeded" else "PodFailed", "", probe_times=True)
+                set_condition(
+                    status,
+                    type_,
+                    "False",
+                    "PodCompleted" if phase == "Succeeded" else "PodFailed",
+                    "",
+                    probe_times=True,
+                )
             for container in status.get("containerStatuses") or ():
                 started = (container.get("state") or {}).get("running", {}).get("startedAt", now)
                 container.update(ready=False, started=False)
@@ -420,7 +513,10 @@ class Kubelet(Reconciler):
         if node is None or not node_ready(node):
             return
         for pod in self.items("pods"):
-            if pod["spec"].get("nodeName") == name and (pod.get("status") or {}).get("phase") == "Pending":
+            if (
+                pod["spec"].get("nodeName") == name
+                and (pod.get("status") or {}).get("phase") == "Pending"
+            ):
                 self.enqueue(("pod", pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
 
     def node_readiness_changed(self, node: Obj, ready: bool) -> Obj:
@@ -441,7 +537,9 @@ class Kubelet(Reconciler):
                 spec.pop("taints", None)
 
         def status(n: Obj) -> None:
-            conditions = [c for c in n["status"].get("conditions") or () if c.get("type") != "Ready"]
+            conditions = [
+                c for c in n["status"].get("conditions") or () if c.get("type") != "Ready"
+            ]
             n["status"]["conditions"] = [*conditions, ready_condition(ready, now)]
 
         updated = self.mutate("nodes", node, taints)
@@ -452,7 +550,12 @@ class Kubelet(Reconciler):
                     seconds = _toleration_seconds(pod)
                     if seconds == float("inf"):
                         continue
-                    key = ("evict", pod["metadata"].get("namespace", ""), pod["metadata"]["name"], pod["metadata"]["uid"])
+                    key = (
+                        "evict",
+                        pod["metadata"].get("namespace", ""),
+                        pod["metadata"]["name"],
+                        pod["metadata"]["uid"],
+                    )
                     self.enqueue_after(key, self.scaled(seconds))
         return updated
 
@@ -488,6 +591,11 @@ class Kubelet(Reconciler):
         if (pod.get("status") or {}).get("phase") == "Running":
             return self.fail_running(pod, exit_code, reason, message)
         return self._terminate(pod, exit_code, reason, message)
+
+
+def _container_id(pod: Obj, container: Obj) -> str:
+    digest = hashlib.sha1((pod["metadata"]["uid"] + container["name"]).encode()).hexdigest()
+    return f"containerd://{digest}"
 
 
 def _strip_empty_reasons(status: Obj) -> None:
