@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
-import rfc8785
+from service.ledger.canonical import canonical_json
 
 GENESIS_HASH: Final = bytes(32)
 CHAIN_VERSION: Final = 1
@@ -85,7 +85,14 @@ def entry_document(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> dict[str
 
 
 def hash_document(document: Mapping[str, Any]) -> bytes:
-    return hashlib.sha256(rfc8785.dumps(dict(document))).digest()
+    return hashlib.sha256(canonical_json(document)).digest()
+
+
+def entry_bytes(entry: LedgerEntry) -> bytes:
+    """The RFC 8785 bytes of what ``entry_hash`` hashes: also the entry's
+    Merkle leaf (see service/ledger/merkle.py)."""
+    item = NewLedgerEntry(entry.entry_id, entry.kind, entry.body, entry.recorded_at)
+    return canonical_json(entry_document(entry.seq, item, entry.prev_hash))
 
 
 def seal(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> LedgerEntry:
