@@ -1,0 +1,174 @@
+"""Offline verification of a ledger against signed checkpoints.
+
+What is checked, in one pass and constant memory:
+
+1. every entry's hash, recomputed from its content (RFC 8785, SHA-256);
+2. the chain: ``seq`` counts up from 1 without a gap, and every ``prev_hash``
+   is the hash of the entry before (the first one's is all zeros);
+3. the newest checkpoint's Ed25519 signature, and that the Merkle tree head of
+   the first ``size`` entries — leaves recomputed from content, never taken
+   from the stated hashes — is the signed root: nothing in the signed prefix
+   was altered, removed, inserted, reordered or cut off;
+4. every older checkpoint: its signature, its log, and that its root is the
+   head of the same entries at its size. Having every entry, this is the
+   strongest consistency check there is; it catches a log that was rewritten
+   and signed again after an older checkpoint was published (a fork).
+
+Entries after the newest checkpoint are chain-checked but no signature covers
+them yet: anyone could append there. The report counts them as
+``unsigned_tail``; with ``strict`` they are a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from service.ledger.canonical import canonical_json
+from service.ledger.chain import GENESIS_HASH
+from service.ledger.checkpoint import Checkpoint, CheckpointError, NoteVerifier, open_checkpoint
+from service.ledger.export import ExportFormatError, ExportRecord
+from service.ledger.merkle import CompactRange, leaf_hash
+
+MAX_PROBLEMS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    seq: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"entry {self.seq}: {self.reason}" if self.seq is not None else self.reason
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    entries: int = 0
+    checkpoint: Checkpoint | None = None
+    root_hash: bytes = b""
+    head_hash: bytes = GENESIS_HASH
+    older_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    problems_dropped: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.checkpoint is not None
+
+    @property
+    def unsigned_tail(self) -> int:
+        return self.entries - self.checkpoint.size if self.checkpoint else self.entries
+
+    def add(self, seq: int | None, reason: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(seq, reason))
+        else:
+            self.problems_dropped += 1
+
+
+def verify_ledger(
+    records: Iterable[ExportRecord | ExportFormatError],
+    checkpoint_note: str,
+    verifier: NoteVerifier,
+    older_notes: Sequence[str] = (),
+    *,
+    strict: bool = False,
+) -> VerifyReport:
+    """Verify ``records`` (in export order) against the newest signed
+    checkpoint and any older ones; see the module docstring. ``strict``
+    refuses entries that no checkpoint covers yet."""
+    report = VerifyReport()
+    newest = _open(checkpoint_note, verifier, report, "checkpoint")
+    report.checkpoint = newest
+    roots = _expected_roots(newest, older_notes, verifier, report)
+    frontier, previous, count = CompactRange(), GENESIS_HASH.hex(), 0
+    for record in records:
+        count += 1
+        if isinstance(record, ExportFormatError):
+            report.add(count, f"unreadable line: {record}")
+            data, previous = b"", ""
+        else:
+            data = _check_entry(record, count, previous, report)
+            # Link to the *stated* hash: a changed entry is then reported once,
+            # by its own hash, instead of again by its successor's link.
+            previous = record.entry_hash
+        frontier.append(leaf_hash(data))
+        for expected in roots.get(count, ()):
+            _check_root(frontier.root(), expected, report)
+    report.entries, report.head_hash = count, bytes.fromhex(previous) if _is_hash(previous) else b""
+    report.root_hash = frontier.root()
+    if strict and newest is not None and count > newest.size:
+        report.add(None, f"{count - newest.size} entries after the checkpoint are not signed")
+    for size, labels in roots.items():
+        if size > count:
+            for _, label in labels:
+                report.add(None, f"{label} covers {size} entries but the ledger has {count}")
+        elif size == 0:
+            for expected in labels:
+                _check_root(CompactRange().root(), expected, report)
+    return report
+
+
+def _open(note: str, verifier: NoteVerifier, report: VerifyReport, label: str) -> Checkpoint | None:
+    try:
+        return open_checkpoint(note, verifier)
+    except CheckpointError as exc:
+        report.add(None, f"{label}: {exc}")
+        return None
+
+
+def _expected_roots(
+    newest: Checkpoint | None,
+    older_notes: Sequence[str],
+    verifier: NoteVerifier,
+    report: VerifyReport,
+) -> dict[int, list[tuple[bytes, str]]]:
+    """Tree size → the (root, label) pairs that the head at that size must equal."""
+    roots: dict[int, list[tuple[bytes, str]]] = {}
+    if newest is not None:
+        roots.setdefault(newest.size, []).append((newest.root_hash, "the checkpoint"))
+    for i, note in enumerate(older_notes, start=1):
+        label = f"older checkpoint #{i}"
+        older = _open(note, verifier, report, label)
+        if older is None:
+            continue
+        report.older_checked += 1
+        label = f"{label} (size {older.size})"
+        if newest is not None and older.origin != newest.origin:
+            report.add(None, f"{label} is of another log: {older.origin!r}")
+        if newest is not None and older.size > newest.size:
+            report.add(None, f"{label} is larger than the newest checkpoint ({newest.size})")
+        roots.setdefault(older.size, []).append((older.root_hash, label))
+    return roots
+
+
+def _is_hash(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _check_entry(record: ExportRecord, position: int, previous: str, report: VerifyReport) -> bytes:
+    """The entry's leaf bytes, after checking its place in the chain and its hash.
+
+    An entry that cannot be canonicalised gets an empty leaf: the root then
+    cannot match and the problem is already reported."""
+    document = record.document
+    if document.get("seq") != position:
+        report.add(position, f"expected seq {position}, found {document.get('seq')!r}")
+    if document.get("prev_hash") != previous:
+        report.add(position, "prev_hash does not match the entry before")
+    try:
+        data = canonical_json(document)
+    except ValueError as exc:
+        report.add(position, f"content cannot be canonicalised: {exc}")
+        return b""
+    if hashlib.sha256(data).hexdigest() != record.entry_hash:
+        report.add(position, "entry hash does not match its content")
+    return data
+
+
+def _check_root(actual: bytes, expected: tuple[bytes, str], report: VerifyReport) -> None:
+    root, label = expected
+    if actual != root:
+        report.add(None, f"the Merkle root of the ledger does not match {label}")
