@@ -442,8 +442,10 @@ class ApiCore:
             if subresource:
                 raise errors.not_found(resource.plural, resource.group, name)
             return self._create_applied(resource, namespace, merged, ctx)
+        # _merge_update works in place and restores the old managedFields: keep the new ones.
+        managed = merged["metadata"].get("managedFields", [])
         new = self._merge_update(resource, old, merged, subresource)
-        new["metadata"]["managedFields"] = merged["metadata"].get("managedFields", [])
+        new["metadata"]["managedFields"] = managed
         new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
         if _comparable(new) == _comparable(old) and new["metadata"].get("managedFields") == old[
             "metadata"

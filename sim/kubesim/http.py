@@ -22,9 +22,9 @@ from urllib.parse import parse_qs
 import yaml
 
 from sim.kubesim import errors
-from sim.kubesim.api import APPLY_PATCH, Context, Resource
+from sim.kubesim.api import APPLY_PATCH, APPLY_PATCH_CBOR, Context, Resource
 from sim.kubesim.auth import AuditRecord, User, forbidden_reason
-from sim.kubesim.errors import ApiError
+from sim.kubesim.errors import ApiError, Cause
 from sim.kubesim.selectors import parse_field_selector, parse_label_selector
 from sim.kubesim.store import ADDED, DELETED, MODIFIED, Event, Watcher
 from sim.kubesim.tables import table
@@ -271,7 +271,7 @@ class KubeApp:
             )
             code = 200
         elif verb == "patch":
-            content_type = request.headers.get("content-type", "").split(";")[0].strip()
+            content_type = _content_type(request)
             obj = core.patch(
                 resource,
                 namespace,
@@ -720,9 +720,27 @@ def _body_object(request: Request) -> dict[str, Any]:
     return body
 
 
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip()
+
+
 def _context(request: Request, user: User) -> Context:
     manager = request.query.get("fieldManager", "")
     if not manager:
+        if request.method == "PATCH" and _content_type(request) in (APPLY_PATCH, APPLY_PATCH_CBOR):
+            # ValidatePatchOptions: controllers must name themselves for apply.
+            raise errors.invalid(
+                "PatchOptions",
+                "meta.k8s.io",
+                "",
+                [
+                    Cause(
+                        "FieldValueRequired",
+                        "Required value: is required for apply patch",
+                        "fieldManager",
+                    )
+                ],
+            )
         manager = request.headers.get("user-agent", "unknown").split("/")[0][:128]
     dry_run = request.query.get("dryRun", "")
     if dry_run and dry_run != "All":
