@@ -1,0 +1,191 @@
+"""``quartermaster ledger …``: keys, checkpoints, exports and offline verification.
+
+``verify`` needs nothing but files (an export, the checkpoints, the verifier
+key) — or, with ``--live``, read access to the database — so an auditor can
+run it on their own machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from service.ledger.checkpoint import DEFAULT_ORIGIN, CheckpointError, NoteSigner, NoteVerifier
+from service.ledger.export import ExportRecord, read_ndjson, records_of
+from service.ledger.verify import VerifyReport, verify_ledger
+
+app = typer.Typer(
+    help="The audit ledger: checkpoints, exports, verification.", no_args_is_help=True
+)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+def _database_url(url: str | None) -> str:
+    if url:
+        return url
+    from service.config import get_settings
+
+    configured = get_settings().database_url
+    if not configured:
+        raise _fail("no database: pass --database-url or set QM_DATABASE_URL")
+    return configured
+
+
+@contextmanager
+def _live_records(url: str) -> Iterator[Iterator[ExportRecord]]:
+    import sqlalchemy as sa
+
+    from service.ledger.postgres import PostgresLedgerReader
+
+    engine = sa.create_engine(url)
+    try:
+        yield records_of(PostgresLedgerReader(engine).entries())
+    finally:
+        engine.dispose()
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    if str(path) == "-":
+        yield from sys.stdin.buffer
+        return
+    with path.open("rb") as handle:
+        yield from handle
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"cannot read the {what} {path}: {exc.strerror}") from exc
+
+
+@app.command()
+def verify(
+    checkpoint: Annotated[Path, typer.Option(help="The newest signed checkpoint (a note).")],
+    public_key: Annotated[
+        Path, typer.Option(help="File with the verifier key: name+keyid+base64key.")
+    ],
+    export: Annotated[
+        Path | None, typer.Option(help="NDJSON export to verify ('-' reads stdin).")
+    ] = None,
+    live: Annotated[
+        bool, typer.Option(help="Verify the live ledger in the database instead.")
+    ] = False,
+    database_url: Annotated[
+        str | None, typer.Option(help="With --live; default QM_DATABASE_URL.")
+    ] = None,
+    older: Annotated[
+        list[Path] | None, typer.Option(help="Earlier checkpoints the ledger must extend.")
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Fail on entries that no checkpoint covers yet.")
+    ] = False,
+) -> None:
+    """Check every hash, the chain, the signatures and consistency with older
+    checkpoints. Exit 0 when the ledger verifies, 1 when it does not."""
+    if (export is None) == (not live):
+        raise _fail("give exactly one of --export FILE or --live")
+    try:
+        verifier = NoteVerifier.from_key(_read(public_key, "public key"))
+    except CheckpointError as exc:
+        raise _fail(f"bad public key: {exc}") from exc
+    note = _read(checkpoint, "checkpoint")
+    older_notes = [_read(p, "older checkpoint") for p in older or []]
+    if export is not None:
+        report = verify_ledger(
+            read_ndjson(_lines(export)), note, verifier, older_notes, strict=strict
+        )
+    else:
+        with _live_records(_database_url(database_url)) as records:
+            report = verify_ledger(records, note, verifier, older_notes, strict=strict)
+    _print(report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _print(report: VerifyReport) -> None:
+    for problem in report.problems:
+        typer.echo(f"FAIL {problem}")
+    if report.problems_dropped:
+        typer.echo(f"FAIL … and {report.problems_dropped} more problems")
+    size = report.checkpoint.size if report.checkpoint else "?"
+    verdict = "OK" if report.ok else "NOT VERIFIED"
+    typer.echo(
+        f"{verdict}: {report.entries} entries, checkpoint size {size}, "
+        f"{report.older_checked} older checkpoints, {report.unsigned_tail} unsigned at the tail, "
+        f"head {report.head_hash.hex()}"
+    )
+
+
+@app.command()
+def keygen(
+    public_key: Annotated[Path, typer.Option(help="Where to write the verifier key.")],
+    origin: Annotated[str, typer.Option(help="Key name: the log's origin line.")] = DEFAULT_ORIGIN,
+) -> None:
+    """Make a signing key: prints the QM_LEDGER_SIGNING_KEY value, writes the
+    verifier key that auditors keep."""
+    signer, seed = NoteSigner.generate(origin)
+    public_key.write_text(signer.verifier_key + "\n", encoding="utf-8")
+    typer.echo(f"QM_LEDGER_SIGNING_KEY={seed}")
+
+
+@app.command("export")
+def export_command(
+    out: Annotated[Path, typer.Option(help="NDJSON file to write ('-' for stdout).")],
+    database_url: Annotated[str | None, typer.Option(help="Default QM_DATABASE_URL.")] = None,
+) -> None:
+    """Stream the live ledger to NDJSON in constant memory."""
+    import sqlalchemy as sa
+
+    from service.ledger.export import export_ndjson
+    from service.ledger.postgres import PostgresLedgerReader
+
+    engine = sa.create_engine(_database_url(database_url))
+    try:
+        entries = PostgresLedgerReader(engine).entries()
+        if str(out) == "-":
+            sys.stdout.buffer.writelines(export_ndjson(entries))
+        else:
+            with out.open("wb") as handle:
+                handle.writelines(export_ndjson(entries))
+    finally:
+        engine.dispose()
+
+
+@app.command()
+def checkpoint(
+    out: Annotated[Path, typer.Option(help="Where to write the signed checkpoint.")],
+    origin: Annotated[str, typer.Option(help="The log's origin line.")] = DEFAULT_ORIGIN,
+    database_url: Annotated[str | None, typer.Option(help="Default QM_DATABASE_URL.")] = None,
+) -> None:
+    """Sign a checkpoint of the live ledger with QM_LEDGER_SIGNING_KEY."""
+    import sqlalchemy as sa
+
+    from service.config import get_settings
+    from service.ledger.postgres import PostgresLedgerReader
+    from service.ledger.proofs import LedgerTree
+
+    seed = get_settings().ledger_signing_key
+    if not seed:
+        raise _fail("QM_LEDGER_SIGNING_KEY is not set (see `quartermaster ledger keygen`)")
+    try:
+        signer = NoteSigner.from_seed(origin, seed)
+    except CheckpointError as exc:
+        raise _fail(f"bad QM_LEDGER_SIGNING_KEY: {exc}") from exc
+    engine = sa.create_engine(_database_url(database_url))
+    try:
+        tree = LedgerTree(origin)
+        tree.extend(PostgresLedgerReader(engine).entries())
+    finally:
+        engine.dispose()
+    out.write_text(tree.signed_checkpoint(signer), encoding="utf-8")
+    typer.echo(f"checkpoint of {tree.size} entries written to {out}")
