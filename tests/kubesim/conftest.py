@@ -46,7 +46,28 @@ def custom(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+class Kubectl:
+    """Runs the ``kubectl`` binary against one cluster's kubeconfig (private HOME for its cache)."""
+
+    def __init__(self, binary: str, kubeconfig: Path) -> None:
+        self.binary = binary
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(kubeconfig.parent)}
+
+    def __call__(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [self.binary, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=self.env,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
 
 
 @pytest.fixture(scope="module")
@@ -54,25 +75,7 @@ def kubectl(sim: RunningCluster) -> Kubectl:
     binary = shutil.which("kubectl")
     if binary is None:
         pytest.skip("kubectl is not installed (.ci/run installs Debian's kubernetes-client)")
-
-    def run(
-        *args: str, stdin: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig), "HOME": str(sim.kubeconfig.parent)}
-        result = subprocess.run(
-            [binary, *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=env,
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-        return result
-
-    return run
+    return Kubectl(binary, sim.kubeconfig)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
