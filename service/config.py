@@ -40,6 +40,25 @@ class Settings(BaseSettings):
     )
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    db_pool_size: int = Field(default=10, description="Connections per API process.")
+    max_body_bytes: int = Field(
+        default=1 << 20, description="Largest request body, except bulk submissions."
+    )
+    max_bulk_body_bytes: int = Field(default=64 << 20, description="Largest bulk submission body.")
+    rate_limit_per_second: float = Field(
+        default=500.0, description="Sustained requests per second per principal (per API process)."
+    )
+    rate_limit_burst: int = Field(default=1000, description="Burst size per principal.")
+    idempotency_ttl_seconds: int = Field(
+        default=24 * 3600, description="How long an Idempotency-Key's response is kept."
+    )
+    oidc_issuer: str | None = Field(default=None, description="OIDC issuer URL (iss claim).")
+    oidc_audience: str | None = Field(default=None, description="Expected aud claim.")
+    oidc_jwks_url: str | None = Field(default=None, description="The issuer's JWKS URL.")
+    oidc_roles_claim: str = Field(default="groups", description="Claim holding role names.")
+    oidc_namespaces_claim: str = Field(
+        default="namespaces", description="Claim holding a submitter's namespaces."
+    )
 
 
 @lru_cache(maxsize=1)

@@ -75,7 +75,11 @@ def reset_database(engine: sa.Engine) -> None:
     for this one session, which is exactly the bypass a test harness needs."""
     with engine.begin() as conn:
         conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
-        tables = ", ".join(APPEND_ONLY_TABLES + MUTABLE_TABLES)
+        names = conn.exec_driver_sql(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+            "AND tablename NOT IN ('alembic_version', 'event_head', 'ledger_head')"
+        ).scalars()
+        tables = ", ".join(sorted(set(names) | set(APPEND_ONLY_TABLES + MUTABLE_TABLES)))
         conn.exec_driver_sql(f"TRUNCATE {tables}")
         conn.exec_driver_sql("UPDATE event_head SET position = 0")
         conn.exec_driver_sql(

@@ -2,20 +2,71 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from sqlalchemy import text
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from service.api import openapi, problems
+from service.api.events import events_router
+from service.api.middleware import (
+    IdempotencyMiddleware,
+    Metrics,
+    MetricsMiddleware,
+    RateLimitMiddleware,
+    TokenBuckets,
+)
 from service.api.problems import problem
+from service.api.routes import admin_router, token_router, workload_router
 from service.app.bootstrap import Services
 from service.app.migrate import head_revision
+from service.projections.schema import resources
+
+
+class QueueDepths(Collector):
+    """Pending and admitted workloads per ClusterQueue, read at scrape time."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily(
+            "qm_clusterqueue_workloads",
+            "Workloads per ClusterQueue and state",
+            labels=["cluster_queue", "state"],
+        )
+        cq = resources.c.status["clusterQueue"].astext
+        state = resources.c.status["state"].astext
+        query = (
+            select(cq, state, func.count())
+            .where(resources.c.kind == "Workload", resources.c.deleted.is_(False))
+            .group_by(cq, state)
+        )
+        try:
+            with self._services.engine.connect() as conn:
+                rows = conn.execute(query).all()
+        except SQLAlchemyError:
+            rows = []
+        for queue, current, count in rows:
+            family.add_metric([queue or "", current or "Pending"], count)
+        yield family
 
 
 def create_app(services: Services) -> FastAPI:
-    app = FastAPI(title="Quartermaster", version="0.1.0")
-    app.state.services = services
+    app = FastAPI(
+        title="Quartermaster",
+        version="1.0.0",
+        description="Fleet-wide admission for GPU gangs: quotas, submissions, events.",
+    )
+    app.state.container = services
     expected_revision = head_revision()
+    metrics = Metrics()
+    metrics.registry.register(QueueDepths(services))
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -23,7 +74,7 @@ def create_app(services: Services) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"], response_model=None)
-    def readyz(request: Request) -> dict[str, str] | JSONResponse:
+    def readyz() -> dict[str, str] | JSONResponse:
         """Readiness: the database answers and its migrations are current."""
         try:
             with services.engine.connect() as conn:
@@ -41,4 +92,25 @@ def create_app(services: Services) -> FastAPI:
             )
         return {"status": "ready", "migration": str(revision)}
 
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def prometheus(request: Request) -> Response:
+        """Prometheus metrics: requests, latencies, workloads per ClusterQueue."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(admin_router())
+    app.include_router(workload_router())
+    app.include_router(token_router())
+    app.include_router(events_router())
+    problems.install(app)
+    openapi.install(app)
+    settings = services.settings
+    # Outermost first: metrics see every answer, including 429s and replays.
+    app.add_middleware(
+        IdempotencyMiddleware, store=services.idempotency, max_body=settings.max_bulk_body_bytes
+    )
+    app.add_middleware(
+        RateLimitMiddleware,
+        buckets=TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst),
+    )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

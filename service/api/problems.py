@@ -2,14 +2,80 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from service.app.errors import AppError
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_BASE = "https://quartermaster.dev/problems/"
+log = logging.getLogger(__name__)
 
 
-def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> JSONResponse:
-    body = {"type": TYPE_BASE + kind, "title": title, "status": status, "detail": detail, **extra}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+def problem(
+    status: int,
+    kind: str,
+    title: str,
+    detail: str,
+    errors: Sequence[tuple[str, str]] = (),
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + kind,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    if errors:
+        body["errors"] = [{"field": field, "message": message} for field, message in errors]
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    parts = list(loc)
+    if parts and parts[0] in ("query", "path", "header", "body"):
+        parts = parts[1:]
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+_STATUS_KINDS = {
+    404: ("not-found", "Not found"),
+    405: ("method-not-allowed", "Method not allowed"),
+    401: ("unauthorized", "Unauthorized"),
+    403: ("forbidden", "Forbidden"),
+}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(AppError)
+    async def app_error(request: Request, error: AppError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+        return problem(error.status, error.kind, error.title, error.detail, error.errors, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = [(_loc(e["loc"]), e["msg"]) for e in error.errors()]
+        fields = ", ".join(f or "(body)" for f, _ in errors)
+        return problem(422, "invalid-request", "Invalid request", f"invalid: {fields}", errors)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        kind, title = _STATUS_KINDS.get(error.status_code, ("http-error", "HTTP error"))
+        headers = dict(error.headers) if error.headers else None
+        return problem(error.status_code, kind, title, str(error.detail), headers=headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem(500, "internal", "Internal error", "an unexpected error; it was logged")

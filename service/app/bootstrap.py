@@ -7,6 +7,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, create_engine
 
+from service.app.auth import TokenService
+from service.app.crypto import SecretBox
+from service.app.events import EventQueries
+from service.app.idempotency import IdempotencyStore
+from service.app.resources import ResourceService
+from service.app.submissions import SubmissionService
 from service.app.uow import SqlUnitOfWork
 from service.config import Settings
 from service.eventstore.postgres import PostgresEventStore
@@ -22,6 +28,11 @@ class Services:
     ledger: PostgresLedgerReader
     projections: ProjectionRunner
     unit_of_work: Callable[[], SqlUnitOfWork]
+    authenticator: TokenService
+    resources: ResourceService
+    submissions: SubmissionService
+    event_queries: EventQueries
+    idempotency: IdempotencyStore
 
     def close(self) -> None:
         self.engine.dispose()
@@ -45,12 +56,22 @@ def bootstrap(settings: Settings, database_url: str | None = None) -> Services:
     url = database_url or settings.database_url
     if not url:
         raise ValueError("no database configured: set QM_DATABASE_URL")
-    engine = make_engine(url)
+    engine = make_engine(url, settings.db_pool_size)
+
+    def unit_of_work() -> SqlUnitOfWork:
+        return SqlUnitOfWork(engine)
+
+    resources = ResourceService(engine, unit_of_work, SecretBox(settings.secret_key))
     return Services(
         settings=settings,
         engine=engine,
         events=PostgresEventStore(engine),
         ledger=PostgresLedgerReader(engine),
         projections=ProjectionRunner(engine, all_projections()),
-        unit_of_work=lambda: SqlUnitOfWork(engine),
+        unit_of_work=unit_of_work,
+        authenticator=TokenService(engine, unit_of_work, settings.bootstrap_token),
+        resources=resources,
+        submissions=SubmissionService(engine, unit_of_work, resources),
+        event_queries=EventQueries(engine),
+        idempotency=IdempotencyStore(engine, settings.idempotency_ttl_seconds),
     )

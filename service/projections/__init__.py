@@ -1,18 +1,20 @@
 """Read models built from the event log by tracking processors."""
 
+from service.projections.resources import Resources
 from service.projections.runner import CatchUp, Projection, ProjectionRunner, UnknownProjection
 from service.projections.streams import StreamIndex
 
 
 def all_projections() -> list[Projection]:
     """Every projection the service maintains; later modules add theirs here."""
-    return [StreamIndex()]
+    return [StreamIndex(), Resources()]
 
 
 __all__ = [
     "CatchUp",
     "Projection",
     "ProjectionRunner",
+    "Resources",
     "StreamIndex",
     "UnknownProjection",
     "all_projections",

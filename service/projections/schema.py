@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, DateTime, Index, Integer, MetaData, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    Uuid,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 
 from service.eventstore.schema import NAMING
 
@@ -27,4 +41,58 @@ stream_index = Table(
     Column("last_position", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Index("ix_stream_index_category_stream", "category", "stream"),
+)
+
+# The API's objects, one row per (kind, namespace, name). Kept *inline*: the
+# command handler writes the row in the same transaction as the event that
+# changes it, so a client reads its own writes; ``projections rebuild
+# resources`` replays the same function over the log. Deleted objects stay as
+# tombstones so that a re-created object continues its stream's versions.
+resources = Table(
+    "resources",
+    metadata,
+    Column("kind", Text, primary_key=True),
+    Column("namespace", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("uid", Uuid, nullable=False),
+    Column("resource_version", BigInteger, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("labels", JSONB, nullable=False),
+    Column("annotations", JSONB, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("status", JSONB, nullable=False),
+    Column("secret", LargeBinary, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("deleted", Boolean, nullable=False),
+    Index("ix_resources_workload_queue", "kind", "namespace", text("(spec->>'queueName')")),
+)
+
+# Bearer tokens, stored as SHA-256 of the secret (tokens are 256-bit random,
+# so a slow hash buys nothing). Maintained inline from TokenIssued/TokenRevoked.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("namespaces", JSONB, nullable=False),
+    Column("token_hash", LargeBinary, nullable=False, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked", Boolean, nullable=False),
+)
+
+# Idempotency-Key records (not events: they are a cache of responses that
+# expires after ``idempotency_ttl``), scoped per principal.
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("principal", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("request_hash", LargeBinary, nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("headers", JSONB, nullable=True),
+    Column("body", LargeBinary, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_idempotency_keys_created_at", "created_at"),
 )

@@ -1,0 +1,82 @@
+"""``/v1/events``: the log after a position, or a server-sent event stream
+that resumes from ``Last-Event-ID``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from service.api.deps import CurrentPrincipal, Deps
+from service.app.auth import Role, require
+from service.app.events import EventFilter
+
+EVERYONE = frozenset(Role)
+HEARTBEAT_SECONDS = 15.0
+POLL_SECONDS = 0.2
+
+
+def events_router() -> APIRouter:
+    router = APIRouter(tags=["Event"])
+
+    @router.get("/v1/events")
+    async def events(
+        request: Request,
+        principal: CurrentPrincipal,
+        deps: Deps,
+        after: Annotated[int, Query(ge=0, description="List events after this position")] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        namespace: Annotated[str | None, Query(max_length=63)] = None,
+        workload: Annotated[str | None, Query(max_length=253)] = None,
+        kind: Annotated[str | None, Query(max_length=63)] = None,
+        type: Annotated[str | None, Query(max_length=63)] = None,
+        watch: Annotated[bool, Query(description="Stream as server-sent events")] = False,
+        timeout_seconds: Annotated[
+            float, Query(alias="timeoutSeconds", gt=0, le=3600, description="End a watch after")
+        ] = 300,
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    ) -> Any:
+        """Events after a position; with ``watch=true`` a resumable SSE stream."""
+        require(principal, EVERYONE)
+        wanted = EventFilter(namespace, workload, kind, type)
+        queries = deps.event_queries
+        if not watch:
+            items = await anyio.to_thread.run_sync(queries.after, principal, after, wanted, limit)
+            last = items[-1]["position"] if items else after
+            return {"items": items, "next": last}
+        start = after
+        if last_event_id and last_event_id.isdigit():
+            start = max(start, int(last_event_id))
+
+        async def stream() -> AsyncIterator[bytes]:
+            position, deadline = start, time.monotonic() + timeout_seconds
+            beat = time.monotonic() + HEARTBEAT_SECONDS
+            yield b"retry: 1000\n\n"
+            while time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    return
+                batch = await anyio.to_thread.run_sync(
+                    queries.after, principal, position, wanted, 500
+                )
+                for event in batch:
+                    position = event["position"]
+                    payload = json.dumps(event, separators=(",", ":"))
+                    yield f"id: {position}\nevent: {event['type']}\ndata: {payload}\n\n".encode()
+                if not batch:
+                    if time.monotonic() > beat:
+                        beat = time.monotonic() + HEARTBEAT_SECONDS
+                        yield b": heartbeat\n\n"
+                    await anyio.sleep(POLL_SECONDS)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return router

@@ -1,0 +1,312 @@
+"""ASGI middleware: metrics, per-principal rate limits, Idempotency-Key.
+
+Pure ASGI (no BaseHTTPMiddleware) so that streaming responses (server-sent
+events) pass through untouched and a stored response can be replayed byte
+for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from service.api.problems import PROBLEM_JSON, TYPE_BASE
+from service.app.idempotency import Claimed, IdempotencyStore, InFlight, Mismatch, Replay
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def principal_key(scope: Scope) -> str:
+    """The credential a request presents, hashed: what keys and limits are
+    scoped by (one token = one principal)."""
+    auth = _header(scope, b"authorization") or ""
+    return hashlib.sha256(auth.encode()).hexdigest()[:32]
+
+
+async def _send_problem(
+    send: Send,
+    status: int,
+    kind: str,
+    title: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    body = json.dumps(
+        {"type": TYPE_BASE + kind, "title": title, "status": status, "detail": detail}
+    ).encode()
+    raw = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- metrics -----------------------------------------------------------------------------
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "qm_http_requests",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "qm_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def wrapped(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(scope["method"], template, str(status)).inc()
+            self.metrics.latency.labels(scope["method"], template).observe(
+                time.perf_counter() - start
+            )
+
+
+# -- rate limits -------------------------------------------------------------------------
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class TokenBuckets:
+    """A token bucket per principal: ``rate`` per second, ``burst`` at most.
+
+    Per API process; with N processes the fleet-wide limit is N times this.
+    """
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> tuple[bool, float, float]:
+        """(allowed, tokens left, seconds until one more token)."""
+        now = self._clock()
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) > 100_000:
+                    self._buckets.clear()
+                bucket = self._buckets[key] = _Bucket(float(self.burst), now)
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+            if bucket.tokens >= 1:
+                bucket.tokens -= 1
+                return True, bucket.tokens, 0.0
+            return False, bucket.tokens, (1 - bucket.tokens) / self.rate
+
+
+class RateLimitMiddleware:
+    def __init__(self, app: ASGIApp, buckets: TokenBuckets) -> None:
+        self.app = app
+        self.buckets = buckets
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        allowed, left, wait = self.buckets.take(principal_key(scope))
+        reset = max(1, math.ceil((self.buckets.burst - left) / self.buckets.rate))
+        window = max(1, round(self.buckets.burst / self.buckets.rate))
+        headers = {
+            "RateLimit-Limit": str(self.buckets.burst),
+            "RateLimit-Remaining": str(int(left)),
+            "RateLimit-Reset": str(reset),
+            "RateLimit-Policy": f"{self.buckets.burst};w={window}",
+        }
+        if not allowed:
+            retry = max(1, math.ceil(wait))
+            await _send_problem(
+                send,
+                429,
+                "rate-limited",
+                "Too many requests",
+                f"this principal is limited to {self.buckets.rate:g} requests/s "
+                f"(burst {self.buckets.burst}); retry after {retry} s",
+                {**headers, "Retry-After": str(retry)},
+            )
+            return
+        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *raw]}
+            await send(message)
+
+        await self.app(scope, receive, wrapped)
+
+
+# -- idempotency -------------------------------------------------------------------------
+
+_KEEP_HEADERS = {b"content-type", b"etag", b"location"}
+
+
+class IdempotencyMiddleware:
+    def __init__(self, app: ASGIApp, store: IdempotencyStore, max_body: int) -> None:
+        self.app = app
+        self.store = store
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        key = _header(scope, b"idempotency-key") if scope["type"] == "http" else None
+        if key is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if not 1 <= len(key) <= 255:
+            await _send_problem(
+                send,
+                400,
+                "bad-idempotency-key",
+                "Bad Idempotency-Key",
+                "an Idempotency-Key is 1 to 255 characters",
+            )
+            return
+        body, messages = await _drain(receive, self.max_body)
+        principal = principal_key(scope)
+        fingerprint = _fingerprint(scope, body)
+        outcome = await anyio.to_thread.run_sync(self.store.claim, principal, key, fingerprint)
+        if isinstance(outcome, Mismatch):
+            await _send_problem(
+                send,
+                422,
+                "idempotency-key-reused",
+                "Idempotency-Key reused",
+                "this Idempotency-Key was used with a different request",
+            )
+            return
+        if isinstance(outcome, InFlight):
+            await _send_problem(
+                send,
+                409,
+                "idempotency-key-in-flight",
+                "Request in flight",
+                "a request with this Idempotency-Key is still being processed; retry later",
+                {"Retry-After": "1"},
+            )
+            return
+        if isinstance(outcome, Replay):
+            headers = [(k.encode(), v.encode()) for k, v in outcome.headers]
+            headers += [
+                (b"content-length", str(len(outcome.body)).encode()),
+                (b"idempotent-replayed", b"true"),
+            ]
+            await send(
+                {"type": "http.response.start", "status": outcome.status_code, "headers": headers}
+            )
+            await send({"type": "http.response.body", "body": outcome.body})
+            return
+        assert isinstance(outcome, Claimed)
+        await self._run(scope, messages, send, principal, key)
+
+    async def _run(
+        self, scope: Scope, messages: list[Message], send: Send, principal: str, key: str
+    ) -> None:
+        status, headers, chunks = 500, [], []
+        queue = list(messages)
+
+        async def replay_receive() -> Message:
+            if queue:
+                return queue.pop(0)
+            return {"type": "http.disconnect"}
+
+        async def capture(message: Message) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [
+                    (k.decode("latin-1"), v.decode("latin-1"))
+                    for k, v in message.get("headers", [])
+                    if k.lower() in _KEEP_HEADERS
+                ]
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+            await send(message)
+
+        try:
+            await self.app(scope, replay_receive, capture)
+        except BaseException:
+            await anyio.to_thread.run_sync(self.store.release, principal, key)
+            raise
+        if status in (401, 429):
+            await anyio.to_thread.run_sync(self.store.release, principal, key)
+            return
+        await anyio.to_thread.run_sync(
+            self.store.finish, principal, key, status, headers, b"".join(chunks)
+        )
+
+
+def _fingerprint(scope: Scope, body: bytes) -> bytes:
+    from service.app.idempotency import request_hash
+
+    query = scope.get("query_string", b"").decode("latin-1")
+    return request_hash(scope["method"], scope["path"], query, body)
+
+
+async def _drain(receive: Receive, limit: int) -> tuple[bytes, list[Message]]:
+    messages, body = [], bytearray()
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if len(body) > limit or not message.get("more_body", False):
+            break
+    return bytes(body), messages

@@ -1,0 +1,151 @@
+"""The OpenAPI document: request and response schemas of every kind.
+
+Bodies are read by hand (JSON or YAML), so the schemas are declared here:
+each kind's object model goes into ``components.schemas`` and the routes
+refer to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, create_model
+from pydantic.json_schema import models_json_schema
+
+from service.app.kinds import KINDS, Kind
+from service.app.schemas import ObjectMeta, Strict
+
+REF = "#/components/schemas/{model}"
+
+
+def _object_model(kind: Kind) -> type[BaseModel]:
+    fields: dict[str, Any] = {
+        "apiVersion": (
+            Literal["quartermaster.dev/v1", "kueue.x-k8s.io/v1beta2"],
+            "quartermaster.dev/v1",
+        ),
+        "kind": (Literal[kind.kind], kind.kind),
+        "metadata": (ObjectMeta, ...),
+    }
+    if kind.flat:
+        for name, info in kind.spec.model_fields.items():
+            fields[name] = (info.annotation, info)
+    else:
+        fields["spec"] = (kind.spec, ...)
+    return create_model(kind.kind, __base__=Strict, **fields)
+
+
+MODELS = {kind.kind: _object_model(kind) for kind in KINDS.values()}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": REF.format(model=name)}
+
+
+def body_schema(kind: Kind, patch: bool = False, submission: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = _ref(kind.kind)
+    if patch:
+        schema = {"type": "object", "description": f"An RFC 7386 merge patch of a {kind.kind}"}
+    if submission:
+        schema = {
+            "oneOf": [
+                _ref(kind.kind),
+                {
+                    "type": "object",
+                    "description": "A batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest",
+                    "required": ["apiVersion", "kind", "metadata", "spec"],
+                    "properties": {
+                        "kind": {"enum": ["Job", "JobSet", "PyTorchJob", "MPIJob"]},
+                        "apiVersion": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": {"type": "object"},
+                    },
+                },
+            ]
+        }
+    media = "application/merge-patch+json" if patch else "application/json"
+    content = {media: {"schema": schema}}
+    if not patch:
+        content["application/yaml"] = {"schema": schema}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+_STORED = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata"],
+    "properties": {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {
+            "type": "object",
+            "required": ["name", "uid", "resourceVersion"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "uid": {"type": "string"},
+                "resourceVersion": {"type": "string"},
+                "generation": {"type": "integer"},
+                "creationTimestamp": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {"type": "object"},
+        "status": {"type": "object"},
+    },
+}
+
+
+def object_schema(kind: Kind) -> dict[str, Any]:
+    return {
+        "description": f"The stored {kind.kind}",
+        "content": {"application/json": {"schema": _STORED}},
+    }
+
+
+def list_schema(kind: Kind) -> dict[str, Any]:
+    return {
+        "description": f"A page of {kind.plural}",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["items", "metadata"],
+                    "properties": {
+                        "items": {"type": "array", "items": _STORED},
+                        "metadata": {"type": "object"},
+                    },
+                }
+            }
+        },
+    }
+
+
+def install(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        _, definitions = models_json_schema(
+            [(model, "validation") for model in MODELS.values()], ref_template=REF
+        )
+        components = document.setdefault("components", {}).setdefault("schemas", {})
+        components.update(definitions.get("$defs", {}))
+        problem = {
+            "type": "object",
+            "required": ["type", "title", "status", "detail"],
+            "properties": {
+                "type": {"type": "string"},
+                "title": {"type": "string"},
+                "status": {"type": "integer"},
+                "detail": {"type": "string"},
+                "errors": {"type": "array", "items": {"type": "object"}},
+            },
+        }
+        components["Problem"] = problem
+        app.openapi_schema = document
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,442 @@
+"""Routers: thin translations of HTTP to ``service.app`` calls.
+
+Admin kinds share one set of generated routes (list, create, get, replace,
+patch, delete); workloads, tokens and events have their own. Bodies are read
+by ``read_body`` (JSON or YAML) and validated in the app layer, so that every
+error names its field the same way whatever the media type.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
+from service.api.openapi import body_schema, list_schema, object_schema
+from service.app.auth import Role, require
+from service.app.errors import Invalid
+from service.app.kinds import ADMIN_KINDS, Kind
+from service.app.resources import Page
+from service.app.submissions import MAX_BULK
+from service.app.workloads import validation_problems
+
+NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+NameParam = Annotated[str, Query(max_length=253, pattern=NAME)]
+Limit = Annotated[int | None, Query(ge=1, le=1000, description="Page size (max 1000)")]
+Continue = Annotated[
+    str | None, Query(alias="continue", max_length=512, description="Token from the last page")
+]
+LabelSel = Annotated[str | None, Query(alias="labelSelector", max_length=4096)]
+FieldSel = Annotated[str | None, Query(alias="fieldSelector", max_length=4096)]
+IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=64)]
+
+
+def _r(status: int, schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
+    return {status: schema}
+
+
+def _page(kind: str, page: Page) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"resourceVersion": page.resource_version}
+    if page.continue_token:
+        metadata["continue"] = page.continue_token
+    return {
+        "apiVersion": "quartermaster.dev/v1",
+        "kind": f"{kind}List",
+        "metadata": metadata,
+        "items": page.items,
+    }
+
+
+def _etag(obj: dict[str, Any], response: Response) -> dict[str, Any]:
+    response.headers["ETag"] = f'"{obj["metadata"]["resourceVersion"]}"'
+    return obj
+
+
+NamespacePath = Annotated[
+    str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+NamePath = Annotated[str, Path(min_length=1, max_length=253, pattern=NAME)]
+
+
+def _scoped(func: Callable[..., Any], namespaced: bool) -> Callable[..., Any]:
+    """The route function with ``namespace`` as a path parameter, or without
+    it for cluster-scoped kinds (so that it is not mistaken for a query
+    parameter); ``name`` gets the DNS-subdomain pattern."""
+    signature = inspect.signature(func)
+    params = []
+    for original in signature.parameters.values():
+        param = original
+        if param.name == "namespace":
+            if not namespaced:
+                continue
+            param = param.replace(annotation=NamespacePath, default=inspect.Parameter.empty)
+        elif param.name == "name":
+            param = param.replace(annotation=NamePath)
+        params.append(param)
+    params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
+
+    @functools.wraps(func)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return await func(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _admin_routes(router: APIRouter, kind: Kind) -> None:
+    if kind.namespaced:
+        base = f"/v1/namespaces/{{namespace}}/{kind.plural}"
+    else:
+        base = f"/v1/{kind.plural}"
+    item = base + "/{name}"
+    tag = kind.kind
+    read_body_extra = body_schema(kind)
+    one: dict[int | str, dict[str, Any]] = {200: object_schema(kind)}
+
+    async def create(
+        request: Request,
+        actor: CurrentActor,
+        deps: Deps,
+        response: Response,
+        namespace: str = "",
+    ) -> Any:
+        body = await read_body(request, deps.settings.max_body_bytes)
+        obj = deps.resources.create(actor, kind.plural, namespace, body)
+        response.status_code = 201
+        return _etag(obj, response)
+
+    async def list_(
+        principal: CurrentPrincipal,
+        deps: Deps,
+        namespace: str = "",
+        limit: Limit = None,
+        continue_: Continue = None,
+        label_selector: LabelSel = None,
+        field_selector: FieldSel = None,
+    ) -> Any:
+        page = deps.resources.list(
+            principal,
+            kind.plural,
+            namespace if kind.namespaced else None,
+            label_selector,
+            field_selector,
+            limit,
+            continue_,
+        )
+        return _page(kind.kind, page)
+
+    async def get(
+        principal: CurrentPrincipal,
+        deps: Deps,
+        name: str,
+        response: Response,
+        namespace: str = "",
+    ) -> Any:
+        return _etag(deps.resources.get(principal, kind.plural, namespace, name), response)
+
+    async def replace(
+        request: Request,
+        actor: CurrentActor,
+        deps: Deps,
+        name: str,
+        response: Response,
+        if_match: IfMatch = None,
+        namespace: str = "",
+    ) -> Any:
+        body = await read_body(request, deps.settings.max_body_bytes)
+        obj = deps.resources.replace(actor, kind.plural, namespace, name, body, if_match)
+        return _etag(obj, response)
+
+    async def patch(
+        request: Request,
+        actor: CurrentActor,
+        deps: Deps,
+        name: str,
+        response: Response,
+        if_match: IfMatch = None,
+        namespace: str = "",
+    ) -> Any:
+        body = await read_body(request, deps.settings.max_body_bytes)
+        obj = deps.resources.patch(actor, kind.plural, namespace, name, body, if_match)
+        return _etag(obj, response)
+
+    async def delete(
+        actor: CurrentActor, deps: Deps, name: str, if_match: IfMatch = None, namespace: str = ""
+    ) -> Any:
+        return deps.resources.delete(actor, kind.plural, namespace, name, if_match)
+
+    create, list_, get, replace, patch, delete = (
+        _scoped(f, kind.namespaced) for f in (create, list_, get, replace, patch, delete)
+    )
+    common: dict[str, Any] = {"tags": [tag]}
+    router.add_api_route(
+        base,
+        list_,
+        methods=["GET"],
+        summary=f"List {kind.plural}",
+        responses={200: list_schema(kind)},
+        **common,
+    )
+    router.add_api_route(
+        base,
+        create,
+        methods=["POST"],
+        summary=f"Create a {kind.kind}",
+        status_code=201,
+        openapi_extra=read_body_extra,
+        responses={201: object_schema(kind)},
+        **common,
+    )
+    router.add_api_route(
+        item, get, methods=["GET"], summary=f"Get a {kind.kind}", responses=one, **common
+    )
+    router.add_api_route(
+        item,
+        replace,
+        methods=["PUT"],
+        summary=f"Replace a {kind.kind}",
+        openapi_extra=read_body_extra,
+        responses=one,
+        **common,
+    )
+    router.add_api_route(
+        item,
+        patch,
+        methods=["PATCH"],
+        summary=f"Merge-patch a {kind.kind} (RFC 7386)",
+        openapi_extra=body_schema(kind, patch=True),
+        responses=one,
+        **common,
+    )
+    router.add_api_route(
+        item, delete, methods=["DELETE"], summary=f"Delete a {kind.kind}", responses=one, **common
+    )
+    if kind.namespaced:
+
+        async def list_all(
+            principal: CurrentPrincipal,
+            deps: Deps,
+            limit: Limit = None,
+            continue_: Continue = None,
+            label_selector: LabelSel = None,
+            field_selector: FieldSel = None,
+        ) -> Any:
+            page = deps.resources.list(
+                principal, kind.plural, None, label_selector, field_selector, limit, continue_
+            )
+            return _page(kind.kind, page)
+
+        router.add_api_route(
+            f"/v1/{kind.plural}",
+            list_all,
+            methods=["GET"],
+            summary=f"List {kind.plural} in all namespaces",
+            responses={200: list_schema(kind)},
+            **common,
+        )
+
+
+def admin_router() -> APIRouter:
+    router = APIRouter()
+    for kind in ADMIN_KINDS:
+        _admin_routes(router, kind)
+    return router
+
+
+# -- workloads ---------------------------------------------------------------------------
+
+
+def workload_router() -> APIRouter:
+    from service.app.kinds import KINDS
+
+    kind = KINDS["workloads"]
+    router = APIRouter(tags=["Workload"])
+    base = "/v1/namespaces/{namespace}/workloads"
+
+    @router.post(
+        base,
+        status_code=201,
+        openapi_extra=body_schema(kind, submission=True),
+        responses={201: object_schema(kind)},
+    )
+    async def submit(
+        namespace: str, request: Request, actor: CurrentActor, deps: Deps, response: Response
+    ) -> Any:
+        """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
+        body = await read_body(request, deps.settings.max_body_bytes)
+        return _etag(deps.submissions.submit(actor, namespace, body), response)
+
+    @router.get(base, responses={200: list_schema(kind)})
+    async def list_workloads(
+        namespace: str,
+        principal: CurrentPrincipal,
+        deps: Deps,
+        limit: Limit = None,
+        continue_: Continue = None,
+        label_selector: LabelSel = None,
+        field_selector: FieldSel = None,
+    ) -> Any:
+        page = deps.resources.list(
+            principal, "workloads", namespace, label_selector, field_selector, limit, continue_
+        )
+        return _page("Workload", page)
+
+    @router.get("/v1/workloads", responses={200: list_schema(kind)})
+    async def list_all_workloads(
+        principal: CurrentPrincipal,
+        deps: Deps,
+        limit: Limit = None,
+        continue_: Continue = None,
+        label_selector: LabelSel = None,
+        field_selector: FieldSel = None,
+    ) -> Any:
+        page = deps.resources.list(
+            principal, "workloads", None, label_selector, field_selector, limit, continue_
+        )
+        return _page("Workload", page)
+
+    @router.get(base + "/{name}", responses={200: object_schema(kind)})
+    async def get_workload(
+        namespace: str, name: str, principal: CurrentPrincipal, deps: Deps, response: Response
+    ) -> Any:
+        return _etag(deps.resources.get(principal, "workloads", namespace, name), response)
+
+    @router.delete(base + "/{name}", responses={200: object_schema(kind)})
+    async def cancel_workload(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
+        """Cancel: a pending workload is dropped; an admitted one is evicted."""
+        return deps.submissions.cancel(actor, namespace, name)
+
+    @router.post(base + "/{name}/cancel", responses={200: object_schema(kind)})
+    async def cancel_workload_post(
+        namespace: str, name: str, actor: CurrentActor, deps: Deps
+    ) -> Any:
+        """The same as DELETE, for clients that prefer a verb."""
+        return deps.submissions.cancel(actor, namespace, name)
+
+    @router.get(base + "/{name}/explain")
+    async def explain(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
+        """State, reason, message, position in the queue, and what it waits for."""
+        return deps.submissions.explain(actor, namespace, name)
+
+    @router.post(
+        "/v1/namespaces/{namespace}/bulk/workloads",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["items"],
+                            "properties": {
+                                "items": {
+                                    "type": "array",
+                                    "maxItems": MAX_BULK,
+                                    "items": {"type": "object"},
+                                }
+                            },
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def bulk(namespace: str, request: Request, actor: CurrentActor, deps: Deps) -> Any:
+        """Up to 5,000 submissions; each is all-or-nothing, with its own result."""
+        body = await read_body(request, deps.settings.max_bulk_body_bytes)
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise Invalid("a bulk body is {items: [...]}", [("items", "expected an array")])
+        if len(items) > MAX_BULK:
+            raise Invalid(
+                f"at most {MAX_BULK} items per request", [("items", f"{len(items)} items")]
+            )
+        results = deps.submissions.bulk(actor, namespace, items)
+        out = []
+        for r in results:
+            entry: dict[str, Any] = {"index": r.index, "name": r.name, "status": r.status}
+            if r.error is not None:
+                entry["error"] = {
+                    "type": "https://quartermaster.dev/problems/" + r.error.kind,
+                    "title": r.error.title,
+                    "detail": r.error.detail,
+                    "errors": [{"field": f, "message": m} for f, m in r.error.errors],
+                }
+            elif r.object is not None:
+                entry["resourceVersion"] = r.object["metadata"]["resourceVersion"]
+                entry["uid"] = r.object["metadata"]["uid"]
+            out.append(entry)
+        created = sum(1 for r in results if r.error is None)
+        status = 200 if created == len(results) else 207
+        return JSONResponse(
+            {"created": created, "failed": len(results) - created, "results": out},
+            status_code=status,
+        )
+
+    return router
+
+
+# -- tokens ------------------------------------------------------------------------------
+
+
+class TokenRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+    name: str = Field(min_length=1, max_length=128, pattern=NAME)
+    role: Role
+    namespaces: list[str] = Field(default_factory=list, max_length=256)
+
+
+def token_router() -> APIRouter:
+    router = APIRouter(tags=["Token"])
+    admin = frozenset({Role.ADMIN})
+
+    @router.post("/v1/tokens", status_code=201)
+    async def issue(request: Request, actor: CurrentActor, deps: Deps) -> Any:
+        """Issue a bearer token for a role (admin only). The secret is shown once."""
+        require(actor.principal, admin)
+        body = await read_body(request, deps.settings.max_body_bytes)
+        try:
+            wanted = TokenRequest.model_validate(body)
+        except ValidationError as error:
+            raise Invalid("invalid token request", validation_problems(error)) from None
+        issued = deps.authenticator.issue(
+            actor.principal.name, wanted.name, wanted.role, wanted.namespaces, actor.request_id
+        )
+        return {
+            "id": str(issued.id),
+            "name": issued.name,
+            "role": issued.role.value,
+            "namespaces": issued.namespaces,
+            "token": issued.token,
+            "createdAt": issued.created_at.isoformat(),
+        }
+
+    @router.get("/v1/tokens")
+    async def list_tokens(principal: CurrentPrincipal, deps: Deps) -> Any:
+        """Issued tokens (never their secrets)."""
+        require(principal, admin)
+        return {"items": deps.authenticator.list()}
+
+    @router.delete("/v1/tokens/{token_id}", status_code=204)
+    async def revoke(token_id: UUID, actor: CurrentActor, deps: Deps) -> Response:
+        require(actor.principal, admin)
+        deps.authenticator.revoke(actor.principal.name, token_id, actor.request_id)
+        return Response(status_code=204)
+
+    @router.get("/v1/whoami")
+    async def whoami(principal: CurrentPrincipal) -> Any:
+        """The caller's name, roles and namespaces."""
+        return {
+            "name": principal.name,
+            "roles": sorted(principal.roles),
+            "namespaces": sorted(principal.namespaces),
+        }
+
+    return router

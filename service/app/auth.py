@@ -1,0 +1,187 @@
+"""Who is calling, and what their role lets them do.
+
+Roles never imply one another (DESIGN.md): each permission names the roles
+that hold it. Bearer tokens are stored as SHA-256 of the secret; OIDC JWTs,
+where configured, are verified against the issuer's JWKS and a claim maps
+them to roles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID, uuid4
+
+from sqlalchemy import Engine, select
+
+from service.app.errors import Forbidden, Invalid, NotFound, Unauthorized
+from service.app.uow import SqlUnitOfWork
+from service.eventstore.port import EventMetadata, NewEvent
+from service.projections.resources import token_row, upsert_tokens
+from service.projections.schema import api_tokens
+
+
+class Role(StrEnum):
+    SUBMITTER = "submitter"
+    QUEUE_ADMIN = "queue-admin"
+    CLUSTER_ADMIN = "cluster-admin"
+    AUDITOR = "auditor"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    roles: frozenset[Role]
+    namespaces: frozenset[str] = field(default_factory=frozenset)
+    """Namespaces a submitter may act in; ``*`` means all."""
+
+    @property
+    def key(self) -> str:
+        """What idempotency keys and rate limits are scoped by."""
+        return self.name
+
+    def has(self, allowed: frozenset[Role]) -> bool:
+        return bool(self.roles & allowed)
+
+    def in_namespace(self, namespace: str) -> bool:
+        """Whether a namespaced permission applies in ``namespace``: every
+        role but submitter acts fleet-wide; a submitter only in its own."""
+        if self.roles - {Role.SUBMITTER}:
+            return True
+        return "*" in self.namespaces or namespace in self.namespaces
+
+
+def require(principal: Principal, allowed: frozenset[Role], namespace: str | None = None) -> None:
+    if not principal.has(allowed):
+        wanted = ", ".join(sorted(allowed))
+        raise Forbidden(f"{principal.name} lacks a role for this ({wanted})")
+    if namespace is not None and not principal.in_namespace(namespace):
+        raise Forbidden(f"{principal.name} may not act in namespace {namespace}")
+
+
+def hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    id: UUID
+    name: str
+    role: Role
+    namespaces: list[str]
+    token: str
+    created_at: datetime
+
+
+class TokenService:
+    def __init__(
+        self,
+        engine: Engine,
+        unit_of_work: Any,
+        bootstrap_token: str | None = None,
+    ) -> None:
+        self._engine = engine
+        self._uow = unit_of_work
+        self._bootstrap = bootstrap_token
+
+    def authenticate(self, token: str) -> Principal:
+        if self._bootstrap and hmac.compare_digest(token.encode(), self._bootstrap.encode()):
+            return Principal("bootstrap", frozenset({Role.ADMIN}), frozenset({"*"}))
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(api_tokens.c.name, api_tokens.c.role, api_tokens.c.namespaces).where(
+                    api_tokens.c.token_hash == hash_token(token), api_tokens.c.revoked.is_(False)
+                )
+            ).first()
+        if row is None:
+            raise Unauthorized("unknown or revoked bearer token")
+        return Principal(
+            f"token:{row.name}", frozenset({Role(row.role)}), frozenset(row.namespaces)
+        )
+
+    def issue(
+        self, actor: str, name: str, role: Role, namespaces: Sequence[str], request_id: str | None
+    ) -> IssuedToken:
+        if role is Role.SUBMITTER and not namespaces:
+            raise Invalid(
+                "a submitter token needs namespaces", [("namespaces", "at least one namespace")]
+            )
+        now = datetime.now(UTC)
+        issued = IssuedToken(
+            uuid4(), name, role, list(namespaces), "qm_" + secrets.token_urlsafe(32), now
+        )
+        data = {
+            "id": str(issued.id),
+            "name": name,
+            "role": role.value,
+            "namespaces": list(namespaces),
+            "token_hash": hash_token(issued.token).hex(),
+            "created_at": now.isoformat(),
+        }
+        self._write(actor, request_id, issued.id, "TokenIssued", data, 0)
+        return issued
+
+    def revoke(self, actor: str, token_id: UUID, request_id: str | None) -> None:
+        with self._engine.connect() as conn:
+            row = conn.execute(select(api_tokens).where(api_tokens.c.id == token_id)).first()
+        if row is None:
+            raise NotFound(f"token {token_id} not found")
+        data = {
+            "id": str(row.id),
+            "name": row.name,
+            "role": row.role,
+            "namespaces": list(row.namespaces),
+            "token_hash": bytes(row.token_hash).hex(),
+            "created_at": row.created_at.isoformat(),
+            "revoked": True,
+        }
+        self._write(actor, request_id, token_id, "TokenRevoked", data, -1)
+
+    def list(self) -> list[dict[str, Any]]:
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    api_tokens.c.id,
+                    api_tokens.c.name,
+                    api_tokens.c.role,
+                    api_tokens.c.namespaces,
+                    api_tokens.c.created_at,
+                    api_tokens.c.revoked,
+                ).order_by(api_tokens.c.created_at)
+            ).all()
+        return [
+            {
+                "id": str(r.id),
+                "name": r.name,
+                "role": r.role,
+                "namespaces": list(r.namespaces),
+                "createdAt": r.created_at.isoformat(),
+                "revoked": r.revoked,
+            }
+            for r in rows
+        ]
+
+    def _write(
+        self,
+        actor: str,
+        request_id: str | None,
+        token_id: UUID,
+        event_type: str,
+        data: dict[str, Any],
+        expected: int,
+    ) -> None:
+        meta = EventMetadata(actor=actor, occurred_at=datetime.now(UTC), request_id=request_id)
+        uow: SqlUnitOfWork
+        with self._uow() as uow:
+            uow.events.append(
+                f"token-{token_id}", expected, [NewEvent(uuid4(), event_type, data, meta)]
+            )
+            upsert_tokens(uow.connection, [token_row(data)])
+            uow.commit()

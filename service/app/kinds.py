@@ -1,0 +1,77 @@
+"""The kinds the API serves, and which roles may read and write each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from service.app.auth import Role
+from service.app.schemas import (
+    ClusterQueueSpec,
+    ClusterSpec,
+    CohortSpec,
+    LocalQueueSpec,
+    ResourceFlavorSpec,
+    TopologySpec,
+    WorkloadPriorityClassSpec,
+)
+from service.app.workloads import WorkloadSpec
+
+_EVERYONE = frozenset(Role)
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    plural: str
+    namespaced: bool
+    spec: type[BaseModel]
+    read: frozenset[Role]
+    write: frozenset[Role]
+    flat: bool = False
+    """WorkloadPriorityClass keeps its fields at the top level, as Kueue's does."""
+
+
+QUOTA_WRITERS = frozenset({Role.QUEUE_ADMIN, Role.ADMIN})
+CLUSTER_WRITERS = frozenset({Role.CLUSTER_ADMIN, Role.ADMIN})
+
+KINDS: dict[str, Kind] = {
+    k.plural: k
+    for k in (
+        Kind(
+            "ResourceFlavor", "resourceflavors", False, ResourceFlavorSpec, _EVERYONE, QUOTA_WRITERS
+        ),
+        Kind("Topology", "topologies", False, TopologySpec, _EVERYONE, QUOTA_WRITERS),
+        Kind("Cohort", "cohorts", False, CohortSpec, _EVERYONE, QUOTA_WRITERS),
+        Kind("ClusterQueue", "clusterqueues", False, ClusterQueueSpec, _EVERYONE, QUOTA_WRITERS),
+        Kind(
+            "WorkloadPriorityClass",
+            "workloadpriorityclasses",
+            False,
+            WorkloadPriorityClassSpec,
+            _EVERYONE,
+            QUOTA_WRITERS,
+            flat=True,
+        ),
+        Kind("LocalQueue", "localqueues", True, LocalQueueSpec, _EVERYONE, QUOTA_WRITERS),
+        Kind(
+            "Cluster",
+            "clusters",
+            False,
+            ClusterSpec,
+            frozenset({Role.CLUSTER_ADMIN, Role.ADMIN, Role.QUEUE_ADMIN, Role.AUDITOR}),
+            CLUSTER_WRITERS,
+        ),
+        Kind(
+            "Workload",
+            "workloads",
+            True,
+            WorkloadSpec,
+            frozenset({Role.SUBMITTER, Role.ADMIN, Role.QUEUE_ADMIN, Role.AUDITOR}),
+            frozenset({Role.SUBMITTER, Role.ADMIN}),
+        ),
+    )
+}
+BY_KIND = {k.kind: k for k in KINDS.values()}
+ADMIN_KINDS = [k for k in KINDS.values() if k.kind != "Workload"]

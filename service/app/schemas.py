@@ -1,0 +1,372 @@
+"""The API's object shapes: Kueue ``v1beta2`` field names under
+``apiVersion: quartermaster.dev/v1``.
+
+Every model forbids unknown fields (a typo must not silently drop a quota)
+and carries the rules Kueue's CRDs express in OpenAPI and CEL, so that what
+the service accepts is what a member cluster's API server would accept after
+translation. Rules that span objects (references, cohort cycles) live in
+``service.app.validation``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.domain.quantity import QuantityError, parse_quantity
+
+API_VERSION = "quartermaster.dev/v1"
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN.pattern)]
+LabelName = Annotated[str, Field(min_length=1, max_length=63, pattern=_DNS_LABEL.pattern)]
+ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=_QUALIFIED.pattern)]
+Quantity = Annotated[int | str, Field(description="A Kubernetes quantity, e.g. 8, '500m', '64Gi'")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        if len(key) > 316 or not _QUALIFIED.match(key):
+            raise ValueError(f"label key {key!r} is not a qualified name")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise ValueError(f"label value {value!r} of {key!r} is not a valid label value")
+    return labels
+
+
+def check_quantity(value: int | str) -> int | str:
+    if isinstance(value, bool):
+        raise ValueError("must be a quantity, not a boolean")
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as error:
+        raise ValueError(str(error)) from None
+    if amount < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+class ObjectMeta(Strict):
+    name: Name
+    namespace: LabelName | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    resourceVersion: str | None = Field(
+        default=None, description="Set on replace: the version you read (409 if stale)."
+    )
+    # Server-set fields a client may echo back from a GET; they are ignored.
+    uid: str | None = None
+    generation: int | None = None
+    creationTimestamp: str | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
+
+
+# -- ResourceFlavor, Topology ------------------------------------------------------------
+
+
+class Taint(Strict):
+    key: ResourceName
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    timeAdded: str | None = None
+
+
+class Toleration(Strict):
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = None
+
+    @model_validator(mode="after")
+    def _rules(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError(
+                "operator must be Exists when 'key' is empty, "
+                "which means 'match all values and all keys'"
+            )
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("effect must be 'NoExecute' when 'tolerationSeconds' is set")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a value must be empty when 'operator' is 'Exists'")
+        return self
+
+
+class ResourceFlavorSpec(Strict):
+    nodeLabels: dict[str, str] = Field(default_factory=dict, max_length=8)
+    nodeTaints: list[Taint] = Field(default_factory=list, max_length=8)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=8)
+    topologyName: Name | None = None
+
+    @field_validator("nodeLabels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
+
+    @model_validator(mode="after")
+    def _topology_needs_labels(self) -> ResourceFlavorSpec:
+        if self.topologyName and not self.nodeLabels:
+            raise ValueError("at least one nodeLabel is required when topology is set")
+        return self
+
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+class TopologyLevel(Strict):
+    nodeLabel: ResourceName
+
+
+class TopologySpec(Strict):
+    levels: list[TopologyLevel] = Field(min_length=1, max_length=16)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, levels: list[TopologyLevel]) -> list[TopologyLevel]:
+        labels = [level.nodeLabel for level in levels]
+        if len(set(labels)) != len(labels):
+            raise ValueError("must be unique")
+        if HOSTNAME in labels[:-1]:
+            raise ValueError(
+                "the kubernetes.io/hostname label can only be used at the lowest level of topology"
+            )
+        return levels
+
+
+# -- quotas ------------------------------------------------------------------------------
+
+
+class ResourceQuota(Strict):
+    name: ResourceName
+    nominalQuota: Quantity
+    borrowingLimit: Quantity | None = None
+    lendingLimit: Quantity | None = None
+
+    @field_validator("nominalQuota", "borrowingLimit", "lendingLimit")
+    @classmethod
+    def _quantities(cls, value: int | str | None) -> int | str | None:
+        return value if value is None else check_quantity(value)
+
+
+class FlavorQuotas(Strict):
+    name: Name
+    resources: list[ResourceQuota] = Field(min_length=1, max_length=64)
+
+
+class ResourceGroup(Strict):
+    coveredResources: list[ResourceName] = Field(min_length=1, max_length=64)
+    flavors: list[FlavorQuotas] = Field(min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _flavors_cover_group(self) -> ResourceGroup:
+        covered = list(self.coveredResources)
+        if len(set(covered)) != len(covered):
+            raise ValueError("coveredResources must be unique")
+        for index, flavor in enumerate(self.flavors):
+            names = [r.name for r in flavor.resources]
+            if names != covered:
+                raise ValueError(
+                    f"flavors[{index}] ({flavor.name}): resources must list exactly the "
+                    f"group's coveredResources in the same order {covered}, got {names}"
+                )
+        return self
+
+
+def check_groups(groups: list[ResourceGroup]) -> None:
+    seen_resources: set[str] = set()
+    seen_flavors: set[str] = set()
+    for group in groups:
+        for resource in group.coveredResources:
+            if resource in seen_resources:
+                raise ValueError(f"resource {resource} is covered by more than one group")
+            seen_resources.add(resource)
+        for flavor in group.flavors:
+            if flavor.name in seen_flavors:
+                raise ValueError(f"flavor {flavor.name} appears in more than one group")
+            seen_flavors.add(flavor.name)
+
+
+class FairSharing(Strict):
+    weight: Quantity = 1
+
+    @field_validator("weight")
+    @classmethod
+    def _weight(cls, value: int | str) -> int | str:
+        return check_quantity(value)
+
+
+class BorrowWithinCohort(Strict):
+    policy: Literal["Never", "LowerPriority"] = "Never"
+    maxPriorityThreshold: int | None = None
+
+
+class Preemption(Strict):
+    reclaimWithinCohort: Literal["Never", "LowerPriority", "Any"] = "Never"
+    borrowWithinCohort: BorrowWithinCohort = Field(default_factory=BorrowWithinCohort)
+    withinClusterQueue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "Never"
+
+    @model_validator(mode="after")
+    def _reclaim(self) -> Preemption:
+        if self.reclaimWithinCohort == "Never" and self.borrowWithinCohort.policy != "Never":
+            raise ValueError("reclaimWithinCohort=Never and borrowWithinCohort.Policy!=Never")
+        return self
+
+
+class FlavorFungibility(Strict):
+    whenCanBorrow: Literal["MayStopSearch", "TryNextFlavor"] = "MayStopSearch"
+    whenCanPreempt: Literal["MayStopSearch", "TryNextFlavor"] = "TryNextFlavor"
+    preference: Literal["BorrowingOverPreemption", "PreemptionOverBorrowing"] | None = None
+
+    @model_validator(mode="after")
+    def _preference(self) -> FlavorFungibility:
+        both = self.whenCanBorrow == "TryNextFlavor" and self.whenCanPreempt == "TryNextFlavor"
+        if self.preference is not None and not both:
+            raise ValueError(
+                "preference can only be set when both whenCanBorrow and whenCanPreempt "
+                "are TryNextFlavor"
+            )
+        return self
+
+
+class LabelSelectorRequirement(Strict):
+    key: ResourceName
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _values(self) -> LabelSelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"values must be non-empty for operator {self.operator}")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"values must be empty for operator {self.operator}")
+        return self
+
+
+class LabelSelector(Strict):
+    matchLabels: dict[str, str] = Field(default_factory=dict)
+    matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+
+class SecurityPolicy(Strict):
+    """Quartermaster's own: the floor a submission's pod templates must meet.
+
+    Safe by default; an admin may relax a rule per ClusterQueue."""
+
+    requireImageDigest: bool = True
+    forbidDefaultServiceAccount: bool = True
+    requireRuntimeClassForGPU: bool = True
+    allowPrivileged: bool = False
+    allowPrivilegeEscalation: bool = False
+    allowHostNetwork: bool = False
+    allowHostPath: bool = False
+
+
+WorkloadClass = Literal["training", "inference"]
+
+
+class CohortSpec(Strict):
+    parentName: Name | None = None
+    resourceGroups: list[ResourceGroup] = Field(default_factory=list, max_length=16)
+    fairSharing: FairSharing | None = None
+
+    @model_validator(mode="after")
+    def _groups(self) -> CohortSpec:
+        check_groups(self.resourceGroups)
+        return self
+
+
+class ClusterQueueSpec(Strict):
+    cohortName: Name | None = None
+    resourceGroups: list[ResourceGroup] = Field(default_factory=list, max_length=16)
+    queueingStrategy: Literal["StrictFIFO", "BestEffortFIFO"] = "BestEffortFIFO"
+    namespaceSelector: LabelSelector | None = None
+    flavorFungibility: FlavorFungibility = Field(default_factory=FlavorFungibility)
+    preemption: Preemption = Field(default_factory=Preemption)
+    fairSharing: FairSharing | None = None
+    stopPolicy: Literal["None", "Hold", "HoldAndDrain"] = "None"
+    workloadClass: WorkloadClass = Field(
+        default="training",
+        description="Quartermaster's own: the one class of workload this queue serves.",
+    )
+    securityPolicy: SecurityPolicy = Field(default_factory=SecurityPolicy)
+
+    @model_validator(mode="after")
+    def _rules(self) -> ClusterQueueSpec:
+        check_groups(self.resourceGroups)
+        if not self.cohortName:
+            for group in self.resourceGroups:
+                for flavor in group.flavors:
+                    for resource in flavor.resources:
+                        if resource.borrowingLimit is not None:
+                            raise ValueError("borrowingLimit must be nil when cohort is empty")
+                        if resource.lendingLimit is not None:
+                            raise ValueError("lendingLimit must be nil when cohort is empty")
+        return self
+
+
+class LocalQueueSpec(Strict):
+    clusterQueue: Name
+    stopPolicy: Literal["None", "Hold", "HoldAndDrain"] = "None"
+    fairSharing: FairSharing | None = None
+
+
+class WorkloadPriorityClassSpec(Strict):
+    value: int = Field(ge=-2_147_483_648, le=1_000_000_000)
+    description: str | None = Field(default=None, max_length=1024)
+
+
+# -- member clusters ---------------------------------------------------------------------
+
+
+class ClusterCredentials(Strict):
+    """Write-only: encrypted at rest, never returned."""
+
+    token: str | None = Field(default=None, min_length=1, max_length=16384)
+    kubeconfig: str | None = Field(default=None, min_length=1, max_length=262144)
+
+    @model_validator(mode="after")
+    def _one(self) -> ClusterCredentials:
+        if (self.token is None) == (self.kubeconfig is None):
+            raise ValueError("give exactly one of token or kubeconfig")
+        return self
+
+
+class ClusterSpec(Strict):
+    server: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/.*)?$",
+        description="API server URL; may be omitted when the kubeconfig names it.",
+    )
+    caData: str | None = Field(default=None, max_length=65536, description="PEM, base64 or not")
+    insecureSkipTLSVerify: bool = False
+    cordoned: bool = Field(default=False, description="A cordoned cluster takes no new gangs.")
+    credentials: ClusterCredentials | None = Field(
+        default=None, description="Required on create; omit on replace to keep the stored ones."
+    )
+
+    @model_validator(mode="after")
+    def _server(self) -> ClusterSpec:
+        if self.server is None and (self.credentials is None or not self.credentials.kubeconfig):
+            raise ValueError("server is required unless a kubeconfig is given")
+        return self
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,467 @@
+"""Teams' commands: submit (one or in bulk), cancel, explain."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+from pydantic import ValidationError
+from sqlalchemy import BigInteger, Connection, Engine, and_, func, or_, select
+from sqlalchemy.engine import Row
+
+from service.app.auth import require
+from service.app.errors import (
+    AlreadyExists,
+    AppError,
+    Invalid,
+    NotFound,
+    PolicyRefused,
+    UnknownReference,
+)
+from service.app.kinds import KINDS
+from service.app.resources import Actor, ResourceService, _exists, stream_name, to_object
+from service.app.schemas import SecurityPolicy, dump
+from service.app.uow import SqlUnitOfWork
+from service.app.workloads import (
+    SubmissionError,
+    WorkloadObject,
+    WorkloadSpec,
+    parse_submission,
+    security_violations,
+    total_requests,
+)
+from service.eventstore.port import ANY_VERSION, ConcurrencyConflict, NewEvent, OutboxMessage
+from service.projections.resources import resource_row, upsert_resources
+from service.projections.schema import resources
+
+WORKLOADS = KINDS["workloads"]
+MAX_BULK = 5000
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a submission resolves to: its ClusterQueue and priority."""
+
+    cluster_queue: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    index: int
+    name: str | None
+    status: int
+    error: AppError | None = None
+    object: Obj | None = None
+
+
+def _pending_status(cluster_queue: str, now: datetime) -> Obj:
+    return {
+        "state": "Pending",
+        "clusterQueue": cluster_queue,
+        "conditions": [
+            {
+                "type": "QuotaReserved",
+                "status": "False",
+                "reason": "Pending",
+                "message": "Waiting for the next admission cycle",
+                "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ],
+    }
+
+
+class SubmissionService:
+    def __init__(
+        self,
+        engine: Engine,
+        unit_of_work: Callable[[], SqlUnitOfWork],
+        resources_service: ResourceService,
+    ) -> None:
+        self._engine = engine
+        self._uow = unit_of_work
+        self._resources = resources_service
+
+    # -- submit --------------------------------------------------------------------------
+
+    def parse(self, actor: Actor, namespace: str, body: Any) -> WorkloadObject:
+        require(actor.principal, WORKLOADS.write, namespace)
+        try:
+            workload = parse_submission(body)
+        except SubmissionError as error:
+            raise Invalid(f"the submission is invalid: {error}", error.problems) from None
+        if workload.metadata.namespace not in (None, namespace):
+            raise Invalid(
+                "namespace mismatch",
+                [("metadata.namespace", f"does not match the path's namespace {namespace}")],
+            )
+        return workload
+
+    def submit(self, actor: Actor, namespace: str, body: Any) -> Obj:
+        workload = self.parse(actor, namespace, body)
+        try:
+            with self._uow() as uow:
+                target = self._resolve(uow.connection, namespace, workload)
+                return self._append(uow, actor, namespace, [workload], [target])[0]
+        except PolicyRefused as refusal:
+            self._record_refusal(actor, namespace, workload, refusal)
+            raise
+
+    def bulk(self, actor: Actor, namespace: str, items: Sequence[Any]) -> list[ItemResult]:
+        """All-or-nothing per item: the valid items commit together, each
+        invalid one gets its own error; a conflict found at commit retries
+        the valid items one by one."""
+        results: dict[int, ItemResult] = {}
+        parsed: list[tuple[int, WorkloadObject]] = []
+        for index, body in enumerate(items):
+            try:
+                parsed.append((index, self.parse(actor, namespace, body)))
+            except AppError as error:
+                name = (
+                    ((body or {}).get("metadata") or {}).get("name")
+                    if isinstance(body, Mapping)
+                    else None
+                )
+                results[index] = ItemResult(index, name, error.status, error)
+        names = [w.metadata.name for _, w in parsed]
+        duplicates = {n for n in names if names.count(n) > 1}
+        ok: list[tuple[int, WorkloadObject, Target]] = []
+        with self._uow() as uow:
+            conn = uow.connection
+            existing = _live_names(conn, namespace, names)
+            resolver = _Resolver(conn, namespace)
+            for index, workload in parsed:
+                name = workload.metadata.name
+                try:
+                    if name in duplicates:
+                        raise Invalid("duplicate name in this request", [("metadata.name", name)])
+                    if name in existing:
+                        raise AlreadyExists(f'workloads "{name}" already exists')
+                    ok.append((index, workload, resolver.resolve(workload)))
+                except AppError as error:
+                    results[index] = ItemResult(index, name, error.status, error)
+            try:
+                created = self._append(
+                    uow, actor, namespace, [w for _, w, _ in ok], [t for _, _, t in ok]
+                )
+            except AlreadyExists:
+                created = None
+        if created is None:
+            for index, workload, _ in ok:
+                try:
+                    obj = self.submit(actor, namespace, workload.model_dump(exclude_none=True))
+                    results[index] = ItemResult(index, workload.metadata.name, 201, None, obj)
+                except AppError as error:
+                    results[index] = ItemResult(index, workload.metadata.name, error.status, error)
+        else:
+            for (index, workload, _), obj in zip(ok, created, strict=True):
+                results[index] = ItemResult(index, workload.metadata.name, 201, None, obj)
+        for index, result in results.items():
+            if isinstance(result.error, PolicyRefused):
+                self._record_refusal(actor, namespace, parsed_by_index(parsed, index), result.error)
+        return [results[i] for i in sorted(results)]
+
+    def _resolve(self, conn: Connection, namespace: str, workload: WorkloadObject) -> Target:
+        return _Resolver(conn, namespace).resolve(workload)
+
+    def _append(
+        self,
+        uow: SqlUnitOfWork,
+        actor: Actor,
+        namespace: str,
+        workloads: Sequence[WorkloadObject],
+        targets: Sequence[Target],
+    ) -> list[Obj]:
+        meta = actor.metadata()
+        now = meta.occurred_at
+        conn = uow.connection
+        current = _tombstones(conn, namespace, [w.metadata.name for w in workloads])
+        rows = []
+        for workload, target in zip(workloads, targets, strict=True):
+            name = workload.metadata.name
+            if name in current and not current[name].deleted:
+                raise AlreadyExists(f'workloads "{name}" already exists')
+            version = current[name].resource_version if name in current else 0
+            spec = dump(workload.spec)
+            spec["priority"] = target.priority
+            data = {
+                "kind": "Workload",
+                "namespace": namespace,
+                "name": name,
+                "uid": str(uuid4()),
+                "generation": 1,
+                "labels": workload.metadata.labels,
+                "annotations": workload.metadata.annotations,
+                "spec": spec,
+                "status": _pending_status(target.cluster_queue, now),
+                "created_at": now.isoformat(),
+            }
+            stream = stream_name("Workload", namespace, name)
+            uow.events.append(stream, version, [NewEvent(uuid4(), "WorkloadSubmitted", data, meta)])
+            rows.append(resource_row(data, version + 1, now))
+        upsert_resources(conn, rows)
+        # Wake the admission cycle (the workers' outbox relay delivers it).
+        uow.publish(
+            [
+                OutboxMessage(
+                    uuid4(), "admission.wake", {"submitted": len(rows), "namespace": namespace}
+                )
+            ]
+        )
+        try:
+            uow.commit()
+        except ConcurrencyConflict as error:
+            raise AlreadyExists(f"a workload was created concurrently: {error}") from error
+        return [to_object(WORKLOADS, row) for row in rows]
+
+    def _record_refusal(
+        self, actor: Actor, namespace: str, workload: WorkloadObject | None, refusal: AppError
+    ) -> None:
+        """Refusals are decisions too: an event the ledger issue turns into an entry."""
+        meta = actor.metadata()
+        data = {
+            "namespace": namespace,
+            "name": workload.metadata.name if workload else None,
+            "queueName": workload.spec.queueName if workload else None,
+            "rules": [{"field": p, "message": m} for p, m in refusal.errors],
+        }
+        with self._uow() as uow:
+            uow.events.append(
+                f"refusal-{namespace}",
+                ANY_VERSION,
+                [NewEvent(uuid4(), "SubmissionRefused", data, meta)],
+            )
+            uow.commit()
+
+    # -- cancel --------------------------------------------------------------------------
+
+    def cancel(self, actor: Actor, namespace: str, name: str) -> Obj:
+        require(actor.principal, WORKLOADS.write, namespace)
+        with self._uow() as uow:
+            conn = uow.connection
+            row = conn.execute(
+                select(resources)
+                .where(
+                    resources.c.kind == "Workload",
+                    resources.c.namespace == namespace,
+                    resources.c.name == name,
+                    resources.c.deleted.is_(False),
+                )
+                .with_for_update()
+            ).first()
+            if row is None:
+                raise NotFound(f'workloads "{name}" not found')
+            state = row.status.get("state", "Pending")
+            if state in ("Finished", "Cancelled", "Cancelling"):
+                return to_object(WORKLOADS, row)
+            meta = actor.metadata()
+            status = dict(row.status)
+            # An admitted gang keeps its quota until the workers have removed
+            # it from its member cluster; a pending one is simply gone.
+            status["state"] = "Cancelling" if state in ("Admitted", "Running") else "Cancelled"
+            status["conditions"] = [
+                *status.get("conditions", []),
+                {
+                    "type": "Cancelled",
+                    "status": "True",
+                    "reason": "CancelledByUser",
+                    "message": f"cancelled by {actor.principal.name}",
+                    "lastTransitionTime": meta.occurred_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+            ]
+            data = {
+                "kind": "Workload",
+                "namespace": namespace,
+                "name": name,
+                "uid": str(row.uid),
+                "generation": row.generation,
+                "labels": row.labels,
+                "annotations": row.annotations,
+                "spec": row.spec,
+                "status": status,
+                "created_at": row.created_at.isoformat(),
+            }
+            uow.events.append(
+                stream_name("Workload", namespace, name),
+                row.resource_version,
+                [NewEvent(uuid4(), "WorkloadCancelled", data, meta)],
+            )
+            new = resource_row(data, row.resource_version + 1, meta.occurred_at)
+            upsert_resources(conn, [new])
+            uow.commit()
+        return to_object(WORKLOADS, new)
+
+    # -- explain -------------------------------------------------------------------------
+
+    def explain(self, actor: Actor, namespace: str, name: str) -> Obj:
+        obj = self._resources.get(actor.principal, "workloads", namespace, name)
+        status, spec = obj["status"], obj["spec"]
+        state = status.get("state", "Pending")
+        latest = (status.get("conditions") or [{}])[-1]
+        answer: Obj = {
+            "workload": f"{namespace}/{name}",
+            "state": state,
+            "reason": latest.get("reason"),
+            "message": latest.get("message"),
+            "clusterQueue": status.get("clusterQueue"),
+            "localQueue": spec.get("queueName"),
+            "priority": spec.get("priority", 0),
+            "requests": _requests(spec),
+        }
+        if state == "Pending":
+            with self._engine.connect() as conn:
+                position, total = _position(conn, obj)
+            answer["positionInQueue"] = position
+            answer["pendingInClusterQueue"] = total
+            answer["waitingFor"] = status.get("pendingReason") or (
+                "the next admission cycle: no admission decision has been made yet"
+            )
+        if status.get("admission"):
+            answer["admission"] = status["admission"]
+        return answer
+
+
+def parsed_by_index(
+    parsed: Sequence[tuple[int, WorkloadObject]], index: int
+) -> WorkloadObject | None:
+    return next((w for i, w in parsed if i == index), None)
+
+
+def _requests(spec: Obj) -> dict[str, int]:
+    try:
+        stored = WorkloadSpec.model_validate({k: v for k, v in spec.items() if k != "priority"})
+    except ValidationError:  # stored by an older version of the service
+        return {}
+    return total_requests(stored)
+
+
+def _live_names(conn: Connection, namespace: str, names: Sequence[str]) -> set[str]:
+    if not names:
+        return set()
+    rows = conn.execute(
+        select(resources.c.name).where(
+            resources.c.kind == "Workload",
+            resources.c.namespace == namespace,
+            resources.c.name.in_(names),
+            resources.c.deleted.is_(False),
+        )
+    ).all()
+    return {r.name for r in rows}
+
+
+def _tombstones(conn: Connection, namespace: str, names: Sequence[str]) -> dict[str, Any]:
+    rows = conn.execute(
+        select(resources.c.name, resources.c.resource_version, resources.c.deleted).where(
+            resources.c.kind == "Workload",
+            resources.c.namespace == namespace,
+            resources.c.name.in_(names),
+        )
+    ).all()
+    return {r.name: r for r in rows}
+
+
+def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
+    """1-based position among the ClusterQueue's pending workloads, in
+    admission order (priority, then age), and how many are pending."""
+    status, spec, meta = obj["status"], obj["spec"], obj["metadata"]
+    cq = status.get("clusterQueue")
+    priority = int(spec.get("priority", 0))
+    prio = func.coalesce(resources.c.spec["priority"].astext.cast(BigInteger()), 0)
+    created = datetime.strptime(meta["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    pending = and_(
+        resources.c.kind == "Workload",
+        resources.c.deleted.is_(False),
+        resources.c.status["clusterQueue"].astext == cq,
+        resources.c.status["state"].astext == "Pending",
+    )
+    ahead = or_(
+        prio > priority,
+        and_(prio == priority, resources.c.created_at < created),
+        and_(
+            prio == priority,
+            resources.c.created_at == created,
+            resources.c.namespace + "/" + resources.c.name
+            < meta.get("namespace", "") + "/" + meta["name"],
+        ),
+    )
+    before = conn.execute(select(func.count()).where(pending, ahead)).scalar_one()
+    total = conn.execute(select(func.count()).where(pending)).scalar_one()
+    return int(before) + 1, int(total)
+
+
+class _Resolver:
+    """Resolves queues, ClusterQueues and priority classes once per request,
+    locking them FOR SHARE so that none is deleted under a submission."""
+
+    def __init__(self, conn: Connection, namespace: str) -> None:
+        self._conn = conn
+        self._namespace = namespace
+        self._queues: dict[str, Row[Any] | None] = {}
+        self._cqs: dict[str, Row[Any] | None] = {}
+        self._classes: dict[str, Row[Any] | None] = {}
+
+    def _one(
+        self, cache: dict[str, Row[Any] | None], kind: str, ns: str, name: str
+    ) -> Row[Any] | None:
+        if name not in cache:
+            cache[name] = _exists(self._conn, kind, ns, [name]).get(name)
+        return cache[name]
+
+    def resolve(self, workload: WorkloadObject) -> Target:
+        spec = workload.spec
+        queue = self._one(self._queues, "LocalQueue", self._namespace, spec.queueName)
+        if queue is None:
+            raise UnknownReference(
+                f"LocalQueue {spec.queueName} not found in namespace {self._namespace}",
+                [("spec.queueName", f"LocalQueue {spec.queueName} not found")],
+            )
+        cq_name = queue.spec["clusterQueue"]
+        cq = self._one(self._cqs, "ClusterQueue", "", cq_name)
+        if cq is None:
+            raise UnknownReference(
+                f"LocalQueue {spec.queueName} points to ClusterQueue {cq_name}, "
+                "which does not exist",
+                [("spec.queueName", f"ClusterQueue {cq_name} not found")],
+            )
+        priority = 0
+        if spec.priorityClassName:
+            wpc = self._one(self._classes, "WorkloadPriorityClass", "", spec.priorityClassName)
+            if wpc is None:
+                raise UnknownReference(
+                    f"WorkloadPriorityClass {spec.priorityClassName} not found",
+                    [("spec.priorityClassName", f"{spec.priorityClassName} not found")],
+                )
+            priority = int(wpc.spec["value"])
+        served = cq.spec.get("workloadClass", "training")
+        if spec.workloadClass != served:
+            raise Invalid(
+                f"ClusterQueue {cq_name} serves {served} workloads, not {spec.workloadClass}",
+                [("spec.workloadClass", f"must be {served} for queue {spec.queueName}")],
+            )
+        covered = {r for g in cq.spec.get("resourceGroups", []) for r in g["coveredResources"]}
+        missing = sorted(set(total_requests(spec)) - covered - {"pods"})
+        if missing:
+            raise Invalid(
+                f"ClusterQueue {cq_name} has no quota for {', '.join(missing)}",
+                [
+                    ("spec.podSets", f"resource {r} is not covered by ClusterQueue {cq_name}")
+                    for r in missing
+                ],
+            )
+        violations = security_violations(
+            spec, SecurityPolicy.model_validate(cq.spec.get("securityPolicy", {}))
+        )
+        if violations:
+            raise PolicyRefused(
+                f"the workload breaks {len(violations)} rule(s) of "
+                f"ClusterQueue {cq_name}'s security policy",
+                violations,
+            )
+        return Target(cq_name, priority)
+
+
+__all__ = ["ItemResult", "SubmissionService"]
