@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sim.kubesim.errors import ApiError
@@ -31,16 +31,15 @@ class Faults:
     healed: asyncio.Event | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("healed")
+        # Not dataclasses.asdict: it deep-copies ``healed``, an asyncio.Event bound to a loop.
         return {
-            "latencyMs": data["latency_ms"],
-            "jitterMs": data["jitter_ms"],
-            "errorRate": data["error_rate"],
-            "errorCode": data["error_code"],
-            "verbs": data["verbs"],
-            "resources": data["resources"],
-            "blackhole": data["blackhole"],
+            "latencyMs": self.latency_ms,
+            "jitterMs": self.jitter_ms,
+            "errorRate": self.error_rate,
+            "errorCode": self.error_code,
+            "verbs": list(self.verbs),
+            "resources": list(self.resources),
+            "blackhole": self.blackhole,
         }
 
     def update(self, changes: dict[str, Any]) -> None:
