@@ -1,0 +1,357 @@
+"""GPU-, CPU- and memory-hours from the ledger alone, and the decayed usage
+that admission fair sharing reads.
+
+A workload is charged what its admission reserved, per flavor and resource,
+from the ``workload.admitted`` entry to the entry that released it
+(``workload.finished``, ``workload.preempted``, ``workload.evicted``, or
+``cluster.lost`` for the gangs on that cluster) — the allocation, as Slurm's
+``sreport`` and Kueue's quota both count it. The measured consumption in
+``workload.finished`` stays in the ledger for comparison.
+
+Times are *ledger time*: an entry's ``recorded_at``, or the latest earlier
+entry's if that is later (appenders' clocks may disagree a little; ledger
+time never runs backwards, so every interval is well formed).
+
+Sums are kept exactly, as integers of amount * microseconds per UTC hour, so
+that rolling up incrementally (entry by entry, across restarts through
+:meth:`UsageRollup.state`) equals recomputing from scratch to the last digit;
+days and months are sums of hours.
+
+Decayed usage: with ``λ = ln 2 / half_life``, a LocalQueue's decayed usage at
+``t`` is ``λ ∫ u(s) e^(-λ(t-s)) ds`` over its allocations ``u`` — the
+continuous form of Kueue's admission fair-sharing moving average
+(KEP-4136), in the same units as the engine's
+:class:`~service.engine.LocalQueueUsage`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
+
+from service.engine import LocalQueueUsage
+from service.ledger.chain import LedgerEntry
+
+HOUR_US: Final = 3_600_000_000
+EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+DIMENSIONS: Final = ("namespace", "local_queue", "cluster_queue", "cluster", "flavor")
+RELEASING: Final = frozenset({"workload.finished", "workload.preempted", "workload.evicted"})
+
+Granularity = Literal["hour", "day", "month"]
+# (hour, namespace, local_queue, cluster_queue, cluster, flavor, resource)
+HourKey = tuple[int, str, str, str, str, str, str]
+
+
+def micros(moment: datetime) -> int:
+    return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    namespace: str
+    local_queue: str
+    cluster_queue: str
+    cluster: str
+    reserved: tuple[tuple[str, str, int], ...]  # (flavor, resource, amount)
+    start_us: int
+
+    @property
+    def queue_key(self) -> str:
+        """The engine's LocalQueue key."""
+        return f"{self.namespace}/{self.local_queue}"
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], start_us: int) -> Allocation:
+        reserved = tuple(
+            (flavor, resource, int(amount))
+            for flavor, amounts in sorted(body["reserved"].items())
+            for resource, amount in sorted(amounts.items())
+        )
+        return cls(
+            str(body["namespace"]),
+            str(body["local_queue"]),
+            str(body["cluster_queue"]),
+            str(body["cluster"]),
+            reserved,
+            start_us,
+        )
+
+    def to_json(self) -> list[Any]:
+        fields = [self.namespace, self.local_queue, self.cluster_queue, self.cluster]
+        return [*fields, [list(r) for r in self.reserved], self.start_us]
+
+    @classmethod
+    def from_json(cls, data: Sequence[Any]) -> Allocation:
+        ns, lq, cq, cluster, reserved, start = data
+        return cls(ns, lq, cq, cluster, tuple((f, r, int(a)) for f, r, a in reserved), int(start))
+
+    def per_resource(self) -> dict[str, int]:
+        totals: dict[str, int] = defaultdict(int)
+        for _, resource, amount in self.reserved:
+            totals[resource] += amount
+        return dict(totals)
+
+
+def _workload_key(body: Mapping[str, Any]) -> str:
+    return f"{body['namespace']}/{body['workload']}"
+
+
+class OutOfOrder(ValueError):
+    """An entry that is not the next one after the roll-up's position."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Decayed:
+    """Decayed integral ``value`` (amount * seconds) at ``at_us``, with
+    ``running`` allocated since then."""
+
+    value: float
+    at_us: int
+    running: int
+
+
+class UsageRollup:
+    """Incremental accounting: apply ledger entries in ``seq`` order."""
+
+    def __init__(self, half_life_seconds: float = 7 * 24 * 3600.0) -> None:
+        if half_life_seconds <= 0:
+            raise ValueError("the half-life is positive")
+        self.half_life_seconds = half_life_seconds
+        self.seq = 0
+        self.clock_us = 0
+        self._open: dict[str, Allocation] = {}
+        self._hours: dict[HourKey, int] = defaultdict(int)
+        self._decayed: dict[tuple[str, str], _Decayed] = {}
+
+    # --- applying entries ------------------------------------------------------------
+
+    def apply_all(self, entries: Iterable[LedgerEntry]) -> None:
+        for entry in entries:
+            self.apply(entry)
+
+    def apply(self, entry: LedgerEntry) -> None:
+        if entry.seq != self.seq + 1:
+            raise OutOfOrder(f"entry {entry.seq} after {self.seq}")
+        self.seq = entry.seq
+        self.clock_us = max(self.clock_us, micros(entry.recorded_at))
+        body, now = entry.body, self.clock_us
+        if entry.kind == "workload.admitted":
+            key = _workload_key(body)
+            if key in self._open:  # admitted again without a release: close the old one
+                self._release(key, now)
+            self._hold(key, Allocation.of(body, now))
+        elif entry.kind in RELEASING:
+            self._release(_workload_key(body), now)
+        elif entry.kind == "cluster.lost":
+            for key in [k for k, a in self._open.items() if a.cluster == body["cluster"]]:
+                self._release(key, now)
+
+    def _hold(self, key: str, allocation: Allocation) -> None:
+        self._open[key] = allocation
+        for resource, amount in allocation.per_resource().items():
+            self._shift_running(allocation.queue_key, resource, amount, allocation.start_us)
+
+    def _release(self, key: str, now: int) -> None:
+        allocation = self._open.pop(key, None)
+        if allocation is None:
+            return
+        _charge_hours(allocation, now, self._hours)
+        for resource, amount in allocation.per_resource().items():
+            self._shift_running(allocation.queue_key, resource, -amount, now)
+
+    def _shift_running(self, queue: str, resource: str, delta: int, now: int) -> None:
+        state = self._decayed.get((queue, resource), _Decayed(0.0, now, 0))
+        value = _advance(state, now, self.half_life_seconds)
+        self._decayed[(queue, resource)] = _Decayed(value, now, state.running + delta)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def hours(self, as_of: datetime | None = None) -> dict[HourKey, int]:
+        """Amount * microseconds per hour and key: the closed allocations, and
+        the open ones charged up to ``as_of`` (default: the last entry's time)."""
+        end = self.clock_us if as_of is None else max(self.clock_us, micros(as_of))
+        result = dict(self._hours)
+        for allocation in self._open.values():
+            _charge_hours(allocation, end, result)
+        return {k: v for k, v in result.items() if v}
+
+    def report(
+        self,
+        granularity: Granularity = "day",
+        by: Sequence[str] = ("namespace",),
+        as_of: datetime | None = None,
+    ) -> list[UsageRow]:
+        return rows(self.hours(as_of), granularity, by)
+
+    def local_queue_usage(self, as_of: datetime | None = None) -> dict[str, LocalQueueUsage]:
+        """The engine's admission fair-sharing input, per LocalQueue key."""
+        end = self.clock_us if as_of is None else max(self.clock_us, micros(as_of))
+        rate = math.log(2) / self.half_life_seconds
+        consumed: dict[str, dict[str, float]] = defaultdict(dict)
+        for (queue, resource), state in sorted(self._decayed.items()):
+            value = _advance(state, end, self.half_life_seconds) * rate
+            if value > 0:
+                consumed[queue][resource] = value
+        return {
+            queue: LocalQueueUsage(consumed=usage, last_update=end / 1e6)
+            for queue, usage in consumed.items()
+        }
+
+    # --- persisting --------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """A JSON-able snapshot to resume from (store it with ``seq``)."""
+        return {
+            "half_life_seconds": self.half_life_seconds,
+            "seq": self.seq,
+            "clock_us": self.clock_us,
+            "open": {k: a.to_json() for k, a in sorted(self._open.items())},
+            "hours": [[*k, v] for k, v in sorted(self._hours.items())],
+            "decayed": [
+                [q, r, s.value, s.at_us, s.running] for (q, r), s in sorted(self._decayed.items())
+            ],
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> UsageRollup:
+        rollup = cls(float(state["half_life_seconds"]))
+        rollup.seq, rollup.clock_us = int(state["seq"]), int(state["clock_us"])
+        rollup._open = {k: Allocation.from_json(v) for k, v in state["open"].items()}
+        for *key, value in state["hours"]:
+            hour, ns, lq, cq, cluster, flavor, resource = key
+            rollup._hours[(int(hour), ns, lq, cq, cluster, flavor, resource)] = int(value)
+        for queue, resource, value, at_us, running in state["decayed"]:
+            rollup._decayed[(queue, resource)] = _Decayed(float(value), int(at_us), int(running))
+        return rollup
+
+
+def _advance(state: _Decayed, now: int, half_life_seconds: float) -> float:
+    """The decayed integral at ``now``: the old value decays, and what ran
+    since ``at_us`` adds ``running * (1 - decay) / λ``."""
+    elapsed = max(0, now - state.at_us) / 1e6
+    decay = math.pow(0.5, elapsed / half_life_seconds)
+    rate = math.log(2) / half_life_seconds
+    return state.value * decay + state.running * (1.0 - decay) / rate
+
+
+def _charge_hours(allocation: Allocation, end_us: int, into: dict[HourKey, int]) -> None:
+    start = allocation.start_us
+    if end_us <= start:
+        return
+    ns, lq, cq, cluster = (
+        allocation.namespace,
+        allocation.local_queue,
+        allocation.cluster_queue,
+        allocation.cluster,
+    )
+    for hour in range(start // HOUR_US, (end_us - 1) // HOUR_US + 1):
+        overlap = min(end_us, (hour + 1) * HOUR_US) - max(start, hour * HOUR_US)
+        for flavor, resource, amount in allocation.reserved:
+            key = (hour, ns, lq, cq, cluster, flavor, resource)
+            into[key] = into.get(key, 0) + amount * overlap
+
+
+# --- from scratch ------------------------------------------------------------------------
+
+
+def allocations(entries: Iterable[LedgerEntry]) -> Iterator[tuple[Allocation, int | None]]:
+    """Every allocation in the ledger with its end in ledger time (``None``
+    while it still runs), in the order they end, then the open ones."""
+    clock = 0
+    running: dict[str, Allocation] = {}
+    for entry in entries:
+        clock = max(clock, micros(entry.recorded_at))
+        ended: list[str] = []
+        if entry.kind == "workload.admitted" or entry.kind in RELEASING:
+            ended = [_workload_key(entry.body)]
+        elif entry.kind == "cluster.lost":
+            ended = [k for k, a in running.items() if a.cluster == entry.body["cluster"]]
+        for key in ended:
+            if key in running:
+                yield running.pop(key), clock
+        if entry.kind == "workload.admitted":
+            running[_workload_key(entry.body)] = Allocation.of(entry.body, clock)
+    for allocation in running.values():
+        yield allocation, None
+
+
+def hours_from_scratch(
+    entries: Iterable[LedgerEntry], as_of: datetime | None = None
+) -> dict[HourKey, int]:
+    """What :meth:`UsageRollup.hours` must equal, recomputed from the entries."""
+    materialised = list(entries)
+    last = max((micros(e.recorded_at) for e in materialised), default=0)
+    end_of_open = last if as_of is None else max(last, micros(as_of))
+    result: dict[HourKey, int] = {}
+    for allocation, end in allocations(materialised):
+        _charge_hours(allocation, end_of_open if end is None else end, result)
+    return {k: v for k, v in result.items() if v}
+
+
+def decayed_from_scratch(
+    entries: Iterable[LedgerEntry], as_of: datetime, half_life_seconds: float
+) -> dict[str, dict[str, float]]:
+    """Closed form of the decayed usage: each allocation ``A`` over ``[a, b]``
+    contributes ``A (e^(-λ(t-b)) - e^(-λ(t-a)))``, in the units of
+    :meth:`UsageRollup.local_queue_usage`."""
+    materialised = list(entries)
+    t = max([micros(as_of), *(micros(e.recorded_at) for e in materialised)]) / 1e6
+    rate = math.log(2) / half_life_seconds
+    result: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for allocation, end in allocations(materialised):
+        a = allocation.start_us / 1e6
+        b = t if end is None else end / 1e6
+        weight = math.exp(-rate * (t - b)) - math.exp(-rate * (t - a))
+        for resource, amount in allocation.per_resource().items():
+            result[allocation.queue_key][resource] += amount * weight
+    return {q: {r: v for r, v in u.items() if v > 0} for q, u in result.items() if any(u.values())}
+
+
+# --- reports -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    period: datetime
+    group: tuple[tuple[str, str], ...]
+    resource: str
+    hours: float
+    """Resource-hours in human units: devices, cores or GiB times hours."""
+
+
+_SCALE: Final = {"cpu": 1000.0, "memory": float(2**30)}
+
+
+def resource_hours(resource: str, amount_micros: int) -> float:
+    return amount_micros / HOUR_US / _SCALE.get(resource, 1.0)
+
+
+def period_start(hour: int, granularity: Granularity) -> datetime:
+    moment = EPOCH + timedelta(hours=hour)
+    if granularity == "day":
+        return moment.replace(hour=0)
+    if granularity == "month":
+        return moment.replace(day=1, hour=0)
+    return moment
+
+
+def rows(
+    hours: Mapping[HourKey, int], granularity: Granularity, by: Sequence[str]
+) -> list[UsageRow]:
+    """Sum hourly usage into periods, grouped by the ``by`` dimensions."""
+    unknown = set(by) - set(DIMENSIONS)
+    if unknown:
+        raise ValueError(f"unknown dimensions {sorted(unknown)}; known: {DIMENSIONS}")
+    positions = [DIMENSIONS.index(d) + 1 for d in by]
+    totals: dict[tuple[datetime, tuple[str, ...], str], int] = defaultdict(int)
+    for key, value in hours.items():
+        group = tuple(str(key[p]) for p in positions)
+        totals[(period_start(key[0], granularity), group, key[6])] += value
+    return [
+        UsageRow(period, tuple(zip(by, group, strict=True)), resource, resource_hours(resource, v))
+        for (period, group, resource), v in sorted(totals.items())
+    ]
