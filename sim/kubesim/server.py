@@ -201,6 +201,9 @@ class ClusterServer:
         for server in (self._api, self._admin):
             if server is not None and server.started:
                 server.should_exit = True
+                # Idle keep-alive connections would hold shutdown for its whole grace period
+                # (a TLS close waits for the peer's close_notify): a stopping cluster drops them.
+                _drop_connections(server)
                 await server.shutdown()
         for sock in (self._api_socket, self._admin_socket):
             sock.close()
@@ -213,13 +216,8 @@ class ClusterServer:
         if mode == "blackhole":
             self.cluster.faults.set_blackhole(True)
         elif not self.partitioned:
-            for server in self._api.servers:
-                server.close()
             self._api_socket.close()
-            for connection in list(self._api.server_state.connections):
-                transport = getattr(connection, "transport", None)
-                if transport is not None:
-                    transport.abort()
+            _drop_connections(self._api)
             for watcher in list(self.cluster.watchers):
                 watcher.close()
         self.partitioned = True
@@ -254,6 +252,16 @@ class ClusterServer:
             protocol, sock=self._api_socket, ssl=config.ssl, backlog=config.backlog
         )
         self._api.servers = [server]
+
+
+def _drop_connections(server: uvicorn.Server) -> None:
+    """Stop accepting and abort every open connection (clients see a reset, as on a cut)."""
+    for listener in server.servers:
+        listener.close()
+    for connection in list(server.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.abort()
 
 
 def kubeconfig(
