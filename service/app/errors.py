@@ -50,3 +50,7 @@ class Unauthorized(AppError):
 
 class Forbidden(AppError):
     status, kind, title = 403, "forbidden", "Forbidden"
+
+
+class UnsupportedKind(AppError):
+    status, kind, title = 422, "unsupported-kind", "Unsupported kind"

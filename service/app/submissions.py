@@ -20,6 +20,7 @@ from service.app.errors import (
     NotFound,
     PolicyRefused,
     UnknownReference,
+    UnsupportedKind,
 )
 from service.app.kinds import KINDS
 from service.app.resources import Actor, ResourceService, _exists, stream_name, to_object
@@ -93,7 +94,8 @@ class SubmissionService:
         try:
             workload = parse_submission(body)
         except SubmissionError as error:
-            raise Invalid(f"the submission is invalid: {error}", error.problems) from None
+            failure = UnsupportedKind if error.kind == "unsupported-kind" else Invalid
+            raise failure(f"the submission is invalid: {error}", error.problems) from None
         if workload.metadata.namespace not in (None, namespace):
             raise Invalid(
                 "namespace mismatch",
@@ -371,7 +373,13 @@ def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
     cq = status.get("clusterQueue")
     priority = int(spec.get("priority", 0))
     prio = func.coalesce(resources.c.spec["priority"].astext.cast(BigInteger()), 0)
-    created = datetime.strptime(meta["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    created = conn.execute(
+        select(resources.c.created_at).where(
+            resources.c.kind == "Workload",
+            resources.c.namespace == meta.get("namespace", ""),
+            resources.c.name == meta["name"],
+        )
+    ).scalar_one()
     pending = and_(
         resources.c.kind == "Workload",
         resources.c.deleted.is_(False),
