@@ -243,23 +243,23 @@ def test_idempotency_key_in_flight_is_409(api: Api) -> None:
 
 def test_rate_limits_per_principal(database_url: str, api: Api) -> None:
     other = api.admin.post("/v1/tokens", json={"name": "calm", "role": "auditor"}).json()["token"]
-    with serve(database_url, rate_limit_per_second=1, rate_limit_burst=5) as (base_url, _):
-        with (
-            httpx.Client(
-                base_url=base_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-            ) as noisy,
-            httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {other}"}) as calm,
-        ):
-            statuses = [noisy.get("/v1/resourceflavors").status_code for _ in range(8)]
-            assert statuses[:5] == [200] * 5 and 429 in statuses[5:]
-            limited = noisy.get("/v1/resourceflavors")
-            body = _problem(limited, 429, "rate-limited")
-            assert int(limited.headers["retry-after"]) >= 1
-            assert limited.headers["ratelimit-remaining"] == "0"
-            assert "burst 5" in body["detail"]
-            # One tenant's burst does not starve the others.
-            assert calm.get("/v1/resourceflavors").status_code == 200
-            assert noisy.get("/healthz").status_code == 200
+    with (
+        serve(database_url, rate_limit_per_second=1, rate_limit_burst=5) as (base_url, _),
+        httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as noisy,
+        httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {other}"}) as calm,
+    ):
+        statuses = [noisy.get("/v1/resourceflavors").status_code for _ in range(8)]
+        assert statuses[:5] == [200] * 5 and 429 in statuses[5:]
+        limited = noisy.get("/v1/resourceflavors")
+        body = _problem(limited, 429, "rate-limited")
+        assert int(limited.headers["retry-after"]) >= 1
+        assert limited.headers["ratelimit-remaining"] == "0"
+        assert "burst 5" in body["detail"]
+        # One tenant's burst does not starve the others.
+        assert calm.get("/v1/resourceflavors").status_code == 200
+        assert noisy.get("/healthz").status_code == 200
 
 
 def test_concurrent_creates_of_one_name_exactly_one_wins(api: Api) -> None:
