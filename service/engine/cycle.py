@@ -10,14 +10,24 @@ ClusterQueue the cycle remembers which gangs failed (shape, priority, time,
 size); a later gang of the same shape that is at least as big, no higher in
 priority and no older cannot fit either, because within a cycle free quota and
 capacity only shrink — until something is evicted, which resets the memory.
+When nothing in the ClusterQueue's quota tree could be preempted at all (only
+workloads admitted before the cycle can), priority and age do not matter.
 """
 
 from __future__ import annotations
 
 from service.domain.workload import Admission, PodSetAssignment, RequeueState, Workload
 from service.engine.backoff import next_requeue_state
-from service.engine.flavors import FIT, NO_FIT, PREEMPT, RECLAIM, Assignment, assign_flavors
-from service.engine.ordering import ClusterQueueQueue, FairSelector, PlainSelector, queue_key
+from service.engine.flavors import (
+    FIT,
+    NO_FIT,
+    PREEMPT,
+    RECLAIM,
+    Assignment,
+    assign_flavors,
+    quota_mode_only,
+)
+from service.engine.ordering import ClusterQueueQueue, FairSelector, PlainSelector
 from service.engine.packing import GangPlacement
 from service.engine.preemption import find_preemption_plan
 from service.engine.quota import FlavorResource
@@ -46,21 +56,43 @@ _FAILURE_MEMORY = 16
 
 
 class _Failure:
-    __slots__ = ("epoch", "message", "priority", "reason", "signature", "time", "totals")
+    __slots__ = (
+        "_assignment",
+        "epoch",
+        "message",
+        "no_victims",
+        "priority",
+        "reason",
+        "signature",
+        "time",
+        "totals",
+    )
 
-    def __init__(self, wi: WorkloadInfo, reason: str, message: str, epoch: int) -> None:
+    def __init__(
+        self, wi: WorkloadInfo, reason: str, assignment: Assignment, epoch: int, no_victims: bool
+    ) -> None:
         self.signature = wi.signature()
         self.priority = wi.priority
         self.time = wi.time
         self.totals = wi.resources
         self.reason = reason
-        self.message = message
+        self._assignment: Assignment | None = assignment
+        self.message = ""
         self.epoch = epoch
+        #: Nothing in the quota tree could be preempted: priority and age cannot help.
+        self.no_victims = no_victims
+
+    def text(self) -> str:
+        """The why-not message, rendered once, when the result is built."""
+        if self._assignment is not None:
+            self.message = self._assignment.message() or "insufficient quota"
+            self._assignment = None
+        return self.message
 
     def covers(self, wi: WorkloadInfo, signature: object, epoch: int) -> bool:
         if self.epoch != epoch or signature != self.signature:
             return False
-        if wi.priority > self.priority or wi.time < self.time:
+        if not self.no_victims and (wi.priority > self.priority or wi.time < self.time):
             return False
         totals = wi.resources
         return all(totals.get(r, 0) >= a for r, a in self.totals.items())
@@ -73,7 +105,8 @@ class _Cycle:
         self.admissions: list[AdmissionDecision] = []
         self.preemptions: list[Preemption] = []
         self.evictions: list[Eviction] = []
-        self.pending: dict[str, PendingReason] = {}
+        #: key -> (reason, message or the failure that explains it, ClusterQueue, LocalQueue).
+        self.pending: dict[str, tuple[str, str | _Failure, str | None, str]] = {}
         self.queues: dict[str, ClusterQueueQueue] = {}
         self.failures: dict[str, list[_Failure]] = {}
         self.quota_usage: dict[tuple[str, int], dict[FlavorResource, int]] = {}
@@ -216,14 +249,8 @@ class _Cycle:
             )
         return None
 
-    def _pend(self, wi: WorkloadInfo, reason: str, message: str, cq: str | None) -> None:
-        self.pending[wi.key] = PendingReason(
-            workload=wi.key,
-            reason=reason,
-            message=message,
-            cluster_queue=cq,
-            local_queue=wi.lq,
-        )
+    def _pend(self, wi: WorkloadInfo, reason: str, message: str | _Failure, cq: str | None) -> None:
+        self.pending[wi.key] = (reason, message, cq, wi.lq)
 
     # --- 3. the admission loop ---------------------------------------------------------------
 
@@ -242,7 +269,7 @@ class _Cycle:
             if failure is None:
                 return wi
             queue.attempted += 1
-            self._pend(wi, failure.reason, failure.message, name)
+            self._pend(wi, failure.reason, failure, name)
             queue.advance()
             if self._strict(wi):
                 queue.blocked_by = wi
@@ -268,13 +295,16 @@ class _Cycle:
         assignment = assign_flavors(self.state, wi, physical=False)
         return assignment, assignment.usage
 
-    def _plain_key(self, name: str) -> tuple[tuple[object, ...], WorkloadInfo] | None:
-        wi = self._head(name)
-        if wi is None:
-            return None
-        assignment, _ = self._quota_usage(wi)
-        borrow = assignment.borrow if assignment.mode != NO_FIT else 1 << 20
-        return (borrow, -wi.priority, wi.time, wi.seq), wi
+    def _plain_key(self, name: str, wi: WorkloadInfo) -> tuple[object, ...]:
+        mode = quota_mode_only(self.state, wi)
+        if mode is None:
+            assignment = self._quota_usage(wi)[0]
+            mode = (assignment.mode, assignment.borrow)
+        borrow = mode[1] if mode[0] != NO_FIT else 1 << 20
+        return (borrow, -wi.priority, wi.time, wi.seq)
+
+    def _usage_stamp(self, name: str) -> int:
+        return self.state.usage_version.get(self.state.cqs[name].root, 0)
 
     def _nominee(self, name: str) -> tuple[WorkloadInfo, dict[FlavorResource, int]] | None:
         wi = self._head(name)
@@ -293,7 +323,7 @@ class _Cycle:
         if state.config.fair_sharing.enable:
             selector = FairSelector(state, self._nominee)
         else:
-            selector = PlainSelector(self._plain_key)
+            selector = PlainSelector(self._head, self._plain_key, self._usage_stamp)
         for name in sorted(self.queues):
             selector.update(name)
         while True:
@@ -340,10 +370,13 @@ class _Cycle:
                 self._admit(wi, assignment, plan.placement, victims)
                 return True
         reason = assignment.reason or "WaitingForQuota"
-        message = assignment.message() or "insufficient quota"
-        self._pend(wi, reason, message, wi.cq.name)
         memory = self.failures.setdefault(wi.cq.name, [])
-        memory.append(_Failure(wi, reason, message, state.epoch))
+        # Victims are only workloads admitted before the cycle, and they only
+        # leave with an eviction (a new epoch): none now means none this epoch.
+        no_victims = not state.preemptible_in_tree.get(wi.cq.root)
+        failure = _Failure(wi, reason, assignment, state.epoch, no_victims)
+        self._pend(wi, reason, failure, wi.cq.name)
+        memory.append(failure)
         if len(memory) > _FAILURE_MEMORY:
             del memory[0]
         return False
@@ -450,30 +483,33 @@ class _Cycle:
             )
         for name, held in self._held.items():
             by_cq.setdefault(name, []).extend(held)
-        pending = dict(self.pending)
+        positions: dict[str, tuple[str, int, int]] = {}
+        usage = {lq: state.lq_usage(lq) for lq in state.lq_consumed}
         for name, items in by_cq.items():
-            items.sort(key=lambda w: (state.lq_usage(w.lq), *queue_key(w)))
+            items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
             per_lq: dict[str, int] = {}
             for position, wi in enumerate(items):
                 lq_position = per_lq.get(wi.lq, 0)
                 per_lq[wi.lq] = lq_position + 1
-                reason = pending.get(wi.key)
-                if reason is None:
-                    continue
-                pending[wi.key] = PendingReason(
-                    workload=reason.workload,
-                    reason=reason.reason,
-                    message=reason.message,
-                    cluster_queue=name,
-                    local_queue=reason.local_queue,
-                    position_in_cluster_queue=position,
-                    position_in_local_queue=lq_position,
-                )
+                positions[wi.key] = (name, position, lq_position)
+        pending: dict[str, PendingReason] = {}
+        for key in sorted(self.pending):
+            reason, message, cq, lq = self.pending[key]
+            where = positions.get(key)
+            pending[key] = PendingReason(
+                workload=key,
+                reason=reason,
+                message=message if isinstance(message, str) else message.text(),
+                cluster_queue=where[0] if where is not None else cq,
+                local_queue=lq,
+                position_in_cluster_queue=where[1] if where is not None else None,
+                position_in_local_queue=where[2] if where is not None else None,
+            )
         return CycleResult(
             admissions=tuple(self.admissions),
             preemptions=tuple(self.preemptions),
             evictions=tuple(self.evictions),
-            pending=dict(sorted(pending.items())),
+            pending=pending,
             local_queue_usage=dict(sorted(state.sampled_usage.items())),
         )
 

@@ -37,6 +37,7 @@ __all__ = [
     "Assignment",
     "PreemptionPlan",
     "assign_flavors",
+    "quota_mode_only",
 ]
 
 NO_FIT, NO_CANDIDATES, PREEMPT, RECLAIM, FIT = 0, 1, 2, 3, 4
@@ -75,12 +76,16 @@ class Assignment:
     borrow: int = 0
     frs_need_preemption: set[FlavorResource] = field(default_factory=set)
     reason: str = ""
-    messages: list[str] = field(default_factory=list)
+    #: Parts of the why-not message, rendered only when asked for (most never are).
+    messages: list[str | tuple[str, _Notes]] = field(default_factory=list)
     placement: GangPlacement | None = None
     plan: PreemptionPlan | None = None
 
     def message(self) -> str:
-        return "; ".join(self.messages)
+        return "; ".join(
+            m if isinstance(m, str) else f"{m[0]}: " + "; ".join(m[1].render())
+            for m in self.messages
+        )
 
 
 #: ``oracle(workload, assignment so far) -> plan or None``, for the preemption search.
@@ -139,27 +144,40 @@ def _flavor_mismatch(
     return None
 
 
+#: A quota note, formatted only when a message is needed:
+#: ``(fr, request, maximum)`` for ExceedsMaxQuota, ``(fr, missing, None)`` otherwise.
+QuotaNote = tuple[FlavorResource, int, int | None]
+
+
+def _render_quota_note(note: QuotaNote) -> str:
+    (flavor, resource), amount, maximum = note
+    if maximum is not None:
+        return (
+            f"insufficient quota for {resource} in flavor {flavor}, request "
+            f"({format_amount(resource, amount)}) > maximum capacity "
+            f"({format_amount(resource, maximum)})"
+        )
+    return (
+        f"insufficient unused quota for {resource} in flavor {flavor}, "
+        f"{format_amount(resource, amount)} more needed"
+    )
+
+
 def _fits_quota(
     state: CycleState, cq: CQState, fr: FlavorResource, value: int
-) -> tuple[int, int, str, str]:
-    """``(mode, borrow, reason, message)`` for ``value`` of one flavor-resource."""
+) -> tuple[int, int, str, QuotaNote | None]:
+    """``(mode, borrow, reason, note)`` for ``value`` of one flavor-resource."""
     node = cq.node
     maximum = node.potential_available(fr)
     if value > maximum:
-        return (
-            NO_FIT,
-            0,
-            EXCEEDS_MAX_QUOTA,
-            f"insufficient quota for {fr[1]} in flavor {fr[0]}, request "
-            f"({format_amount(fr[1], value)}) > maximum capacity "
-            f"({format_amount(fr[1], maximum)})",
-        )
-    borrow, may_reclaim = node.borrowing_level(fr, value)
+        return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, maximum)
     available = node.available(fr)
     if value <= available:
-        return FIT, borrow, "", ""
-    missing = format_amount(fr[1], value - available)
-    message = f"insufficient unused quota for {fr[1]} in flavor {fr[0]}, {missing} more needed"
+        if node.parent is None or not node.borrowing_with(fr, value):
+            return FIT, 0, "", None
+        return FIT, node.borrowing_level(fr, value)[0], "", None
+    borrow, may_reclaim = node.borrowing_level(fr, value)
+    note = (fr, value - available, None)
     quota = node.quotas.get(fr)
     nominal = quota.nominal if quota is not None else 0
     preemption = cq.spec.preemption
@@ -167,8 +185,8 @@ def _fits_quota(
         state.config.fair_sharing.enable and preemption.reclaim_within_cohort != "Never"
     )
     if nominal >= value or may_reclaim or can_preempt_while_borrowing:
-        return PREEMPT, borrow, WAITING_FOR_QUOTA, message
-    return NO_FIT, borrow, WAITING_FOR_QUOTA, message
+        return PREEMPT, borrow, WAITING_FOR_QUOTA, note
+    return NO_FIT, borrow, WAITING_FOR_QUOTA, note
 
 
 def _can_preempt_at_all(cq: CQState) -> bool:
@@ -186,12 +204,15 @@ def _describe_shape(ps: PodSetInfo) -> str:
 class _Notes:
     """Why flavors were rejected or are imperfect, for the pending message."""
 
-    attempts: list[str] = field(default_factory=list)
+    attempts: list[str | QuotaNote] = field(default_factory=list)
     worst: str = ""
 
-    def add(self, message: str, reason: str) -> None:
+    def add(self, message: str | QuotaNote, reason: str) -> None:
         self.attempts.append(message)
         self.worst = _most_severe(self.worst, reason)
+
+    def render(self) -> list[str]:
+        return [a if isinstance(a, str) else _render_quota_note(a) for a in self.attempts]
 
 
 @dataclass(slots=True)
@@ -229,9 +250,9 @@ class _GroupSearch:
         for resource in self.resources:
             fr = (name, resource)
             value = self.result.usage.get(fr, 0) + self.ps.totals[resource]
-            fmode, borrow, reason, message = _fits_quota(self.state, self.cq, fr, value)
-            if message:
-                self.notes.add(message, reason)
+            fmode, borrow, reason, note = _fits_quota(self.state, self.cq, fr, value)
+            if note is not None:
+                self.notes.add(note, reason)
             trial.mode = _worse(trial.mode, (fmode, borrow))
             if fmode in (PREEMPT, NO_FIT):
                 trial.need.add(fr)
@@ -283,7 +304,7 @@ class _GroupSearch:
         best = _Trial((NO_FIT, 1 << 30))
         best_flavor: str | None = None
         for name in flavor_names:
-            mismatch = _flavor_mismatch(self.state, self.state.flavors.get(name), name, self.ps)
+            mismatch = _mismatch(self.state, name, self.ps)
             if mismatch is not None:
                 self.notes.add(mismatch, NO_MATCHING_FLAVOR)
                 continue
@@ -295,6 +316,56 @@ class _GroupSearch:
             if is_preferred(trial.mode, best.mode, fungibility):
                 best, best_flavor = trial, name
         return best_flavor, best
+
+
+def _mismatch(state: CycleState, name: str, ps: PodSetInfo) -> str | None:
+    """``_flavor_mismatch``, memoised per flavor and pod-set constraints."""
+    key = (name, ps.tolerations, ps.selector_items, ps.mode, ps.level)
+    cache = state.mismatch_cache
+    if key in cache:
+        return cache[key]
+    found = cache[key] = _flavor_mismatch(state, state.flavors.get(name), name, ps)
+    return found
+
+
+def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | None:
+    """``(mode, borrow)`` of ``assign_flavors(physical=False)`` for one pod set and group.
+
+    The cross-ClusterQueue order needs only this, for every head, so it skips
+    building the assignment and its messages. ``None``: use ``assign_flavors``.
+    """
+    cq = wi.cq
+    assert cq is not None
+    if len(wi.pod_sets) != 1:
+        return None
+    ps = wi.pod_sets[0]
+    group: int | None = None
+    for resource in ps.totals:
+        found = cq.group_of.get(resource)
+        if found is None:
+            return NO_FIT, 0
+        if group is None:
+            group = found
+        elif group != found:
+            return None
+    if group is None:
+        return None
+    fungibility = cq.spec.flavor_fungibility
+    best: tuple[int, int] = (NO_FIT, 1 << 30)
+    for name in cq.groups[group][1]:
+        if _mismatch(state, name, ps) is not None:
+            continue
+        mode = (FIT, 0)
+        for resource, value in ps.totals.items():
+            fmode, borrow, _, _ = _fits_quota(state, cq, (name, resource), value)
+            mode = _worse(mode, (fmode, borrow))
+            if fmode == NO_FIT:
+                break
+        if not should_try_next(mode, fungibility):
+            return mode
+        if is_preferred(mode, best, fungibility):
+            best = mode
+    return best if best[0] != NO_FIT else (NO_FIT, 0)
 
 
 def _resource_groups(cq: CQState, ps: PodSetInfo, result: Assignment) -> list[int] | None:
@@ -350,9 +421,7 @@ def assign_flavors(
             if flavor is None or best.mode[0] == NO_FIT:
                 result.mode = NO_FIT
                 result.reason = notes.worst or NO_MATCHING_FLAVOR
-                result.messages.append(
-                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(notes.attempts)
-                )
+                result.messages.append((f"couldn't assign flavors to pod set {ps.name}", notes))
                 return result
             for resource in search.resources:
                 chosen[resource] = flavor
@@ -361,9 +430,7 @@ def assign_flavors(
             overall = _worse(overall, best.mode)
             if best.mode[0] != FIT:
                 result.frs_need_preemption |= best.need
-                result.messages.append(
-                    f"couldn't assign flavors to pod set {ps.name}: " + "; ".join(notes.attempts)
-                )
+                result.messages.append((f"couldn't assign flavors to pod set {ps.name}", notes))
                 if not result.reason or _SEVERITY[notes.worst] > _SEVERITY[result.reason]:
                     result.reason = notes.worst
             if best.placement is not None and single:

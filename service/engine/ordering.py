@@ -101,24 +101,44 @@ class ClusterQueueQueue:
         return result
 
 
-#: ``head_key(cq_name) -> (key, workload)`` or ``None`` when the CQ has nothing left.
-HeadKey = Callable[[str], tuple[tuple[object, ...], WorkloadInfo] | None]
-
-
 class PlainSelector:
-    """Kueue's classical entry order across ClusterQueues, re-keyed lazily."""
+    """Kueue's classical entry order across ClusterQueues, re-keyed lazily.
 
-    def __init__(self, head_key: HeadKey) -> None:
-        self._head_key = head_key
+    The key of a head is ``(borrowing level, -priority, time, seq)``; the
+    borrowing level needs a flavor assignment against current usage. Within a
+    cycle usage only grows (until an eviction, after which every head is
+    re-keyed), so keys only grow: a popped key is recomputed only when usage in
+    the ClusterQueue's quota tree changed since it was computed (``stamp``), and
+    pushed back if it now sorts later.
+    """
+
+    def __init__(
+        self,
+        head: Callable[[str], WorkloadInfo | None],
+        key: Callable[[str, WorkloadInfo], tuple[object, ...]],
+        stamp: Callable[[str], int],
+    ) -> None:
+        self._head = head
+        self._key = key
+        self._stamp = stamp
         self._heap: list[tuple[tuple[object, ...], int, str]] = []
         self._version: dict[str, int] = {}
+        #: cq -> usage stamp its heap key was computed at.
+        self._stamps: dict[str, int] = {}
+
+    def _keyed(self, cq: str) -> tuple[object, ...] | None:
+        wi = self._head(cq)
+        if wi is None:
+            return None
+        self._stamps[cq] = self._stamp(cq)
+        return self._key(cq, wi)
 
     def update(self, cq: str) -> None:
         version = self._version.get(cq, 0) + 1
         self._version[cq] = version
-        entry = self._head_key(cq)
-        if entry is not None:
-            heapq.heappush(self._heap, (entry[0], version, cq))
+        key = self._keyed(cq)
+        if key is not None:
+            heapq.heappush(self._heap, (key, version, cq))
 
     def pop(self) -> str | None:
         heap = self._heap
@@ -126,12 +146,13 @@ class PlainSelector:
             key, version, cq = heapq.heappop(heap)
             if version != self._version.get(cq):
                 continue
-            fresh = self._head_key(cq)
+            if self._stamps.get(cq) == self._stamp(cq):
+                return cq
+            fresh = self._keyed(cq)
             if fresh is None:
                 continue
-            if fresh[0] != key and heap and fresh[0] > heap[0][0]:
-                # State changed since the key was computed and it now sorts later.
-                heapq.heappush(heap, (fresh[0], version, cq))
+            if fresh != key and heap and fresh > heap[0][0]:
+                heapq.heappush(heap, (fresh, version, cq))
                 continue
             return cq
         return None

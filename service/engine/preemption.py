@@ -191,12 +191,12 @@ def _collect_subtree(
         if child is skip:
             continue
         if child.is_cluster_queue:
-            if child is search.cq.node or child.within_nominal(frs):
-                continue
             cq = search.state.cqs.get(child.name)
-            if cq is None:
+            if cq is None or not cq.preemptible or child is search.cq.node:
                 continue
-            for candidate in cq.admitted.values():
+            if child.within_nominal(frs):
+                continue
+            for candidate in cq.preemptible.values():
                 variant = _classify(search, candidate, advantage)
                 if variant != _NEVER:
                     out.append((candidate, variant, lca))
@@ -210,7 +210,7 @@ def _classical(search: _Search) -> PreemptionPlan | None:
     key = _ordering_key(cq)
     same: list[tuple[AdmittedInfo, int, QuotaNode | None]] = []
     if spec.within_cluster_queue != "Never":
-        for candidate in cq.admitted.values():
+        for candidate in cq.preemptible.values():
             variant = _classify(search, candidate, False)
             if variant != _NEVER:
                 same.append((candidate, variant, None))
@@ -285,7 +285,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
     if spec.within_cluster_queue != "Never":
         result.extend(
             c
-            for c in cq.admitted.values()
+            for c in cq.preemptible.values()
             if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
         )
     if cq.node.parent is not None and spec.reclaim_within_cohort != "Never":
@@ -297,7 +297,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
             other = search.state.cqs[other_node.name]
             result.extend(
                 c
-                for c in other.admitted.values()
+                for c in other.preemptible.values()
                 if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
             )
     key = _ordering_key(cq)
@@ -461,6 +461,9 @@ def find_preemption_plan(
 ) -> PreemptionPlan | None:
     """Victims and landing place for ``wi`` under ``assignment``, or ``None``."""
     if not assignment.frs_need_preemption:
+        return None
+    assert wi.cq is not None
+    if not state.preemptible_in_tree.get(wi.cq.root):
         return None
     search = _Search(state, wi, assignment)
     if state.config.fair_sharing.enable:

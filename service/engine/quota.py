@@ -32,6 +32,7 @@ class QuotaNode:
         "is_cluster_queue",
         "name",
         "parent",
+        "potential",
         "quotas",
         "subtree_quota",
         "usage",
@@ -50,6 +51,8 @@ class QuotaNode:
         self.height = 0
         #: For a cohort: every ClusterQueue below it, in a stable order.
         self.cluster_queues: list[QuotaNode] = []
+        #: ``potential_available`` does not depend on usage: memoised per flavor-resource.
+        self.potential: dict[FlavorResource, int] = {}
 
     def __repr__(self) -> str:
         kind = "ClusterQueue" if self.is_cluster_queue else "Cohort"
@@ -104,6 +107,12 @@ class QuotaNode:
 
     def potential_available(self, fr: FlavorResource) -> int:
         """The most this node could ever use, with no usage anywhere."""
+        cached = self.potential.get(fr)
+        if cached is None:
+            cached = self.potential[fr] = self._potential_available(fr)
+        return cached
+
+    def _potential_available(self, fr: FlavorResource) -> int:
         parent = self.parent
         if parent is None:
             return self.subtree_quota.get(fr, 0)
@@ -219,6 +228,7 @@ class QuotaTree:
             raise ValueError(f"cohort cycle through {node.name}")
         seen.add(node.name)
         node.subtree_quota = {fr: q.nominal for fr, q in node.quotas.items()}
+        node.potential = {}
         node.usage = {}
         node.children.sort(key=lambda c: (c.is_cluster_queue, c.name))
         node.cluster_queues = []

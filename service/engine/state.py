@@ -34,6 +34,7 @@ class PodSetInfo:
         "name",
         "node_selector",
         "requests",
+        "selector_items",
         "shape",
         "tolerations",
         "totals",
@@ -51,12 +52,14 @@ class PodSetInfo:
         self.level = request.level if request is not None else None
         self.tolerations = pod_set.tolerations
         self.node_selector = pod_set.node_selector
+        self.selector_items = _items(pod_set.node_selector)
 
 
 class WorkloadInfo:
     """A pending workload with everything the cycle needs precomputed."""
 
     __slots__ = (
+        "_signature",
         "cq",
         "key",
         "lq",
@@ -77,18 +80,27 @@ class WorkloadInfo:
         self.cq: CQState | None = None
         self.lq = wl.queue_key
         self.pod_sets = [PodSetInfo(wl, i) for i in range(len(wl.pod_sets))]
-        totals: dict[str, int] = {}
-        for ps in self.pod_sets:
-            for r, a in ps.totals.items():
-                totals[r] = totals.get(r, 0) + a
-        self.resources = totals
+        if len(self.pod_sets) == 1:
+            self.resources = self.pod_sets[0].totals
+        else:
+            totals: dict[str, int] = {}
+            for ps in self.pod_sets:
+                for r, a in ps.totals.items():
+                    totals[r] = totals.get(r, 0) + a
+            self.resources = totals
+        self._signature: tuple[object, ...] | None = None
 
     def signature(self) -> tuple[object, ...]:
         """Everything but counts that decides where the gang may go (for fast rejects)."""
+        if self._signature is None:
+            self._signature = self._compute_signature()
+        return self._signature
+
+    def _compute_signature(self) -> tuple[object, ...]:
         selector = self.wl.cluster_selector
         return (
             tuple(
-                (ps.shape, ps.mode, ps.level, ps.tolerations, _items(ps.node_selector))
+                (ps.shape, ps.mode, ps.level, ps.tolerations, ps.selector_items)
                 for ps in self.pod_sets
             ),
             _selector_key(selector),
@@ -97,6 +109,8 @@ class WorkloadInfo:
 
 
 def _items(mapping: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    if not mapping:
+        return ()
     return tuple(sorted(mapping.items()))
 
 
@@ -162,7 +176,7 @@ class AdmittedInfo:
 
 
 class CQState:
-    __slots__ = ("admitted", "group_of", "groups", "name", "node", "spec")
+    __slots__ = ("group_of", "groups", "name", "node", "preemptible", "root", "spec")
 
     def __init__(self, spec: ClusterQueue, node: QuotaNode) -> None:
         self.spec = spec
@@ -176,7 +190,9 @@ class CQState:
         for index, (covered, _) in enumerate(self.groups):
             for resource in covered:
                 self.group_of.setdefault(resource, index)
-        self.admitted: dict[str, AdmittedInfo] = {}
+        #: Workloads admitted before this cycle: the only possible preemption victims.
+        self.preemptible: dict[str, AdmittedInfo] = {}
+        self.root = node.root().name
 
 
 class CycleState:
@@ -198,11 +214,16 @@ class CycleState:
             snapshot.clusters, snapshot.nodes, snapshot.config.accelerator_resources
         )
         self.admitted: dict[str, AdmittedInfo] = {}
+        #: Per quota-tree root, how many workloads there may be preempted.
+        self.preemptible_in_tree: dict[str, int] = {}
+        #: Per quota-tree root, bumped on every usage change in the tree.
+        self.usage_version: dict[str, int] = {}
         for admitted in sorted(snapshot.admitted, key=lambda a: a.workload.key):
             self._load_admitted(admitted)
         self.lendable_cache: dict[str, dict[str, int]] = {}
         self.eligible_cache: dict[object, dict[int, Island]] = {}
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
+        self.mismatch_cache: dict[object, str | None] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         self._init_lq_usage()
@@ -361,16 +382,23 @@ class CycleState:
     # --- mutation -------------------------------------------------------------------------
 
     def _hold(self, info: AdmittedInfo) -> None:
-        if info.cq is not None:
-            info.cq.node.add(info.usage)
-            info.cq.admitted[info.key] = info
+        cq = info.cq
+        if cq is not None:
+            cq.node.add(info.usage)
+            self.usage_version[cq.root] = self.usage_version.get(cq.root, 0) + 1
+            if not info.fresh:
+                cq.preemptible[info.key] = info
+                self.preemptible_in_tree[cq.root] = self.preemptible_in_tree.get(cq.root, 0) + 1
         for node, pods, shape in info.placements:
             self.inventory._change(node, shape, pods, 1)
 
     def _unhold(self, info: AdmittedInfo) -> None:
-        if info.cq is not None:
-            info.cq.node.remove(info.usage)
-            info.cq.admitted.pop(info.key, None)
+        cq = info.cq
+        if cq is not None:
+            cq.node.remove(info.usage)
+            self.usage_version[cq.root] = self.usage_version.get(cq.root, 0) + 1
+            if cq.preemptible.pop(info.key, None) is not None:
+                self.preemptible_in_tree[cq.root] -= 1
         for node, pods, shape in info.placements:
             self.inventory._change(node, shape, pods, -1)
 
