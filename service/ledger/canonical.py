@@ -5,19 +5,21 @@ would use, but it is pure Python (about 20 µs for one ledger entry), which
 alone would spend 20 s of a 10 s budget on verifying a million entries.
 
 For documents made only of objects with ASCII keys, arrays, strings, ``true``,
-``false``, ``null`` and integers within ±(2**53 - 1), the standard library's C
-encoder with sorted keys, no whitespace and ``ensure_ascii=False`` writes
-exactly the RFC 8785 bytes:
+``false``, ``null``, integers within ±(2**53 - 1) and non-integral floats
+within 1e-4 ≤ |x| < 1e16, the standard library's C encoder with sorted keys,
+no whitespace and ``ensure_ascii=False`` writes exactly the RFC 8785 bytes:
 
 * key order: for ASCII keys, code-point order (Python's sort) equals the
   UTF-16 code-unit order RFC 8785 §3.2.3 asks for;
 * strings: both escape ``"`` and ``\\``, use ``\\b \\f \\n \\r \\t`` and
   lower-case ``\\u00xx`` for the other control characters, and write
   everything else as UTF-8 (RFC 8785 §3.2.2.2; ``json.encoder.ESCAPE_DCT``);
-* integers in the I-JSON range print the same digits.
+* integers in the I-JSON range print the same digits;
+* such floats: ``repr`` and ECMAScript's Number::toString (RFC 8785
+  §3.2.2.3) both print the shortest digits that round-trip, positionally.
 
-Anything else — a float (ECMAScript number formatting differs from
-``repr``), a non-ASCII key, a big integer, a non-JSON type — goes to
+Anything else — an integral or very large or small float, a non-ASCII key,
+a big integer, a non-JSON type — goes to
 ``rfc8785``, which also raises for what JCS cannot represent. The equivalence
 is checked property-wise in ``tests/ledger/test_canonical.py``.
 """
@@ -31,6 +33,8 @@ from typing import Any, Final
 import rfc8785
 
 _INT_LIMIT: Final = 2**53 - 1
+_FLOAT_LOW: Final = 1e-4  # below, repr switches to exponent notation (ECMAScript at 1e-7)
+_FLOAT_HIGH: Final = 1e16  # from here on, repr writes exponents (ECMAScript from 1e21)
 _ENCODER: Final = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
 )
@@ -43,6 +47,10 @@ def _plain(value: Any) -> bool:
         return True
     if kind is int:
         return bool(-_INT_LIMIT <= value <= _INT_LIMIT)
+    if kind is float:
+        # repr and ECMAScript agree on positional, shortest round-trip digits
+        # here; integral floats differ ("2.0" vs "2"), NaN and inf fail both.
+        return not value.is_integer() and _FLOAT_LOW <= abs(value) < _FLOAT_HIGH
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str or not key.isascii() or not _plain(item):

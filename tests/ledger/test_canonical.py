@@ -57,6 +57,8 @@ def test_same_bytes_as_rfc8785(document: dict[str, Any]) -> None:
         {"\ue000": 1, "😀": 2},  # UTF-16 order differs from code-point order
         {"n": 2**53 - 1, "m": -(2**53) + 1},
         {"f": 1.0, "g": 1e21, "h": 1e-7, "i": -0.0},
+        {"a": 1e-4, "b": 9.999e-5, "c": 1e16 - 2, "d": 1e16, "e": 0.1, "f": -123.456},
+        {"a": 1e15 + 0.5, "b": 2.0**53, "c": 5e-324, "d": 1.7976931348623157e308},
         {"nested": [{"b": 1, "a": [True, False, None]}]},
     ],
 )
@@ -70,3 +72,11 @@ def test_edge_cases(document: dict[str, Any]) -> None:
 def test_what_jcs_cannot_write_is_refused(document: dict[str, Any]) -> None:
     with pytest.raises(rfc8785.CanonicalizationError):
         canonical_json(document)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_float_writes_as_rfc8785_does(value: float) -> None:
+    assert canonical_json({"x": value, "y": [value, -value]}) == rfc8785.dumps(
+        {"x": value, "y": [value, -value]}
+    )
