@@ -216,8 +216,8 @@ class ClusterServer:
         if mode == "blackhole":
             self.cluster.faults.set_blackhole(True)
         elif not self.partitioned:
-            self._api_socket.close()
             _drop_connections(self._api)
+            self._api_socket.close()
             for watcher in list(self.cluster.watchers):
                 watcher.close()
         self.partitioned = True

@@ -133,6 +133,7 @@ def test_get_nodes_with_selectors_and_wide_output(kubectl: Kubectl) -> None:
 def test_job_lifecycle_with_get_watch_describe_and_delete(
     kubectl: Kubectl, sim: RunningCluster
 ) -> None:
+    watching = sim.run(lambda: len(sim.cluster.watchers))
     watcher = subprocess.Popen(
         [kubectl.binary, "get", "jobs", "-n", "vision", "--watch", "--output-watch-events"],
         stdout=subprocess.PIPE,
@@ -150,6 +151,8 @@ def test_job_lifecycle_with_get_watch_describe_and_delete(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
+        # Create only once kubectl's watch is open, so that it sees the Job from the start.
+        wait_for(lambda: sim.run(lambda: len(sim.cluster.watchers)) > watching)
         created = kubectl("apply", "-f", "-", stdin=JOB.format(name="train", duration="100s"))
         assert created.stdout.strip() == "job.batch/train created"
         seen: list[str] = []
