@@ -1,11 +1,15 @@
 """The NDJSON export of the ledger: one entry per line, verifiable offline.
 
-A line is the RFC 8785 serialisation of exactly what the entry's hash covers
-(``v``, ``seq``, ``entry_id``, ``kind``, ``recorded_at``, ``body``,
-``prev_hash``) plus ``entry_hash``, both hashes in lower-case hex. Removing
-``entry_hash`` and serialising the rest again gives the Merkle leaf; its
-SHA-256 is ``entry_hash``. Lines are written one at a time from an iterator,
-so an export of any length streams in constant memory.
+A line is the RFC 8785 serialisation of ``{"entry": …, "entry_hash": …}``:
+``entry`` is exactly what the hash covers (``v``, ``seq``, ``entry_id``,
+``kind``, ``recorded_at``, ``body``, ``prev_hash``), ``entry_hash`` its
+SHA-256 in lower-case hex. Because ``"entry"`` sorts first, the bytes of
+``entry`` — the Merkle leaf — stand verbatim in the line between a fixed
+prefix and a fixed-length suffix: a verifier hashes them as they are and
+parses exactly what it hashed, with no second serialisation. A line in any
+other layout (re-indented, keys reordered) is parsed and canonicalised.
+Lines are written one at a time from an iterator, so an export of any length
+streams in constant memory.
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ from typing import Any
 from service.ledger.canonical import canonical_json
 from service.ledger.chain import LedgerEntry, NewLedgerEntry, entry_document
 
+_PREFIX = b'{"entry":'
+_SUFFIX_START = b',"entry_hash":"'
+_SUFFIX_LENGTH = len(_SUFFIX_START) + 64 + len(b'"}')
+
 
 @dataclass(frozen=True, slots=True)
 class ExportRecord:
-    """One entry as a verifier sees it: the hashed document and the hash it claims."""
+    """One entry as a verifier sees it: the hashed document, the hash it
+    claims, and the document's bytes when they were read verbatim."""
 
     document: Mapping[str, Any]
     entry_hash: str
+    data: bytes | None = None
 
 
 class ExportFormatError(ValueError):
@@ -37,8 +47,11 @@ def record_of(entry: LedgerEntry) -> ExportRecord:
 
 
 def export_line(entry: LedgerEntry) -> bytes:
+    """``{"entry":<RFC 8785 bytes>,"entry_hash":"<hex>"}`` and a newline: the
+    RFC 8785 form of that object, as the inner document is already canonical."""
     record = record_of(entry)
-    return canonical_json({**record.document, "entry_hash": record.entry_hash}) + b"\n"
+    data = canonical_json(record.document)
+    return b"".join((_PREFIX, data, _SUFFIX_START, record.entry_hash.encode(), b'"}\n'))
 
 
 def export_ndjson(entries: Iterable[LedgerEntry]) -> Iterator[bytes]:
@@ -52,15 +65,32 @@ def records_of(entries: Iterable[LedgerEntry]) -> Iterator[ExportRecord]:
 
 
 def parse_line(line: bytes | str) -> ExportRecord:
+    raw = line.encode() if isinstance(line, str) else line
+    raw = raw.rstrip(b"\r\n")
+    if raw.startswith(_PREFIX) and raw[-_SUFFIX_LENGTH:].startswith(_SUFFIX_START):
+        data = raw[len(_PREFIX) : -_SUFFIX_LENGTH]
+        stated = raw[-_SUFFIX_LENGTH + len(_SUFFIX_START) : -2]
+        if raw.endswith(b'"}') and stated.isascii():
+            try:
+                document = json.loads(data)
+            except ValueError:
+                pass  # not this layout after all: parse the line as a whole
+            else:
+                if type(document) is dict:
+                    return ExportRecord(document, stated.decode(), data)
+    return _parse_general(raw)
+
+
+def _parse_general(raw: bytes) -> ExportRecord:
     try:
-        document = json.loads(line)
+        line = json.loads(raw)
     except ValueError as exc:
         raise ExportFormatError(f"not JSON: {exc}") from exc
-    if type(document) is not dict:
-        raise ExportFormatError("a line is one JSON object")
-    stated = document.pop("entry_hash", None)
-    if not isinstance(stated, str):
-        raise ExportFormatError("the line has no entry_hash")
+    if type(line) is not dict or set(line) != {"entry", "entry_hash"}:
+        raise ExportFormatError('a line is one object {"entry": …, "entry_hash": …}')
+    document, stated = line["entry"], line["entry_hash"]
+    if type(document) is not dict or not isinstance(stated, str):
+        raise ExportFormatError("entry is an object and entry_hash a string")
     return ExportRecord(document, stated)
 
 

@@ -2,7 +2,9 @@
 
 What is checked, in one pass and constant memory:
 
-1. every entry's hash, recomputed from its content (RFC 8785, SHA-256);
+1. every entry's hash, recomputed from its content (RFC 8785, SHA-256) — or
+   from the entry's bytes as they stand in an export line, which are then
+   the very bytes parsed for the checks below and hashed into the tree;
 2. the chain: ``seq`` counts up from 1 without a gap, and every ``prev_hash``
    is the hash of the entry before (the first one's is all zeros);
 3. the newest checkpoint's Ed25519 signature, and that the Merkle tree head of
@@ -158,7 +160,12 @@ def _check_entry(record: ExportRecord, position: int, previous: str, report: Ver
         report.add(position, f"expected seq {position}, found {document.get('seq')!r}")
     if document.get("prev_hash") != previous:
         report.add(position, "prev_hash does not match the entry before")
+    data = record.data
+    if data is not None and hashlib.sha256(data).hexdigest() == record.entry_hash:
+        return data
     try:
+        # No verbatim bytes, or they do not hash right (perhaps only spaced
+        # differently): hash the canonical form of what was parsed.
         data = canonical_json(document)
     except ValueError as exc:
         report.add(position, f"content cannot be canonicalised: {exc}")

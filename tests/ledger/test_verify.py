@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -296,3 +297,29 @@ def test_the_tree_refuses_entries_that_do_not_continue_the_chain() -> None:
         tree.extend([seal(4, new_entry(99), entries[1].entry_hash)])
     tree.extend([seal(4, new_entry(99), entries[2].entry_hash)])
     assert tree.size == 4
+
+
+def test_an_export_line_is_the_rfc8785_form_of_entry_and_hash() -> None:
+    import rfc8785
+
+    from service.ledger.export import record_of
+
+    for entry in honest(4):
+        record = record_of(entry)
+        expected: dict[str, Any] = {
+            "entry": dict(record.document),
+            "entry_hash": entry.entry_hash.hex(),
+        }
+        assert export_line(entry) == rfc8785.dumps(expected) + b"\n"
+
+
+def test_a_reformatted_export_still_verifies(signer: NoteSigner) -> None:
+    import json
+
+    entries = honest()
+    spaced = [
+        json.dumps(json.loads(line), indent=None, separators=(", ", ": ")).encode() + b"\r\n"
+        for line in export_ndjson(entries)
+    ]
+    report = verify_lines(spaced, note_for(entries, signer), signer)
+    assert report.ok, report.problems
