@@ -15,3 +15,6 @@ app = typer.Typer(
 from sim.kubesim.cli import register as _register_kubesim  # noqa: E402
 
 _register_kubesim(app)
+from sim.replay.cli import register as _register_replay  # noqa: E402
+
+_register_replay(app)

@@ -1,0 +1,392 @@
+"""The replay loop: the admission engine in virtual time, with no database.
+
+Events are job arrivals (at ``submission_time``) and completions (a run ends
+``duration`` seconds after its admission). Whenever something happened, an
+admission cycle runs — at the event's time, but at most once per
+``cycle_interval`` seconds of virtual time, like a scheduler that wakes up
+periodically — on a snapshot of the fleet, the running gangs and the waiting
+ones. Its decisions are applied: admitted gangs start; preempted gangs stop at
+once, lose their progress (no checkpoints) and queue again, ordered by the time
+of their eviction as Kueue's default ``requeuingTimestamp: Eviction`` does.
+The admission fair-sharing history the engine returns is fed back into the
+next cycle. Every admission is checked: each node's pods within allocatable,
+and a gang that asked for one fabric island placed inside one
+(``island_violations``).
+
+A gang of ``n`` GPUs is one pod of ``n`` GPUs up to ``gpus_per_pod``, else
+``ceil(n / gpus_per_pod)`` pods of ``gpus_per_pod`` GPUs that require one
+fabric island (all-reduce traffic stays on the island's fabric).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from service.domain.quota import ClusterQueue, FlavorQuotas, ResourceGroup, ResourceQuota
+from service.domain.workload import AdmittedWorkload, PodSet, TopologyRequest, Workload
+from service.engine import (
+    AdmissionFairSharingConfig,
+    CycleResult,
+    EngineConfig,
+    LocalQueueUsage,
+    Snapshot,
+    admission_cycle,
+)
+from sim.fleet import Fleet
+from sim.replay.metrics import jain_index, percentile, weighted_max_min
+from sim.replay.trace import TraceJob, stable_team
+
+__all__ = ["GPU", "ReplayOptions", "Simulator", "fifo_fleet", "replay"]
+
+GPU = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    cycle_interval: float = 60.0
+    gpus_per_pod: int = 8
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    label: str = "quartermaster"
+
+
+@dataclass(slots=True)
+class _Run:
+    job: TraceJob
+    team: str
+    admitted: AdmittedWorkload
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
+class _Stats:
+    first_admission: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)
+    busy_gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+    team_gpu_s: dict[str, float] = field(default_factory=dict)
+    preemptions: int = 0
+    evictions: int = 0
+    island_violations: int = 0
+    capacity_violations: int = 0
+    cycles: int = 0
+    engine_s: float = 0.0
+    max_pending: int = 0
+
+
+def team_queues(fleet: Fleet) -> dict[str, str]:
+    """Team (namespace) → the LocalQueue its jobs go to (the first by name)."""
+    queues: dict[str, str] = {}
+    for lq in sorted(fleet.local_queues, key=lambda q: (q.namespace, q.name)):
+        queues.setdefault(lq.namespace, lq.name)
+    return queues
+
+
+def entitlements(fleet: Fleet) -> dict[str, float]:
+    """Each team's nominal GPUs: its ClusterQueue's, split among the teams that share it."""
+    queues = team_queues(fleet)
+    cq_of = {(lq.namespace, lq.name): lq.cluster_queue for lq in fleet.local_queues}
+    sharing: dict[str, int] = {}
+    for team, name in queues.items():
+        cq = cq_of[(team, name)]
+        sharing[cq] = sharing.get(cq, 0) + 1
+    nominal: dict[str, float] = {}
+    for cq in fleet.cluster_queues:
+        nominal[cq.name] = float(
+            sum(
+                quota.nominal
+                for group in cq.resource_groups
+                for flavor in group.flavors
+                for resource, quota in flavor.resources.items()
+                if resource == GPU
+            )
+        )
+    return {
+        team: nominal.get(cq_of[(team, name)], 0.0) / sharing[cq_of[(team, name)]]
+        for team, name in queues.items()
+    }
+
+
+def fifo_fleet(fleet: Fleet) -> Fleet:
+    """The FIFO baseline: one StrictFIFO ClusterQueue with every team's quota, no cohorts.
+
+    Same clusters, nodes, flavors and island-aware placement; what goes is the
+    quota tree, borrowing, preemption and fair sharing: jobs start in
+    submission order and the head of the line blocks everyone behind it.
+    """
+    totals: dict[str, dict[str, int]] = {}
+    order: list[str] = []
+    for cq in fleet.cluster_queues:
+        for group in cq.resource_groups:
+            for flavor in group.flavors:
+                if flavor.name not in totals:
+                    order.append(flavor.name)
+                bucket = totals.setdefault(flavor.name, {})
+                for resource, quota in flavor.resources.items():
+                    bucket[resource] = bucket.get(resource, 0) + quota.nominal
+    resources = sorted({r for bucket in totals.values() for r in bucket})
+    group = ResourceGroup(
+        covered_resources=tuple(resources),
+        flavors=tuple(
+            FlavorQuotas(name, {r: ResourceQuota(totals[name].get(r, 0)) for r in resources})
+            for name in order
+        ),
+    )
+    fifo = ClusterQueue(name="fifo", resource_groups=(group,), queueing_strategy="StrictFIFO")
+    return replace(
+        fleet,
+        cohorts=(),
+        cluster_queues=(fifo,),
+        local_queues=tuple(replace(lq, cluster_queue="fifo") for lq in fleet.local_queues),
+    )
+
+
+def fifo_options(options: ReplayOptions) -> ReplayOptions:
+    engine = replace(
+        options.engine,
+        admission_fair_sharing=AdmissionFairSharingConfig(enable=False),
+    )
+    return replace(options, engine=engine, label="fifo")
+
+
+class Simulator:
+    """Replays ``jobs`` on ``fleet``; :meth:`run` returns the RESULT mapping."""
+
+    def __init__(self, fleet: Fleet, jobs: list[TraceJob], options: ReplayOptions) -> None:
+        self.fleet = fleet
+        self.options = options
+        self.queues = team_queues(fleet)
+        if not self.queues:
+            raise ValueError("the fleet defines no LocalQueue for jobs to go to")
+        teams = sorted(self.queues)
+        self.jobs = [j for j in jobs if j.num_gpu > 0]
+        self.skipped = len(jobs) - len(self.jobs)
+        self.team_of = {
+            j.job_id: j.team if j.team in self.queues else stable_team(j.job_id, teams)
+            for j in self.jobs
+        }
+        self.by_key = {f"{self.team_of[j.job_id]}/{j.job_id}": j for j in self.jobs}
+        self.nodes = tuple(fleet.nodes())
+        self.allocatable = {n.name: n.allocatable for n in self.nodes}
+        self.capacity_gpus = sum(n.allocatable.get(GPU, 0) for n in self.nodes)
+        self.clusters = fleet.cluster_objects()
+        self.namespaces = {
+            **{team: {} for team in self.queues},
+            **{ns: dict(labels) for ns, labels in fleet.namespaces.items()},
+        }
+        self.pending: dict[str, Workload] = {}
+        self.running: dict[str, _Run] = {}
+        self.used: dict[str, dict[str, int]] = {}
+        self.usage: Mapping[str, LocalQueueUsage] = {}
+        self.stats = _Stats()
+        self._completions: list[tuple[float, str, int]] = []
+        self._generation: dict[str, int] = {}
+
+    # --- workloads ----------------------------------------------------------------------
+
+    def workload(self, job: TraceJob) -> Workload:
+        team = self.team_of[job.job_id]
+        per_pod = min(job.num_gpu, self.options.gpus_per_pod)
+        pods = math.ceil(job.num_gpu / per_pod)
+        topology = TopologyRequest("required") if pods > 1 else None
+        return Workload(
+            namespace=team,
+            name=job.job_id,
+            queue_name=self.queues[team],
+            pod_sets=(PodSet("main", pods, {GPU: per_pod}, topology_request=topology),),
+            creation_time=job.submission_time,
+            priority=job.priority,
+            priority_class_name=job.priority_class,
+        )
+
+    # --- applying a cycle ---------------------------------------------------------------
+
+    def _place(self, run: _Run, sign: int) -> None:
+        requests = {ps.name: ps.requests for ps in run.admitted.workload.pod_sets}
+        for assignment in run.admitted.admission.pod_set_assignments:
+            for node, pods in assignment.placement:
+                bucket = self.used.setdefault(node, {})
+                for resource, amount in requests[assignment.name].items():
+                    bucket[resource] = bucket.get(resource, 0) + sign * amount * pods
+                    if sign > 0 and bucket[resource] > self.allocatable[node].get(resource, 0):
+                        self.stats.capacity_violations += 1
+
+    def _stop(self, key: str, now: float) -> _Run:
+        run = self.running.pop(key)
+        self._place(run, -1)
+        self._generation[key] = self._generation.get(key, 0) + 1
+        gpus = run.job.num_gpu * (now - run.start)
+        self.stats.busy_gpu_s += gpus
+        self.stats.team_gpu_s[run.team] = self.stats.team_gpu_s.get(run.team, 0.0) + gpus
+        return run
+
+    def _requeue(self, run: _Run, now: float) -> None:
+        self.stats.lost_gpu_s += run.job.num_gpu * (now - run.start)
+        self.pending[run.admitted.workload.key] = replace(run.admitted.workload, queued_at=now)
+
+    def _island_ok(self, wl: Workload, admitted: AdmittedWorkload) -> bool:
+        by_name = {a.name: a for a in admitted.admission.pod_set_assignments}
+        for ps in wl.pod_sets:
+            assignment = by_name.get(ps.name)
+            if assignment is None or sum(p for _, p in assignment.placement) != ps.count:
+                return False
+            required = ps.topology_request is not None and ps.topology_request.mode == "required"
+            if required and len(assignment.islands) != 1:
+                return False
+        return True
+
+    def apply(self, result: CycleResult, now: float) -> None:
+        for preemption in result.preemptions:
+            self.stats.preemptions += 1
+            self._requeue(self._stop(preemption.workload, now), now)
+        for eviction in result.evictions:
+            self.stats.evictions += 1
+            if eviction.workload in self.running:
+                self._requeue(self._stop(eviction.workload, now), now)
+        for decision in result.admissions:
+            wl = self.pending.pop(decision.workload)
+            job = self.by_key[decision.workload]
+            admitted = AdmittedWorkload(wl, decision.admission, admitted_at=now)
+            if not self._island_ok(wl, admitted):
+                self.stats.island_violations += 1
+            run = _Run(job, self.team_of[job.job_id], admitted, now, now + job.duration)
+            self.running[decision.workload] = run
+            self._place(run, 1)
+            self.stats.first_admission.setdefault(job.job_id, now)
+            generation = self._generation.get(decision.workload, 0)
+            heapq.heappush(self._completions, (run.end, decision.workload, generation))
+        self.usage = result.local_queue_usage
+
+    def snapshot(self) -> Snapshot:
+        fleet = self.fleet
+        return Snapshot(
+            cluster_queues=fleet.cluster_queues,
+            resource_flavors=fleet.resource_flavors,
+            cohorts=fleet.cohorts,
+            local_queues=fleet.local_queues,
+            priority_classes=fleet.priority_classes,
+            topologies=fleet.topologies,
+            clusters=self.clusters,
+            nodes=self.nodes,
+            admitted=tuple(run.admitted for run in self.running.values()),
+            pending=tuple(self.pending.values()),
+            namespaces=self.namespaces,
+            local_queue_usage=self.usage,
+            config=self.options.engine,
+        )
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def _next_completion(self) -> float | None:
+        heap = self._completions
+        while heap:
+            end, key, generation = heap[0]
+            if key in self.running and self._generation.get(key, 0) == generation:
+                return end
+            heapq.heappop(heap)
+        return None
+
+    def _complete_until(self, until: float) -> None:
+        while True:
+            end = self._next_completion()
+            if end is None or end > until:
+                return
+            _, key, _ = heapq.heappop(self._completions)
+            run = self._stop(key, end)
+            self.stats.finished[run.job.job_id] = end
+
+    def run(self, progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
+        jobs = self.jobs
+        index = 0
+        last_cycle = -math.inf
+        interval = self.options.cycle_interval
+        while True:
+            candidates = []
+            if index < len(jobs):
+                candidates.append(jobs[index].submission_time)
+            completion = self._next_completion()
+            if completion is not None:
+                candidates.append(completion)
+            if not candidates:
+                break  # whatever still waits can never be admitted
+            now = max(min(candidates), last_cycle + interval)
+            self._complete_until(now)
+            while index < len(jobs) and jobs[index].submission_time <= now:
+                wl = self.workload(jobs[index])
+                self.pending[wl.key] = wl
+                index += 1
+            self.stats.max_pending = max(self.stats.max_pending, len(self.pending))
+            if self.pending:
+                clock = time.perf_counter()
+                result = admission_cycle(self.snapshot(), now)
+                self.stats.engine_s += time.perf_counter() - clock
+                self.stats.cycles += 1
+                self.apply(result, now)
+            last_cycle = now
+            if progress is not None:
+                progress(len(self.stats.finished), now)
+        return self.result(time.perf_counter() - started)
+
+    # --- RESULT -------------------------------------------------------------------------
+
+    def result(self, wall_s: float) -> dict[str, Any]:
+        stats = self.stats
+        jobs = self.jobs
+        first = min((j.submission_time for j in jobs), default=0.0)
+        last = max(stats.finished.values(), default=first)
+        makespan = last - first
+        waits = [
+            stats.first_admission[j.job_id] - j.submission_time
+            for j in jobs
+            if j.job_id in stats.first_admission
+        ]
+        demand: dict[str, float] = {}
+        for job in jobs:
+            team = self.team_of[job.job_id]
+            demand[team] = demand.get(team, 0.0) + job.num_gpu * job.duration
+        weights = entitlements(self.fleet)
+        delivered = sum(stats.team_gpu_s.values())
+        fair = weighted_max_min(delivered, demand, weights)
+        ratios = [stats.team_gpu_s.get(t, 0.0) / fair[t] for t in sorted(fair) if fair[t] > 0]
+        capacity_s = self.capacity_gpus * makespan
+        return {
+            "scheduler": self.options.label,
+            "jobs": len(jobs) + self.skipped,
+            "skipped_zero_gpu": self.skipped,
+            "admitted": len(stats.first_admission),
+            "completed": len(stats.finished),
+            "never_admitted": len(jobs) - len(stats.first_admission),
+            "makespan_s": round(makespan, 1),
+            "gpu_utilization": round(stats.busy_gpu_s / capacity_s, 4) if capacity_s else 0.0,
+            "goodput_utilization": round((stats.busy_gpu_s - stats.lost_gpu_s) / capacity_s, 4)
+            if capacity_s
+            else 0.0,
+            "mean_wait_s": round(sum(waits) / len(waits), 1) if waits else 0.0,
+            "p95_wait_s": round(percentile(waits, 95), 1),
+            "jain_fairness": round(jain_index(ratios), 4),
+            "team_gpu_hours": {t: round(v / 3600, 1) for t, v in sorted(stats.team_gpu_s.items())},
+            "preemptions": stats.preemptions,
+            "lost_gpu_hours": round(stats.lost_gpu_s / 3600, 1),
+            "island_violations": stats.island_violations,
+            "capacity_violations": stats.capacity_violations,
+            "cycles": stats.cycles,
+            "max_pending": stats.max_pending,
+            "engine_s": round(stats.engine_s, 2),
+            "wall_s": round(wall_s, 2),
+        }
+
+
+def replay(
+    fleet: Fleet,
+    jobs: list[TraceJob],
+    options: ReplayOptions | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``jobs`` on ``fleet`` and return the RESULT mapping."""
+    return Simulator(fleet, jobs, options or ReplayOptions()).run(progress)
