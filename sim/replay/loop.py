@@ -38,7 +38,7 @@ from service.engine import (
     admission_cycle,
 )
 from sim.fleet import Fleet
-from sim.replay.metrics import jain_index, percentile, weighted_max_min
+from sim.replay.metrics import contended_jain, jain_index, percentile, weighted_max_min
 from sim.replay.trace import TraceJob, stable_team
 
 __all__ = ["GPU", "ReplayOptions", "Simulator", "fifo_fleet", "replay"]
@@ -50,6 +50,8 @@ GPU = "nvidia.com/gpu"
 class ReplayOptions:
     cycle_interval: float = 60.0
     gpus_per_pod: int = 8
+    #: Window of the contended-fairness measure (seconds).
+    fairness_window: float = 3600.0
     engine: EngineConfig = field(default_factory=EngineConfig)
     label: str = "quartermaster"
 
@@ -76,6 +78,8 @@ class _Stats:
     capacity_violations: int = 0
     cycles: int = 0
     engine_s: float = 0.0
+    #: ``(team, gpus, start, end)`` of every run, completed or preempted.
+    runs: list[tuple[str, int, float, float]] = field(default_factory=list)
     max_pending: int = 0
 
 
@@ -93,8 +97,8 @@ def entitlements(fleet: Fleet) -> dict[str, float]:
     cq_of = {(lq.namespace, lq.name): lq.cluster_queue for lq in fleet.local_queues}
     sharing: dict[str, int] = {}
     for team, name in queues.items():
-        cq = cq_of[(team, name)]
-        sharing[cq] = sharing.get(cq, 0) + 1
+        cq_name = cq_of[(team, name)]
+        sharing[cq_name] = sharing.get(cq_name, 0) + 1
     nominal: dict[str, float] = {}
     for cq in fleet.cluster_queues:
         nominal[cq.name] = float(
@@ -221,6 +225,7 @@ class Simulator:
         self._place(run, -1)
         self._generation[key] = self._generation.get(key, 0) + 1
         gpus = run.job.num_gpu * (now - run.start)
+        self.stats.runs.append((run.team, run.job.num_gpu, run.start, now))
         self.stats.busy_gpu_s += gpus
         self.stats.team_gpu_s[run.team] = self.stats.team_gpu_s.get(run.team, 0.0) + gpus
         return run
@@ -355,6 +360,22 @@ class Simulator:
         fair = weighted_max_min(delivered, demand, weights)
         ratios = [stats.team_gpu_s.get(t, 0.0) / fair[t] for t in sorted(fair) if fair[t] > 0]
         capacity_s = self.capacity_gpus * makespan
+        presence = [
+            (
+                self.team_of[j.job_id],
+                j.num_gpu,
+                j.submission_time,
+                stats.finished.get(j.job_id, last),
+            )
+            for j in jobs
+        ]
+        windowed, contended = contended_jain(
+            stats.runs,
+            presence,
+            weights,
+            self.capacity_gpus,
+            self.options.fairness_window,
+        )
         return {
             "scheduler": self.options.label,
             "jobs": len(jobs) + self.skipped,
@@ -369,7 +390,9 @@ class Simulator:
             else 0.0,
             "mean_wait_s": round(sum(waits) / len(waits), 1) if waits else 0.0,
             "p95_wait_s": round(percentile(waits, 95), 1),
-            "jain_fairness": round(jain_index(ratios), 4),
+            "jain_fairness": round(windowed, 4),
+            "jain_fairness_whole_run": round(jain_index(ratios), 4),
+            "contended_windows": contended,
             "team_gpu_hours": {t: round(v / 3600, 1) for t, v in sorted(stats.team_gpu_s.items())},
             "preemptions": stats.preemptions,
             "lost_gpu_hours": round(stats.lost_gpu_s / 3600, 1),

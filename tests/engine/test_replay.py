@@ -13,7 +13,7 @@ from sim.cli import app as sim_app
 from sim.fleet import Fleet, fleet_from_mapping, load_fleet
 from sim.replay import ReplayOptions, TraceJob, fifo_fleet, load_trace, replay, stable_team
 from sim.replay.loop import fifo_options
-from sim.replay.metrics import jain_index, percentile, weighted_max_min
+from sim.replay.metrics import contended_jain, jain_index, percentile, weighted_max_min
 from sim.replay.trace import TraceError
 
 FLEETS = Path(__file__).resolve().parents[2] / "sim" / "fleets"
@@ -123,6 +123,20 @@ def test_metrics_helpers() -> None:
     assert share["a"] == pytest.approx(10.0)
     assert share["c"] == pytest.approx(2 * share["b"])
     assert sum(share.values()) == pytest.approx(100.0)
+
+
+def test_fairness_counts_only_contended_windows() -> None:
+    weights = {"a": 1.0, "b": 1.0}
+    # Both teams want 8 GPUs for the hour on a 8-GPU fleet; "a" gets them all.
+    presence = [("a", 8, 0.0, 3600.0), ("b", 8, 0.0, 3600.0)]
+    hog = [("a", 8, 0.0, 3600.0)]
+    index, windows = contended_jain(hog, presence, weights, 8, 3600.0)
+    assert windows == 1
+    assert index == pytest.approx(0.5)
+    shared = [("a", 4, 0.0, 3600.0), ("b", 4, 0.0, 3600.0)]
+    assert contended_jain(shared, presence, weights, 8, 3600.0) == (pytest.approx(1.0), 1)
+    # On a 16-GPU fleet nobody waits: no contended window, nothing to judge.
+    assert contended_jain(hog, presence, weights, 16, 3600.0) == (1.0, 0)
 
 
 # --- the loop ------------------------------------------------------------------------------
