@@ -16,6 +16,7 @@ workloads admitted before the cycle can), priority and age do not matter.
 
 from __future__ import annotations
 
+from service.domain.quota import LocalQueue
 from service.domain.workload import Admission, PodSetAssignment, RequeueState, Workload
 from service.engine.backoff import next_requeue_state
 from service.engine.flavors import (
@@ -31,7 +32,7 @@ from service.engine.ordering import ClusterQueueQueue, FairSelector, PlainSelect
 from service.engine.packing import GangPlacement
 from service.engine.preemption import find_preemption_plan
 from service.engine.quota import FlavorResource
-from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo
+from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo, selector_key
 from service.engine.types import (
     AdmissionDecision,
     CycleResult,
@@ -114,6 +115,7 @@ class _Cycle:
         #: Workloads that keep their place in a ClusterQueue but may not be tried now.
         self._held: dict[str, list[WorkloadInfo]] = {}
         self._last_epoch = 0
+        self._queueing_cache: dict[object, tuple[str, str, bool] | None] = {}
 
     # --- 1. evictions that do not depend on pending work ------------------------------------
 
@@ -219,6 +221,16 @@ class _Cycle:
                 f"Waiting for the requeue backoff to expire at {requeue_at:g}",
                 True,
             )
+        # The rest depends only on the queue, namespace, class and cluster selector.
+        key = (wl.queue_key, wl.workload_class, selector_key(wl.cluster_selector))
+        if key not in self._queueing_cache:
+            self._queueing_cache[key] = self._queue_problem(wl, lq, cq)
+        return self._queueing_cache[key]
+
+    def _queue_problem(
+        self, wl: Workload, lq: LocalQueue, cq: CQState
+    ) -> tuple[str, str, bool] | None:
+        state = self.state
         if cq.spec.stop_policy != "None":
             return "ClusterQueueStopped", f"ClusterQueue {cq.name} is stopped", True
         if lq.stop_policy != "None":

@@ -40,6 +40,8 @@ class PodSetRequest:
     #: Domain level for required/preferred: ``None`` is the island level.
     level: str | None
     eligible: Mapping[int, Island]
+    #: The node flavors of the eligible islands, sorted (``None``: compute).
+    node_flavors: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +64,9 @@ def _primary_need(island: Island, request: PodSetRequest) -> int:
 
 
 def _node_flavors(request: PodSetRequest) -> list[str]:
-    return sorted({island.node_flavor for island in request.eligible.values()})
+    if request.node_flavors is None:
+        request.node_flavors = sorted({i.node_flavor for i in request.eligible.values()})
+    return request.node_flavors
 
 
 def _islands_best_fit(inventory: Inventory, request: PodSetRequest) -> Iterable[Island]:

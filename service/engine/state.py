@@ -19,7 +19,7 @@ from service.engine.placement import Inventory, Island, NodeState, Shape
 from service.engine.quota import FlavorResource, QuotaNode, QuotaTree
 from service.engine.types import LocalQueueUsage, Snapshot
 
-__all__ = ["AdmittedInfo", "CQState", "CycleState", "PodSetInfo", "WorkloadInfo"]
+__all__ = ["AdmittedInfo", "CQState", "CycleState", "PodSetInfo", "WorkloadInfo", "selector_key"]
 
 
 def shape_of(requests: Mapping[str, int]) -> Shape:
@@ -103,7 +103,7 @@ class WorkloadInfo:
                 (ps.shape, ps.mode, ps.level, ps.tolerations, ps.selector_items)
                 for ps in self.pod_sets
             ),
-            _selector_key(selector),
+            selector_key(selector),
             len(self.pod_sets),
         )
 
@@ -114,7 +114,7 @@ def _items(mapping: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(mapping.items()))
 
 
-def _selector_key(selector: LabelSelector | None) -> object:
+def selector_key(selector: LabelSelector | None) -> object:
     if selector is None:
         return None
     return (_items(selector.match_labels), selector.match_expressions)
@@ -224,6 +224,7 @@ class CycleState:
         self.eligible_cache: dict[object, dict[int, Island]] = {}
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
         self.mismatch_cache: dict[object, str | None] = {}
+        self.node_flavors_cache: dict[int, list[str]] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         self._init_lq_usage()
@@ -347,7 +348,7 @@ class CycleState:
         node_selector: Mapping[str, str],
         cluster_selector: LabelSelector | None,
     ) -> dict[int, Island]:
-        key = (flavors, tolerations, _items(node_selector), _selector_key(cluster_selector))
+        key = (flavors, tolerations, _items(node_selector), selector_key(cluster_selector))
         cached = self.eligible_cache.get(key)
         if cached is not None:
             return cached
@@ -377,7 +378,12 @@ class CycleState:
                 topology = self.topologies.get(flavor.topology_name or "") if flavor else None
                 if topology is not None and topology.levels and topology.levels[0] == level:
                     level = None
-        return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible)
+        node_flavors = self.node_flavors_cache.get(id(eligible))
+        if node_flavors is None:
+            # ``eligible`` lives in ``eligible_cache`` for the whole cycle: its id is stable.
+            node_flavors = sorted({island.node_flavor for island in eligible.values()})
+            self.node_flavors_cache[id(eligible)] = node_flavors
+        return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors)
 
     # --- mutation -------------------------------------------------------------------------
 
