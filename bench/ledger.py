@@ -137,7 +137,7 @@ def hammer(writers: int, seconds: float, case: tuple[str, str, int]) -> float:
     start.set()
     for proc in procs:
         proc.join()
-    return sum(counts) / (time.perf_counter() - started)
+    return float(sum(int(c) for c in counts[:])) / (time.perf_counter() - started)
 
 
 def _writer(

@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 from uuid import UUID
 
@@ -95,9 +95,16 @@ def entry_bytes(entry: LedgerEntry) -> bytes:
     return canonical_json(entry_document(entry.seq, item, entry.prev_hash))
 
 
+def in_utc(moment: datetime) -> datetime:
+    """``recorded_at`` as hashed: in UTC (a naive time is taken as UTC), so that
+    the ``isoformat()`` recomputed from what Postgres returns is the same."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def seal(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> LedgerEntry:
     """Make the entry that follows ``prev_hash`` at position ``seq``."""
-    clean = NewLedgerEntry(item.entry_id, item.kind, canonical_body(item.body), item.recorded_at)
+    body = canonical_body(item.body)
+    clean = NewLedgerEntry(item.entry_id, item.kind, body, in_utc(item.recorded_at))
     digest = hash_document(entry_document(seq, clean, prev_hash))
     return LedgerEntry(
         seq, clean.entry_id, clean.kind, clean.recorded_at, clean.body, prev_hash, digest

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from service.ledger.checkpoint import DEFAULT_ORIGIN, CheckpointError, NoteSigner, NoteVerifier
-from service.ledger.export import ExportRecord, read_ndjson, records_of
+from service.ledger.export import ExportRecord, read_ndjson
 from service.ledger.verify import VerifyReport, verify_ledger
 
 app = typer.Typer(
@@ -48,7 +48,7 @@ def _live_records(url: str) -> Iterator[Iterator[ExportRecord]]:
 
     engine = sa.create_engine(url)
     try:
-        yield records_of(PostgresLedgerReader(engine).entries())
+        yield PostgresLedgerReader(engine).records()
     finally:
         engine.dispose()
 
@@ -151,7 +151,7 @@ def export_command(
 
     engine = sa.create_engine(_database_url(database_url))
     try:
-        entries = PostgresLedgerReader(engine).entries()
+        entries = PostgresLedgerReader(engine).records()
         if str(out) == "-":
             sys.stdout.buffer.writelines(export_ndjson(entries))
         else:

@@ -46,15 +46,16 @@ def record_of(entry: LedgerEntry) -> ExportRecord:
     return ExportRecord(entry_document(entry.seq, item, entry.prev_hash), entry.entry_hash.hex())
 
 
-def export_line(entry: LedgerEntry) -> bytes:
+def export_line(entry: LedgerEntry | ExportRecord) -> bytes:
     """``{"entry":<RFC 8785 bytes>,"entry_hash":"<hex>"}`` and a newline: the
     RFC 8785 form of that object, as the inner document is already canonical."""
-    record = record_of(entry)
+    record = entry if isinstance(entry, ExportRecord) else record_of(entry)
     data = canonical_json(record.document)
     return b"".join((_PREFIX, data, _SUFFIX_START, record.entry_hash.encode(), b'"}\n'))
 
 
-def export_ndjson(entries: Iterable[LedgerEntry]) -> Iterator[bytes]:
+def export_ndjson(entries: Iterable[LedgerEntry | ExportRecord]) -> Iterator[bytes]:
+    """Lines of an export, from entries or from a reader's ``records()``."""
     for entry in entries:
         yield export_line(entry)
 

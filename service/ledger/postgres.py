@@ -8,7 +8,15 @@ from uuid import UUID
 
 from sqlalchemy import Connection, Engine
 
-from service.ledger.chain import LedgerEntry, NewLedgerEntry, Verification, seal, verify_chain
+from service.ledger.chain import (
+    CHAIN_VERSION,
+    LedgerEntry,
+    NewLedgerEntry,
+    Verification,
+    seal,
+    verify_chain,
+)
+from service.ledger.export import ExportRecord
 
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same
@@ -19,6 +27,10 @@ _FIND = "SELECT " + _COLUMNS + " FROM ledger_entries WHERE entry_id = ANY(%(ids)
 _INSERT = (
     "INSERT INTO ledger_entries (" + _COLUMNS + ") VALUES "
     "(%(seq)s, %(entry_id)s, %(kind)s, %(recorded_at)s, %(body)s, %(prev_hash)s, %(entry_hash)s)"
+)
+_RECORDS = (
+    "SELECT seq, entry_id::text, kind, recorded_at, body, encode(prev_hash, 'hex'), "
+    "encode(entry_hash, 'hex') FROM ledger_entries WHERE seq > %(after)s ORDER BY seq"
 )
 _MOVE_TIP = "UPDATE ledger_head SET seq = %(seq)s, entry_hash = %(entry_hash)s WHERE id = 1"
 
@@ -87,6 +99,8 @@ class PostgresLedgerReader:
         """Every entry after ``after_seq`` in order, streamed with a server-side
         cursor so that memory stays flat however long the ledger is."""
         with self._engine.connect() as conn:
+            # isoformat() of recorded_at is hashed: read it in UTC, as sealed.
+            conn.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
             result = conn.execution_options(stream_results=True, yield_per=batch)
             rows = result.exec_driver_sql(
                 f"SELECT {_COLUMNS} FROM ledger_entries WHERE seq > %(after)s ORDER BY seq",
@@ -94,6 +108,35 @@ class PostgresLedgerReader:
             )
             for row in rows:
                 yield _row_to_entry(row)
+
+    def records(self, after_seq: int = 0, batch: int = 5000) -> Iterator[ExportRecord]:
+        """Every entry after ``after_seq`` as the verifier and the export need
+        it, read lean: straight from psycopg's server-side cursor, ids and
+        hashes already text, no intermediate objects. Half the cost of
+        :meth:`entries` per row, and the same constant memory."""
+        raw = self._engine.raw_connection()
+        try:
+            conn = raw.driver_connection
+            assert conn is not None
+            with conn.transaction():
+                # isoformat() of recorded_at is hashed: read it in UTC, as sealed.
+                conn.execute("SET LOCAL TIME ZONE 'UTC'")
+                with conn.cursor(name="ledger_records") as cursor:
+                    cursor.itersize = batch
+                    cursor.execute(_RECORDS, {"after": after_seq})
+                    for seq, entry_id, kind, recorded_at, body, prev_hex, entry_hex in cursor:
+                        document = {
+                            "v": CHAIN_VERSION,
+                            "seq": seq,
+                            "entry_id": entry_id,
+                            "kind": kind,
+                            "recorded_at": recorded_at.isoformat(),
+                            "body": body,
+                            "prev_hash": prev_hex,
+                        }
+                        yield ExportRecord(document, entry_hex)
+        finally:
+            raw.close()
 
     def head(self) -> tuple[int, bytes]:
         with self._engine.connect() as conn:
