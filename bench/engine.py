@@ -178,11 +178,14 @@ def measure_one(pending: int, seed: int, mode: str, repeat: int) -> dict[str, An
     snap = snapshot(pending, seed, 1 if mode == "baseline" else None)
     before = _rss_mib()
     times = []
+    result = None
     for _ in range(repeat):
+        result = None  # let the previous cycle's result go before the next one
         started = time.perf_counter()
         result = admission_cycle(snap, 3600.0)
         times.append(time.perf_counter() - started)
     seconds = min(times)
+    assert result is not None
     admitted = len(result.admissions)
     gpus = sum(
         a.admission.pod_set_assignments[0].resource_usage.get(GPU, 0) for a in result.admissions
