@@ -246,6 +246,13 @@ class _GroupSearch:
         return self.wi.pod_sets[self.index]
 
     def quota_mode(self, name: str) -> _Trial:
+        if not self.result.usage and len(self.wi.pod_sets) == 1:
+            memo = self.state.quota_memo.get((self.wi.seq, name))
+            if memo is not None and memo[0] == self.state.usage_version.get(self.cq.root, 0):
+                _, mode, need, notes = memo
+                for note, reason in notes:
+                    self.notes.add(note, reason)
+                return _Trial(mode, need=set(need))
         trial = _Trial((FIT, 0))
         for resource in self.resources:
             fr = (name, resource)
@@ -352,15 +359,25 @@ def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | No
         return None
     fungibility = cq.spec.flavor_fungibility
     best: tuple[int, int] = (NO_FIT, 1 << 30)
+    stamp = state.usage_version.get(cq.root, 0)
     for name in cq.groups[group][1]:
         if _mismatch(state, name, ps) is not None:
             continue
         mode = (FIT, 0)
+        need: list[FlavorResource] = []
+        notes: list[tuple[QuotaNote, str]] = []
         for resource, value in ps.totals.items():
-            fmode, borrow, _, _ = _fits_quota(state, cq, (name, resource), value)
+            fr = (name, resource)
+            fmode, borrow, reason, note = _fits_quota(state, cq, fr, value)
+            if note is not None:
+                notes.append((note, reason))
             mode = _worse(mode, (fmode, borrow))
+            if fmode in (PREEMPT, NO_FIT):
+                need.append(fr)
             if fmode == NO_FIT:
                 break
+        # The admission attempt that usually follows at once reuses this.
+        state.quota_memo[(wi.seq, name)] = (stamp, mode, need, notes)
         if not should_try_next(mode, fungibility):
             return mode
         if is_preferred(mode, best, fungibility):

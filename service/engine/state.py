@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from service.domain.quota import (
     ClusterQueue,
@@ -225,6 +226,11 @@ class CycleState:
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
         self.mismatch_cache: dict[object, str | None] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
+        #: ``(workload seq, flavor) -> (usage stamp, mode, needs, notes)`` of a quota check
+        #: (see ``flavors.quota_mode_only``); valid while the stamp is unchanged.
+        self.quota_memo: dict[
+            tuple[int, str], tuple[int, tuple[int, int], list[Any], list[Any]]
+        ] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         self._init_lq_usage()
