@@ -179,11 +179,12 @@ class _Cycle:
         state = self.state
         by_cq: dict[str, list[WorkloadInfo]] = {}
         seen: set[str] = set()
-        for seq, wl in enumerate(sorted(pending, key=lambda w: (w.ordering_time, w.key))):
-            if wl.key in seen or wl.key in state.admitted:
+        keyed = sorted((wl.ordering_time, wl.key, i, wl) for i, wl in enumerate(pending))
+        for seq, (_, key, _, wl) in enumerate(keyed):
+            if key in seen or key in state.admitted:
                 continue
-            seen.add(wl.key)
-            wi = WorkloadInfo(wl, state.priority_of(wl), seq)
+            seen.add(key)
+            wi = WorkloadInfo(wl, state.priority_of(wl), seq, key)
             lq = state.local_queues.get(wl.queue_key)
             cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
             wi.cq = cq

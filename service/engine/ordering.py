@@ -32,7 +32,17 @@ def queue_key(wi: WorkloadInfo) -> tuple[int, float, int]:
 class ClusterQueueQueue:
     """The pending workloads of one ClusterQueue, in admission order."""
 
-    __slots__ = ("_heap", "_lqs", "_pos", "_usage", "_version", "attempted", "blocked_by", "name")
+    __slots__ = (
+        "_heap",
+        "_lqs",
+        "_pos",
+        "_usage",
+        "_usage_of",
+        "_version",
+        "attempted",
+        "blocked_by",
+        "name",
+    )
 
     def __init__(self, name: str, workloads: list[WorkloadInfo], usage: Callable[[str], float]):
         self.name = name
@@ -43,6 +53,8 @@ class ClusterQueueQueue:
         for items in self._lqs.values():
             items.sort(key=queue_key)
         self._pos = dict.fromkeys(self._lqs, 0)
+        #: Each LocalQueue's admission fair-sharing value, until its usage changes.
+        self._usage_of = {lq: usage(lq) for lq in self._lqs}
         self._version = dict.fromkeys(self._lqs, 0)
         self._heap: list[tuple[float, int, float, int, int, str]] = []
         for lq in sorted(self._lqs):
@@ -58,7 +70,7 @@ class ClusterQueueQueue:
         wi = items[position]
         heapq.heappush(
             self._heap,
-            (self._usage(lq), -wi.priority, wi.time, wi.seq, self._version[lq], lq),
+            (self._usage_of[lq], -wi.priority, wi.time, wi.seq, self._version[lq], lq),
         )
 
     def head(self) -> WorkloadInfo | None:
@@ -88,6 +100,7 @@ class ClusterQueueQueue:
 
     def usage_changed(self, lq: str) -> None:
         if lq in self._lqs:
+            self._usage_of[lq] = self._usage(lq)
             self._version[lq] += 1
             self._push(lq)
 

@@ -72,9 +72,9 @@ class WorkloadInfo:
         "wl",
     )
 
-    def __init__(self, wl: Workload, priority: int, seq: int) -> None:
+    def __init__(self, wl: Workload, priority: int, seq: int, key: str | None = None) -> None:
         self.wl = wl
-        self.key = wl.key
+        self.key = wl.key if key is None else key
         self.priority = priority
         self.time = wl.ordering_time
         self.seq = seq
