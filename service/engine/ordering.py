@@ -115,14 +115,16 @@ class ClusterQueueQueue:
 
 
 class PlainSelector:
-    """Kueue's classical entry order across ClusterQueues, re-keyed lazily.
+    """Kueue's classical entry order across ClusterQueues, keyed lazily.
 
     The key of a head is ``(borrowing level, -priority, time, seq)``; the
-    borrowing level needs a flavor assignment against current usage. Within a
-    cycle usage only grows (until an eviction, after which every head is
-    re-keyed), so keys only grow: a popped key is recomputed only when usage in
-    the ClusterQueue's quota tree changed since it was computed (``stamp``), and
-    pushed back if it now sorts later.
+    borrowing level needs a quota check against current usage. A new head
+    enters the heap with level 0, a lower bound, and its true key is computed
+    when it reaches the top (the admission attempt that follows reuses that
+    check); if it then sorts later, it goes back in. Within a cycle usage only
+    grows (until an eviction, after which every head is re-keyed), so keys only
+    grow: a key is recomputed only when usage in the ClusterQueue's quota tree
+    changed since it was computed (``stamp``).
     """
 
     def __init__(
@@ -149,9 +151,10 @@ class PlainSelector:
     def update(self, cq: str) -> None:
         version = self._version.get(cq, 0) + 1
         self._version[cq] = version
-        key = self._keyed(cq)
-        if key is not None:
-            heapq.heappush(self._heap, (key, version, cq))
+        self._stamps.pop(cq, None)
+        wi = self._head(cq)
+        if wi is not None:
+            heapq.heappush(self._heap, ((0, -wi.priority, wi.time, wi.seq), version, cq))
 
     def pop(self) -> str | None:
         heap = self._heap
