@@ -48,13 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.app.bootstrap import make_engine
 from service.app.migrate import upgrade
-from service.ledger.chain import GENESIS_HASH, LedgerEntry, NewLedgerEntry, entry_bytes, seal
+from service.ledger.chain import GENESIS_HASH, NewLedgerEntry, entry_bytes, seal
 from service.ledger.checkpoint import Checkpoint, NoteSigner, sign_checkpoint
 from service.ledger.entries import (
     WorkloadAdmitted,
     WorkloadFinished,
     WorkloadSubmitted,
 )
+from service.ledger.export import ExportRecord
 from service.ledger.merkle import CompactRange, leaf_hash
 from service.ledger.postgres import PostgresLedgerWriter
 from tests.harness import postgres_server, reset_database, scratch_database
@@ -289,14 +290,13 @@ def verify_live(url: str, note: str, older: str, vkey: str) -> dict[str, Any]:
     import sqlalchemy as sa
 
     from service.ledger.checkpoint import NoteVerifier
-    from service.ledger.export import records_of
     from service.ledger.postgres import PostgresLedgerReader
     from service.ledger.verify import verify_ledger
 
     engine = sa.create_engine(url)
     started = time.perf_counter()
-    entries = PostgresLedgerReader(engine).entries()
-    report = verify_ledger(records_of(entries), note, NoteVerifier.from_key(vkey), [older])
+    records = PostgresLedgerReader(engine).records()
+    report = verify_ledger(records, note, NoteVerifier.from_key(vkey), [older])
     seconds = time.perf_counter() - started
     engine.dispose()
     return {"ok": report.ok, "entries": report.entries, "seconds": round(seconds, 2)}
@@ -322,11 +322,11 @@ def export_file(url: str, path: str, limit: int | None) -> dict[str, Any]:
 
     engine = sa.create_engine(url)
     started, lines = time.perf_counter(), 0
-    entries: Iterator[LedgerEntry] = PostgresLedgerReader(engine).entries()
+    records: Iterator[ExportRecord] = PostgresLedgerReader(engine).records()
     if limit is not None:
-        entries = islice(entries, limit)
+        records = islice(records, limit)
     with open(path, "wb") as handle:
-        for line in export_ndjson(entries):
+        for line in export_ndjson(records):
             handle.write(line)
             lines += 1
     seconds = time.perf_counter() - started
