@@ -185,7 +185,7 @@ class _Cycle:
                 continue
             seen.add(key)
             wi = WorkloadInfo(wl, state.priority_of(wl), seq, key)
-            lq = state.local_queues.get(wl.queue_key)
+            lq = state.local_queues.get(wi.lq)
             cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
             wi.cq = cq
             problem = self._queueing_problem(wi, lq is not None, cq)
@@ -212,7 +212,7 @@ class _Cycle:
             return "Inactive", "The workload is deactivated", False
         if not lq_exists:
             return "LocalQueueNotFound", f"LocalQueue {wl.queue_name} doesn't exist", False
-        lq = state.local_queues[wl.queue_key]
+        lq = state.local_queues[wi.lq]
         if cq is None:
             return "ClusterQueueNotFound", f"ClusterQueue {lq.cluster_queue} doesn't exist", False
         requeue_at = wl.requeue_state.requeue_at if wl.requeue_state is not None else None
@@ -223,7 +223,7 @@ class _Cycle:
                 True,
             )
         # The rest depends only on the queue, namespace, class and cluster selector.
-        key = (wl.queue_key, wl.workload_class, selector_key(wl.cluster_selector))
+        key = (wi.lq, wl.workload_class, selector_key(wl.cluster_selector))
         if key not in self._queueing_cache:
             self._queueing_cache[key] = self._queue_problem(wl, lq, cq)
         return self._queueing_cache[key]

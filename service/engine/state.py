@@ -24,7 +24,10 @@ __all__ = ["AdmittedInfo", "CQState", "CycleState", "PodSetInfo", "WorkloadInfo"
 
 
 def shape_of(requests: Mapping[str, int]) -> Shape:
-    return tuple(sorted((r, a) for r, a in requests.items() if a > 0))
+    items = sorted(requests.items())
+    if all(a > 0 for _, a in items):
+        return tuple(items)
+    return tuple((r, a) for r, a in items if a > 0)
 
 
 class PodSetInfo:
