@@ -231,8 +231,8 @@ class FleetMachine(RuleBasedStateMachine):
 
 
 FleetMachine.TestCase.settings = settings(
-    max_examples=30,
-    stateful_step_count=25,
+    max_examples=100,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
