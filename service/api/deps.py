@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 
 from service.app.auth import Principal
 from service.app.bootstrap import Services as Container
-from service.app.errors import AppError, Unauthorized
+from service.app.errors import AppError, Invalid, Unauthorized
 from service.app.resources import Actor
 
 JSON_TYPES = ("application/json", "application/merge-patch+json", "")
@@ -73,18 +73,66 @@ async def read_body(request: Request, limit: int) -> Any:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not raw.strip():
         raise BadBody("the request needs a body", [("", "empty body")])
+    return _storable(_parse(bytes(raw), media))
+
+
+def _parse(raw: bytes, media: str) -> Any:
     if media in YAML_TYPES:
         try:
-            return yaml.safe_load(bytes(raw))
+            loaded = yaml.safe_load(raw)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise BadBody(f"malformed YAML{where}", [("", str(error))]) from None
+        # As the API server does: YAML becomes JSON (timestamps as strings,
+        # keys as strings), so that both media types mean the same.
+        return _parse(json.dumps(loaded, default=str).encode(), "application/json")
     if media in JSON_TYPES or media.endswith("+json"):
         try:
-            return json.loads(bytes(raw))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            return json.loads(raw, parse_constant=_no_constant)
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:
             raise BadBody(f"malformed JSON: {error}", [("", str(error))]) from None
     raise UnsupportedMedia(
         f"content type {media!r} is not supported; use application/json or application/yaml"
     )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _bad_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "must not contain NUL characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (no lone surrogates)"
+    return None
+
+
+def _storable(body: Any) -> Any:
+    """Postgres JSONB stores neither NUL characters nor lone surrogates;
+    refuse them up front, naming where they are."""
+    problems: list[tuple[str, str]] = []
+
+    def walk(value: Any, path: str) -> None:
+        if len(problems) >= 20:
+            return
+        if isinstance(value, str):
+            if (why := _bad_text(value)) is not None:
+                problems.append((path, why))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and (why := _bad_text(key)) is not None:
+                    problems.append((child, f"key {why}"))
+                walk(item, child)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]")
+
+    walk(body, "")
+    if problems:
+        raise Invalid("the body contains text that cannot be stored", problems)
+    return body

@@ -145,7 +145,39 @@ def install(app: FastAPI) -> None:
             },
         }
         components["Problem"] = problem
+        _document_problems(document)
         app.openapi_schema = document
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+_ERRORS = {
+    "400": "Malformed body",
+    "401": "No or unknown bearer token",
+    "403": "The caller's role does not allow this",
+    "404": "Not found",
+    "405": "Method not allowed",
+    "409": "Conflict: exists, stale resourceVersion, in use, or idempotency key in flight",
+    "413": "Body too large",
+    "415": "Unsupported media type",
+    "422": "Invalid: every field at fault is listed",
+    "429": "Rate limited: see Retry-After",
+}
+
+
+def _document_problems(document: dict[str, Any]) -> None:
+    """Every operation may answer with a problem+json error."""
+    body = {"application/problem+json": {"schema": {"$ref": REF.format(model="Problem")}}}
+    for path, operations in document.get("paths", {}).items():
+        public = path in ("/healthz", "/readyz", "/metrics")
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for status, description in _ERRORS.items():
+                if public and status not in ("405", "503"):
+                    continue
+                responses[status] = {"description": description, "content": body}
+            if path == "/readyz":
+                responses["503"] = {"description": "Not ready", "content": body}
+    document.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+    document.get("components", {}).get("schemas", {}).pop("ValidationError", None)

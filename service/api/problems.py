@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from service.app.errors import AppError
 
@@ -57,6 +58,15 @@ _STATUS_KINDS = {
 }
 
 
+def _allowed(app: FastAPI, request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(AppError)
     async def app_error(request: Request, error: AppError) -> JSONResponse:
@@ -73,6 +83,10 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         kind, title = _STATUS_KINDS.get(error.status_code, ("http-error", "HTTP error"))
         headers = dict(error.headers) if error.headers else None
+        if error.status_code == 405:
+            # Starlette names only the first route that matched the path;
+            # list every method any route on this path accepts.
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed(app, request))}
         return problem(error.status_code, kind, title, str(error.detail), headers=headers)
 
     @app.exception_handler(Exception)

@@ -327,6 +327,9 @@ def workload_router() -> APIRouter:
 
     @router.post(
         "/v1/namespaces/{namespace}/bulk/workloads",
+        responses={
+            207: {"description": "Some items failed; each result says why"},
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -354,6 +357,12 @@ def workload_router() -> APIRouter:
         items = body.get("items") if isinstance(body, dict) else None
         if not isinstance(items, list):
             raise Invalid("a bulk body is {items: [...]}", [("items", "expected an array")])
+        not_objects = [i for i, item in enumerate(items) if not isinstance(item, dict)]
+        if not_objects:
+            raise Invalid(
+                "every item must be an object",
+                [(f"items[{i}]", "expected an object") for i in not_objects[:100]],
+            )
         if len(items) > MAX_BULK:
             raise Invalid(
                 f"at most {MAX_BULK} items per request", [("items", f"{len(items)} items")]

@@ -110,7 +110,9 @@ def parse_object(kind: Kind, body: Any, namespace: str | None) -> tuple[ObjectMe
     allowed_top = {"apiVersion", "kind", "metadata", "status"} | (
         set(kind.spec.model_fields) if kind.flat else {"spec"}
     )
-    problems += [(key, "unknown field") for key in body if key not in allowed_top]
+    problems += [(str(key), "unknown field") for key in body if key not in allowed_top]
+    if not kind.flat and "spec" not in body:
+        problems.append(("spec", "Field required"))
     meta: ObjectMeta | None = None
     spec: BaseModel | None = None
     try:

@@ -35,7 +35,9 @@ Quantity = Annotated[int | str, Field(description="A Kubernetes quantity, e.g. 8
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Strict: a boolean is not a number and a number is not a string, as in
+    # the Kubernetes API server's OpenAPI validation.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 def _check_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -76,6 +78,16 @@ class ObjectMeta(Strict):
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         return _check_labels(value)
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if len(key) > 316 or not _QUALIFIED.match(key):
+                raise ValueError(f"annotation key {key!r} is not a qualified name")
+        if sum(len(k) + len(v) for k, v in value.items()) > 256 * 1024:
+            raise ValueError("annotations may total at most 256 KiB")
+        return value
 
 
 # -- ResourceFlavor, Topology ------------------------------------------------------------

@@ -229,7 +229,7 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     problems = Problems()
     kind = manifest.get("kind")
     api_version = manifest.get("apiVersion")
-    if kind not in JOB_KINDS:
+    if not isinstance(kind, str) or kind not in JOB_KINDS:
         raise SubmissionError("unsupported-kind", [("kind", f"unsupported kind {kind!r}")])
     if api_version not in JOB_KINDS[kind]:
         raise SubmissionError(
@@ -275,9 +275,12 @@ def parse_submission(body: Any) -> WorkloadObject:
     """A Workload from any accepted submission shape; SubmissionError otherwise."""
     if not isinstance(body, Mapping):
         raise SubmissionError("invalid", [("", "the body must be an object")])
-    if body.get("kind") in JOB_KINDS:
+    kind = body.get("kind", "Workload")
+    if not isinstance(kind, str):
+        raise SubmissionError("invalid", [("kind", "must be a string")])
+    if kind in JOB_KINDS:
         body = workload_from_job(body)
-    elif body.get("kind", "Workload") != "Workload":
+    elif kind != "Workload":
         raise SubmissionError("unsupported-kind", [("kind", f"unsupported kind {body['kind']!r}")])
     elif body.get("apiVersion", WORKLOAD_API_VERSIONS[0]) not in WORKLOAD_API_VERSIONS:
         raise SubmissionError(

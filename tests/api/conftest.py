@@ -23,7 +23,9 @@ ADMIN_TOKEN = "test-bootstrap-admin-token"
 
 
 @contextmanager
-def serve(database_url: str, **overrides: Any) -> Iterator[tuple[str, Services]]:
+def serve(
+    database_url: str, server_options: dict[str, Any] | None = None, **overrides: Any
+) -> Iterator[tuple[str, Services]]:
     settings = Settings(
         database_url=database_url,
         bootstrap_token=ADMIN_TOKEN,
@@ -35,7 +37,12 @@ def serve(database_url: str, **overrides: Any) -> Iterator[tuple[str, Services]]
     services = bootstrap(settings)
     port = free_port()
     config = uvicorn.Config(
-        create_app(services), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        create_app(services),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        **(server_options or {}),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
