@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import Any
-from uuid import UUID
 
 from sqlalchemy import Connection, Engine
 
@@ -21,8 +20,14 @@ from service.ledger.export import ExportRecord
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same
 # reason as event_head (see service/eventstore/postgres.py): seq stays
-# gap-free and every appender chains onto the committed tip.
+# gap-free and every appender chains onto the committed tip. Unlike events,
+# an entry's hash needs its predecessor's, so the lock must be taken before
+# sealing and is held across round trips; we keep them to two (lock + look-up
+# pipelined, then INSERT + tip move pipelined) before the caller's COMMIT.
 _LOCK_TIP = "SELECT seq, entry_hash FROM ledger_head WHERE id = 1 FOR UPDATE"
+# Runs after the lock is granted (pipelined statements run one after the
+# other, and under READ COMMITTED each takes a fresh snapshot), so it sees
+# every entry committed by the appender we waited for: no duplicate can slip in.
 _FIND = "SELECT " + _COLUMNS + " FROM ledger_entries WHERE entry_id = ANY(%(ids)s)"
 _INSERT = (
     "INSERT INTO ledger_entries (" + _COLUMNS + ") VALUES "
@@ -50,31 +55,42 @@ class PostgresLedgerWriter:
 
     def append(self, entries: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
         """Seal and store ``entries`` after the tip; an ``entry_id`` already in
-        the ledger is not stored again and its original entry is returned."""
+        the ledger (or earlier in ``entries``) is not stored again and its
+        original entry is returned."""
         if not entries:
             return []
-        known = self._find([e.entry_id for e in entries])
-        fresh = [e for e in entries if e.entry_id not in known]
-        sealed = self._seal_after_tip(fresh) if fresh else []
+        raw = self._psycopg()
+        with raw.pipeline():
+            tip_cursor = raw.execute(_LOCK_TIP)
+            found = raw.execute(_FIND, {"ids": list({e.entry_id: e for e in entries})})
+        head = tip_cursor.fetchone()
+        if head is None:
+            raise RuntimeError("ledger_head has no row: is the database migrated?")
+        seq, tip = head
+        known = {entry.entry_id: entry for entry in map(_row_to_entry, found.fetchall())}
+        fresh = list({e.entry_id: e for e in entries if e.entry_id not in known}.values())
+        sealed = self._seal(fresh, int(seq), bytes(tip)) if fresh else []
         by_id = {**known, **{s.entry_id: s for s in sealed}}
         return [by_id[e.entry_id] for e in entries]
 
-    def _seal_after_tip(self, fresh: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
-        seq, tip = self._conn.exec_driver_sql(_LOCK_TIP).one()
+    def _seal(self, fresh: Sequence[NewLedgerEntry], seq: int, tip: bytes) -> list[LedgerEntry]:
         sealed: list[LedgerEntry] = []
-        previous, next_seq = bytes(tip), int(seq) + 1
+        previous, next_seq = tip, seq + 1
         for item in fresh:
             entry = seal(next_seq, item, previous)
             sealed.append(entry)
             previous, next_seq = entry.entry_hash, next_seq + 1
-        self._conn.exec_driver_sql(_INSERT, [_params(e) for e in sealed])
         last = sealed[-1]
-        self._conn.exec_driver_sql(_MOVE_TIP, {"seq": last.seq, "entry_hash": last.entry_hash})
+        raw = self._psycopg()
+        with raw.pipeline(), raw.cursor() as cursor:
+            cursor.executemany(_INSERT, [_params(e) for e in sealed])
+            cursor.execute(_MOVE_TIP, {"seq": last.seq, "entry_hash": last.entry_hash})
         return sealed
 
-    def _find(self, ids: Sequence[UUID]) -> dict[UUID, LedgerEntry]:
-        rows = self._conn.exec_driver_sql(_FIND, {"ids": list(ids)})
-        return {entry.entry_id: entry for entry in map(_row_to_entry, rows)}
+    def _psycopg(self) -> Any:
+        """The psycopg connection under the caller's transaction (pipelines
+        are psycopg's, not SQLAlchemy's)."""
+        return self._conn.connection.driver_connection
 
 
 def _params(entry: LedgerEntry) -> dict[str, Any]:

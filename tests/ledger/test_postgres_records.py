@@ -69,3 +69,19 @@ def test_verifies_in_any_database_time_zone(engine: sa.Engine, database_url: str
         with engine.connect() as conn:
             conn.exec_driver_sql(f'ALTER DATABASE "{name}" RESET timezone')
             conn.commit()
+
+
+def test_repeats_in_a_batch_and_across_calls_are_stored_once(engine: sa.Engine) -> None:
+    a, b, c = (NewLedgerEntry(uuid.uuid4(), "quota.changed", {"n": i}, T0) for i in range(3))
+    with SqlUnitOfWork(engine) as uow:
+        first = uow.record([a, b, a])
+        second = uow.record([b, c])  # the same transaction, the tip already ours
+        uow.commit()
+    with SqlUnitOfWork(engine) as uow:
+        again = uow.record([c, a])
+        uow.commit()
+    assert [e.seq for e in first] == [1, 2, 1]
+    assert [e.seq for e in second] == [2, 3]
+    assert [e.seq for e in again] == [3, 1]
+    reader = PostgresLedgerReader(engine)
+    assert reader.head()[0] == 3 and reader.verify().ok
