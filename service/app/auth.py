@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID, uuid4
 
+import jwt
 from sqlalchemy import Engine, select
 
 from service.app.errors import Forbidden, Invalid, NotFound, Unauthorized
@@ -80,20 +81,77 @@ class IssuedToken:
     created_at: datetime
 
 
+@dataclass(frozen=True)
+class OidcConfig:
+    issuer: str
+    audience: str
+    jwks_url: str
+    roles_claim: str = "groups"
+    namespaces_claim: str = "namespaces"
+
+
+def _claim_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return value.replace(",", " ").split()
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return []
+
+
+class OidcVerifier:
+    """Verifies an OIDC ID or access token (a JWT) against the issuer's JWKS
+    (cached by PyJWT's client, refetched on an unknown key id), and maps a
+    claim to roles: every value that names a role grants it."""
+
+    ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA")
+
+    def __init__(self, config: OidcConfig) -> None:
+        self._config = config
+        self._keys = jwt.PyJWKClient(config.jwks_url, cache_keys=True, lifespan=600)
+
+    def verify(self, token: str) -> Principal:
+        try:
+            key = self._keys.get_signing_key_from_jwt(token)
+            claims = jwt.decode(
+                token,
+                key.key,
+                algorithms=list(self.ALGORITHMS),
+                audience=self._config.audience,
+                issuer=self._config.issuer,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except (jwt.PyJWTError, jwt.PyJWKClientError) as error:
+            raise Unauthorized(f"the OIDC token was refused: {error}") from None
+        known = {role.value for role in Role}
+        roles = frozenset(
+            Role(v) for v in _claim_list(claims.get(self._config.roles_claim)) if v in known
+        )
+        namespaces = frozenset(_claim_list(claims.get(self._config.namespaces_claim)))
+        return Principal(f"oidc:{claims['sub']}", roles, namespaces)
+
+
+def looks_like_jwt(token: str) -> bool:
+    return token.count(".") == 2 and token.startswith("ey")
+
+
 class TokenService:
     def __init__(
         self,
         engine: Engine,
         unit_of_work: Any,
         bootstrap_token: str | None = None,
+        oidc: OidcConfig | None = None,
     ) -> None:
         self._engine = engine
         self._uow = unit_of_work
         self._bootstrap = bootstrap_token
+        self._oidc = OidcVerifier(oidc) if oidc else None
 
     def authenticate(self, token: str) -> Principal:
         if self._bootstrap and hmac.compare_digest(token.encode(), self._bootstrap.encode()):
             return Principal("bootstrap", frozenset({Role.ADMIN}), frozenset({"*"}))
+        if self._oidc is not None and looks_like_jwt(token):
+            return self._oidc.verify(token)
         with self._engine.connect() as conn:
             row = conn.execute(
                 select(api_tokens.c.name, api_tokens.c.role, api_tokens.c.namespaces).where(

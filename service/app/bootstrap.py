@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, create_engine
 
-from service.app.auth import TokenService
+from service.app.auth import OidcConfig, TokenService
 from service.app.crypto import SecretBox
 from service.app.events import EventQueries
 from service.app.idempotency import IdempotencyStore
@@ -52,6 +52,18 @@ def make_engine(database_url: str, pool_size: int = 10) -> Engine:
     )
 
 
+def _oidc(settings: Settings) -> OidcConfig | None:
+    if not (settings.oidc_issuer and settings.oidc_jwks_url):
+        return None
+    return OidcConfig(
+        issuer=settings.oidc_issuer,
+        audience=settings.oidc_audience or "quartermaster",
+        jwks_url=settings.oidc_jwks_url,
+        roles_claim=settings.oidc_roles_claim,
+        namespaces_claim=settings.oidc_namespaces_claim,
+    )
+
+
 def bootstrap(settings: Settings, database_url: str | None = None) -> Services:
     url = database_url or settings.database_url
     if not url:
@@ -69,7 +81,7 @@ def bootstrap(settings: Settings, database_url: str | None = None) -> Services:
         ledger=PostgresLedgerReader(engine),
         projections=ProjectionRunner(engine, all_projections()),
         unit_of_work=unit_of_work,
-        authenticator=TokenService(engine, unit_of_work, settings.bootstrap_token),
+        authenticator=TokenService(engine, unit_of_work, settings.bootstrap_token, _oidc(settings)),
         resources=resources,
         submissions=SubmissionService(engine, unit_of_work, resources),
         event_queries=EventQueries(engine),
