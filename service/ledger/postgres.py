@@ -16,6 +16,7 @@ from service.ledger.chain import (
     verify_chain,
 )
 from service.ledger.export import ExportRecord
+from service.ledger.query import LedgerQuery, select_statement
 
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same
@@ -153,6 +154,14 @@ class PostgresLedgerReader:
                         yield ExportRecord(document, entry_hex)
         finally:
             raw.close()
+
+    def query(self, query: LedgerQuery) -> list[LedgerEntry]:
+        """One page of entries answering ``query``; pass the last ``seq`` as
+        ``after_seq`` (``before_seq`` when newest first) for the next page."""
+        sql, params = select_statement(query, _COLUMNS)
+        with self._engine.connect() as conn:
+            conn.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
+            return [_row_to_entry(row) for row in conn.exec_driver_sql(sql, params)]
 
     def head(self) -> tuple[int, bytes]:
         with self._engine.connect() as conn:
