@@ -333,7 +333,7 @@ def _job_immutable(old: Obj, new: Obj) -> list[Cause]:
             Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.completions")
         )
     old_template, new_template = old.get("template") or {}, new.get("template") or {}
-    if old.get("suspend") and new.get("suspend") is not None:
+    if old_template != new_template and old.get("suspend") and new.get("suspend") is not None:
         old_template = _without_mutable(old_template)
         new_template = _without_mutable(new_template)
     if old_template != new_template:

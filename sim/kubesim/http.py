@@ -701,6 +701,12 @@ def _parse(raw: bytes, content_type: str) -> Any:
         raise errors.bad_request("the request body is empty")
     try:
         if "yaml" in content_type:
+            # Clients mostly send JSON, which is YAML too; the JSON parser is 50x faster.
+            if raw.lstrip()[:1] in (b"{", b"["):
+                try:
+                    return json.loads(raw)
+                except ValueError:
+                    pass
             return yaml.load(raw, Loader=yaml.CSafeLoader)
         return json.loads(raw)
     except (ValueError, yaml.YAMLError) as error:

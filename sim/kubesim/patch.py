@@ -49,16 +49,26 @@ def _unprocessable(message: str) -> ApiError:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386."""
+    """RFC 7386 (``target`` is not modified)."""
     if not isinstance(patch, dict):
         return clone(patch)
     result = clone(target) if isinstance(target, dict) else {}
+    _merge_into(result, patch)
+    return result
+
+
+def _merge_into(result: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Merge ``patch`` into ``result`` in place (``result`` is already our own copy)."""
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
+        elif isinstance(value, dict):
+            current = result.get(key)
+            if not isinstance(current, dict):
+                current = result[key] = {}
+            _merge_into(current, value)
         else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+            result[key] = clone(value)
 
 
 # -- RFC 6902 ------------------------------------------------------------------------------
