@@ -339,6 +339,76 @@ def export_file(url: str, path: str, limit: int | None) -> dict[str, Any]:
     }
 
 
+# --- auditor queries ---------------------------------------------------------------------
+
+# What migration 0004 should add for the auditor queries (service/ledger/query.py):
+# one GIN index serves every field and flavor filter, one btree the time range.
+QUERY_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS ix_ledger_entries_body ON ledger_entries "
+    "USING gin (body jsonb_path_ops)",
+    "CREATE INDEX IF NOT EXISTS ix_ledger_entries_recorded_at ON ledger_entries (recorded_at)",
+)
+
+
+def auditor_queries(url: str, n: int, rounds: int) -> dict[str, Any]:
+    """p50/p99 of one page (100 entries) of typical filtered queries through
+    the reader, against an unfiltered page of the same size as the baseline."""
+    import random
+    import statistics
+
+    import sqlalchemy as sa
+
+    from service.ledger.postgres import PostgresLedgerReader
+    from service.ledger.query import LedgerQuery
+
+    rng = random.Random(4)
+    end = T0 + timedelta(milliseconds=n * 37)
+
+    def at(fraction: float) -> datetime:
+        return T0 + (end - T0) * fraction
+
+    def after() -> int | None:
+        return rng.randrange(n) if rng.random() < 0.5 else None
+
+    shapes: dict[str, Callable[[], LedgerQuery]] = {
+        "unfiltered (baseline)": lambda: LedgerQuery(after_seq=after()),
+        "namespace": lambda: LedgerQuery(namespace=f"team-{rng.randrange(17)}", after_seq=after()),
+        "namespace+kind": lambda: LedgerQuery(
+            namespace=f"team-{rng.randrange(17)}", kinds=("workload.admitted",), after_seq=after()
+        ),
+        "workload": lambda: LedgerQuery(
+            namespace=f"team-{rng.randrange(17)}", workload=f"train-{rng.randrange(n // 3)}"
+        ),
+        "flavor newest first": lambda: LedgerQuery(flavor="h100", newest_first=True),
+        "kind+time range": lambda: LedgerQuery(
+            kinds=("workload.finished",), since=at(x := rng.random() * 0.99), until=at(x + 0.01)
+        ),
+    }
+    engine = sa.create_engine(url)
+    reader = PostgresLedgerReader(engine)
+    results: dict[str, Any] = {}
+    everything: list[float] = []
+    for name, make in shapes.items():
+        timings = []
+        for _ in range(rounds):
+            query = make()
+            started = time.perf_counter()
+            reader.query(query)
+            timings.append((time.perf_counter() - started) * 1000)
+        timings.sort()
+        if name != "unfiltered (baseline)":
+            everything += timings
+        results[name] = {
+            "p50_ms": round(statistics.median(timings), 2),
+            "p99_ms": round(timings[int(len(timings) * 0.99) - 1], 2),
+        }
+        log(f"  {name:>22}: {results[name]}")
+    everything.sort()
+    results["all_filtered_p99_ms"] = round(everything[int(len(everything) * 0.99) - 1], 2)
+    engine.dispose()
+    return results
+
+
 # --- the run ---------------------------------------------------------------------------
 
 
@@ -373,6 +443,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=3.0, help="per append case")
+    parser.add_argument("--query-rounds", type=int, default=200, help="per query shape")
     parser.add_argument("--database-url")
     args = parser.parse_args()
     n = args.entries
@@ -405,6 +476,15 @@ def main() -> None:
         results["export_tenth"] = in_child(export_file, url, path, n // 10)
         results["export"] = in_child(export_file, url, path, None)
         log(f"  {results['export_tenth']}\n  {results['export']}")
+
+        log("auditor queries (indexes of the proposed migration 0004)")
+        with psycopg.connect(libpq(url), autocommit=True) as conn:
+            started = time.perf_counter()
+            for statement in QUERY_INDEXES:
+                conn.execute(statement)
+            conn.execute("ANALYZE ledger_entries")
+            results["query_index_build_seconds"] = round(time.perf_counter() - started, 1)
+        results["auditor_query"] = auditor_queries(url, n, args.query_rounds)
 
         log("verify the export file")
         results["verify_export"] = in_child(verify_file, path, note, older, signer.verifier_key)
