@@ -10,11 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
+from service.ledger.chain import LedgerEntry
 from service.ledger.checkpoint import DEFAULT_ORIGIN, CheckpointError, NoteSigner, NoteVerifier
 from service.ledger.export import ExportRecord, read_ndjson
 from service.ledger.verify import VerifyReport, verify_ledger
@@ -124,6 +126,66 @@ def _print(report: VerifyReport) -> None:
         f"{report.older_checked} older checkpoints, {report.unsigned_tail} unsigned at the tail, "
         f"head {report.head_hash.hex()}"
     )
+
+
+@app.command()
+def usage(
+    export: Annotated[
+        Path | None, typer.Option(help="Account from an NDJSON export ('-' reads stdin).")
+    ] = None,
+    live: Annotated[bool, typer.Option(help="Account from the live ledger.")] = False,
+    database_url: Annotated[
+        str | None, typer.Option(help="With --live; default QM_DATABASE_URL.")
+    ] = None,
+    granularity: Annotated[str, typer.Option(help="hour, day or month.")] = "day",
+    by: Annotated[
+        list[str] | None,
+        typer.Option(help="Group by: namespace, local_queue, cluster_queue, cluster, flavor."),
+    ] = None,
+    as_of: Annotated[
+        datetime | None, typer.Option(help="Charge running workloads up to this time (UTC).")
+    ] = None,
+) -> None:
+    """Resource-hours (GPU-hours, core-hours, GiB-hours) per period and group,
+    from the ledger alone; tab-separated, a header first."""
+    from service.ledger.accounting import Granularity, UsageRollup
+
+    if (export is None) == (not live):
+        raise _fail("give exactly one of --export FILE or --live")
+    if granularity not in ("hour", "day", "month"):
+        raise _fail("--granularity is hour, day or month")
+    rollup = UsageRollup()
+    try:
+        if export is not None:
+            rollup.apply_all(_entries_of_export(export))
+        else:
+            import sqlalchemy as sa
+
+            from service.ledger.postgres import PostgresLedgerReader
+
+            engine = sa.create_engine(_database_url(database_url))
+            try:
+                rollup.apply_all(PostgresLedgerReader(engine).entries())
+            finally:
+                engine.dispose()
+        moment = as_of.replace(tzinfo=as_of.tzinfo or UTC) if as_of else None
+        rows = rollup.report(cast("Granularity", granularity), by or ["namespace"], moment)
+    except (ValueError, KeyError) as exc:
+        raise _fail(f"cannot account: {exc}") from exc
+    dimensions = by or ["namespace"]
+    typer.echo("\t".join(["period", *dimensions, "resource", "hours"]))
+    for row in rows:
+        group = [value for _, value in row.group]
+        typer.echo("\t".join([row.period.isoformat(), *group, row.resource, f"{row.hours:.6f}"]))
+
+
+def _entries_of_export(path: Path) -> Iterator[LedgerEntry]:
+    from service.ledger.export import ExportFormatError, entry_of
+
+    for record in read_ndjson(_lines(path)):
+        if isinstance(record, ExportFormatError):
+            raise record
+        yield entry_of(record)
 
 
 @app.command()

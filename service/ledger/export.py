@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from service.ledger.canonical import canonical_json
 from service.ledger.chain import LedgerEntry, NewLedgerEntry, entry_document
@@ -58,6 +60,24 @@ def export_ndjson(entries: Iterable[LedgerEntry | ExportRecord]) -> Iterator[byt
     """Lines of an export, from entries or from a reader's ``records()``."""
     for entry in entries:
         yield export_line(entry)
+
+
+def entry_of(record: ExportRecord) -> LedgerEntry:
+    """The ledger entry an export line describes (for reading an export back
+    as entries, e.g. to account from it; verification works on records)."""
+    document = record.document
+    try:
+        return LedgerEntry(
+            int(document["seq"]),
+            UUID(document["entry_id"]),
+            str(document["kind"]),
+            datetime.fromisoformat(document["recorded_at"]),
+            document["body"],
+            bytes.fromhex(document["prev_hash"]),
+            bytes.fromhex(record.entry_hash),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExportFormatError(f"not a ledger entry: {exc}") from exc
 
 
 def records_of(entries: Iterable[LedgerEntry]) -> Iterator[ExportRecord]:

@@ -114,3 +114,48 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 2 and "bad public key" in result.output
+
+
+def test_usage_from_an_export_file(tmp_path: Path) -> None:
+    from service.ledger.entries import WorkloadAdmitted, WorkloadFinished, new_entry
+    from service.ledger.export import export_ndjson
+    from service.ledger.memory import InMemoryLedger
+
+    queues = {"namespace": "team-a", "workload": "w", "local_queue": "lq", "cluster_queue": "cq"}
+    admitted = WorkloadAdmitted(
+        **queues,
+        cluster="c1",
+        flavors={"nvidia.com/gpu": "h100"},
+        island=None,
+        reserved={"h100": {"nvidia.com/gpu": 8}},
+        borrowed={},
+        reason="fits",
+    )
+    finished = WorkloadFinished(
+        **queues,
+        cluster="c1",
+        outcome="succeeded",
+        started_at=T0,
+        finished_at=T0,
+        consumed={},
+        gpu_seconds=0,
+        cpu_seconds=0,
+        memory_gib_seconds=0,
+    )
+    ledger = InMemoryLedger()
+    entries = ledger.append(
+        [
+            new_entry(admitted, uuid.uuid4(), T0),
+            new_entry(finished, uuid.uuid4(), T0 + timedelta(minutes=90)),
+        ]
+    )
+    path = tmp_path / "ledger.ndjson"
+    path.write_bytes(b"".join(export_ndjson(entries)))
+    out = invoke("usage", "--export", str(path), "--granularity", "hour", "--by", "flavor")
+    assert out.splitlines() == [
+        "period\tflavor\tresource\thours",
+        "2026-11-29T00:00:00+00:00\th100\tnvidia.com/gpu\t8.000000",
+        "2026-11-29T01:00:00+00:00\th100\tnvidia.com/gpu\t4.000000",
+    ]
+    result = runner.invoke(app, ["usage", "--export", str(path), "--by", "team"])
+    assert result.exit_code == 2 and "unknown dimensions" in result.output
