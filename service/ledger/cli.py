@@ -246,7 +246,7 @@ def checkpoint(
     engine = sa.create_engine(_database_url(database_url))
     try:
         tree = LedgerTree(origin)
-        tree.extend(PostgresLedgerReader(engine).entries())
+        tree.extend_records(PostgresLedgerReader(engine).records())
     finally:
         engine.dispose()
     out.write_text(tree.signed_checkpoint(signer), encoding="utf-8")

@@ -9,11 +9,14 @@ that do not continue the chain, so the tree never silently diverges from it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from service.ledger.canonical import canonical_json
 from service.ledger.chain import GENESIS_HASH, LedgerEntry, entry_bytes
 from service.ledger.checkpoint import Checkpoint, NoteSigner, sign_checkpoint
+from service.ledger.export import ExportRecord
 from service.ledger.merkle import MerkleTree, leaf_hash, verify_inclusion
 
 
@@ -52,6 +55,19 @@ class LedgerTree:
                 raise ValueError(f"entry {entry.seq} does not continue the tree at {self.size}")
             self._tree.append(leaf_of(entry))
             self._tip = entry.entry_hash
+
+    def extend_records(self, records: Iterable[ExportRecord]) -> None:
+        """:meth:`extend` from a reader's lean ``records()`` (or an export);
+        the hash each record claims is checked against its content."""
+        for record in records:
+            document = record.document
+            if document.get("seq") != self.size + 1 or document.get("prev_hash") != self._tip.hex():
+                raise ValueError(f"entry {document.get('seq')} does not continue the tree")
+            data = record.data or canonical_json(document)
+            if hashlib.sha256(data).hexdigest() != record.entry_hash:
+                raise ValueError(f"entry {self.size + 1} does not match its hash")
+            self._tree.append(leaf_hash(data))
+            self._tip = bytes.fromhex(record.entry_hash)
 
     def checkpoint(self, size: int | None = None) -> Checkpoint:
         size = self.size if size is None else size

@@ -323,3 +323,22 @@ def test_a_reformatted_export_still_verifies(signer: NoteSigner) -> None:
     ]
     report = verify_lines(spaced, note_for(entries, signer), signer)
     assert report.ok, report.problems
+
+
+def test_the_tree_from_records_equals_the_tree_from_entries() -> None:
+    entries = honest()
+    from_entries, from_records, from_lines = (LedgerTree(ORIGIN) for _ in range(3))
+    from_entries.extend(entries)
+    from_records.extend_records(records_of(entries))
+    from_lines.extend_records(
+        r for r in read_ndjson(export_ndjson(entries)) if not isinstance(r, Exception)
+    )
+    assert from_entries.checkpoint() == from_records.checkpoint() == from_lines.checkpoint()
+    tampered = list(records_of(entries))
+    tampered[3] = type(tampered[3])(
+        {**tampered[3].document, "kind": "forged"}, tampered[3].entry_hash
+    )
+    with pytest.raises(ValueError):
+        LedgerTree(ORIGIN).extend_records(tampered)
+    with pytest.raises(ValueError):
+        LedgerTree(ORIGIN).extend_records(list(records_of(entries))[1:])
