@@ -35,7 +35,14 @@ from cryptography.x509.oid import NameOID
 from sim.kubesim.cluster import SimCluster
 from sim.kubesim.http import KubeApp
 
-__all__ = ["ClusterServer", "ServerThread", "TlsMaterial", "kubeconfig", "make_tls"]
+__all__ = [
+    "ClusterServer",
+    "ServerThread",
+    "TlsMaterial",
+    "kubeconfig",
+    "listen_socket",
+    "make_tls",
+]
 
 _T = TypeVar("_T")
 
@@ -121,7 +128,7 @@ def make_tls(hosts: Iterable[str] = ("127.0.0.1", "localhost")) -> TlsMaterial:
     )
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int) -> socket.socket:
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says so, and without it Nagle + delayed ACK add 40 ms to every answer.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -147,8 +154,8 @@ class ClusterServer:
         self.cluster = cluster
         self.host = host
         self.tls = tls
-        self._api_socket = _listen(host, port)
-        self._admin_socket = _listen(host, admin_port)
+        self._api_socket = listen_socket(host, port)
+        self._admin_socket = listen_socket(host, admin_port)
         self.port = self._api_socket.getsockname()[1]
         self.admin_port = self._admin_socket.getsockname()[1]
         cluster.address = f"{host}:{self.port}"
@@ -240,7 +247,7 @@ class ClusterServer:
 
     async def _reopen(self) -> None:
         assert self._api is not None
-        self._api_socket = _listen(self.host, self.port)
+        self._api_socket = listen_socket(self.host, self.port)
         config, state = self._api.config, self._api.server_state
 
         def protocol() -> asyncio.Protocol:
