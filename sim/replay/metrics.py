@@ -1,5 +1,11 @@
 """What a replay reports: waits, utilisation, fairness, preemptions, island violations.
 
+``mean_wait_s`` / ``p95_wait_s``: from submission to the job's first admission
+(a preempted job's second wait shows up in ``lost_gpu_hours`` and makespan, not
+here). ``gpu_utilization``: GPU-seconds of every run, finished or preempted,
+over fleet GPUs times the makespan (first submission to last completion);
+``goodput_utilization`` leaves out runs that were preempted.
+
 Fairness is Jain's index ``(Σx)² / (n·Σx²)`` over teams, where ``x`` is a
 team's GPU-time received divided by its *entitlement*: its weighted max-min
 fair share of the GPU-time delivered, capped by its own demand. Weights are the
