@@ -33,6 +33,9 @@ class GarbageCollector:
             manager="kube-controller-manager",
         )
         self.dependents: dict[str, set[Ref]] = defaultdict(set)
+        #: uid -> object, for every object that exists (an owner that still exists keeps
+        #: its dependents, whatever happens to the other dependents).
+        self.alive: dict[str, Ref] = {}
         self.types = {t.key: t for t in core.types}
         self.gone: set[str] = set()
         self.foreground: set[Ref] = set()
@@ -45,10 +48,13 @@ class GarbageCollector:
         ref = (rtype.key, metadata.get("namespace") or "", metadata["name"])
         self._index(event, ref)
         if event.type == DELETED:
+            self.alive.pop(metadata["uid"], None)
             self.gone.add(metadata["uid"])
             for owner in metadata.get("ownerReferences") or ():
                 self.gone.add(owner.get("uid", ""))  # re-check a foreground owner
-        elif metadata.get("deletionTimestamp"):
+        else:
+            self.alive[metadata["uid"]] = ref
+        if event.type != DELETED and metadata.get("deletionTimestamp"):
             if rtype.key == "namespaces":
                 self.namespaces.add(metadata["name"])
             elif "foregroundDeletion" in (metadata.get("finalizers") or ()):
@@ -99,14 +105,9 @@ class GarbageCollector:
             )
 
     def _collect(self, uid: str) -> None:
-        if not uid:
-            return
-        owner_alive = any(
-            obj["metadata"]["uid"] == uid
-            for ref in self.foreground
-            if (obj := self.core.store.get(self.types[ref[0]], ref[1], ref[2])) is not None
-        )
-        if owner_alive:
+        # An owner that still exists keeps its dependents (one being deleted in the
+        # foreground lets them go in _finish_foreground): only a vanished owner's are collected.
+        if not uid or uid in self.alive:
             return
         for ref in list(self.dependents.get(uid, ())):
             self._delete(ref)

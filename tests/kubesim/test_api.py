@@ -318,3 +318,30 @@ def test_dynamic_client_reads_and_writes_custom_resources(api: client.ApiClient)
     assert workloads.namespaced is True
     old_api = dyn.resources.get(api_version="kueue.x-k8s.io/v1beta1", kind="ResourceFlavor")
     assert old_api.get(name="dyn").apiVersion == "kueue.x-k8s.io/v1beta1"
+
+
+def test_garbage_collector_keeps_a_live_owners_other_dependents(batch: client.BatchV1Api) -> None:
+    owner = batch.create_namespaced_job("default", _job("gc-owner", managed_by=ELSEWHERE))
+    reference = client.V1OwnerReference(
+        api_version="batch/v1", kind="Job", name="gc-owner", uid=owner.metadata.uid
+    )
+    for name in ("gc-a", "gc-b"):
+        dependent = _job(name, managed_by=ELSEWHERE)
+        dependent.metadata.owner_references = [reference]
+        batch.create_namespaced_job("default", dependent)
+    batch.delete_namespaced_job("gc-a", "default")
+    survivor = batch.read_namespaced_job("gc-b", "default")  # the owner lives: kept
+    assert survivor.metadata.owner_references[0].uid == owner.metadata.uid
+    wait_for(
+        lambda: (
+            batch.list_namespaced_job("default", field_selector="metadata.name=gc-a").items == []
+        )
+    )
+    assert batch.read_namespaced_job("gc-b", "default").metadata.name == "gc-b"
+
+    batch.delete_namespaced_job("gc-owner", "default", propagation_policy="Background")
+    wait_for(
+        lambda: (
+            batch.list_namespaced_job("default", field_selector="metadata.name=gc-b").items == []
+        )
+    )

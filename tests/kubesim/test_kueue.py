@@ -295,3 +295,99 @@ def test_island_pinned_job_lands_only_on_that_islands_nodes(
     for name in set(nodes):
         assert core.read_node(name).metadata.labels["example.com/fabric-block"] == island
     batch.delete_namespaced_job("pinned", "vision", propagation_policy="Background")
+
+
+# -- the other job kinds -----------------------------------------------------------------------
+
+_POD = {
+    "spec": {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "w",
+                "image": "registry.example/train:1",
+                "resources": {"requests": {"nvidia.com/gpu": "8", "cpu": "4", "memory": "16Gi"}},
+            }
+        ],
+    }
+}
+_QUEUED = {
+    "labels": {"kueue.x-k8s.io/queue-name": "default"},
+    "annotations": {"quartermaster.dev/sim-duration": "50s"},
+}
+GANGS = {
+    "jobset": (
+        ("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", "Completed"),
+        {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 2,
+                    "template": {"spec": {"parallelism": 2, "completions": 2, "template": _POD}},
+                }
+            ]
+        },
+        {"workers": 4},
+    ),
+    "pytorchjob": (
+        ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", "Succeeded"),
+        {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": _POD},
+                "Worker": {"replicas": 3, "restartPolicy": "OnFailure", "template": _POD},
+            }
+        },
+        {"master": 1, "worker": 3},
+    ),
+    "mpijob": (
+        ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob", "Succeeded"),
+        {
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": _POD},
+                "Worker": {"replicas": 2, "template": _POD},
+            }
+        },
+        {"launcher": 1, "worker": 2},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GANGS))
+def test_queued_gangs_of_every_kind_are_admitted_whole_and_succeed(
+    kind: str, custom: client.CustomObjectsApi
+) -> None:
+    (group, version, plural, kind_name, success), spec, pod_sets = GANGS[kind]
+    gang = {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind_name,
+        "metadata": {"name": f"gang-{kind}", **_QUEUED},
+        "spec": spec,
+    }
+    custom.create_namespaced_custom_object(group, version, "language", plural, gang)
+    workload = _workload_of(custom, "language", f"gang-{kind}")
+    assert {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]} == pod_sets
+
+    def succeeded() -> bool:
+        current = custom.get_namespaced_custom_object(
+            group, version, "language", plural, f"gang-{kind}"
+        )
+        return _conditions(current).get(success, {}).get("status") == "True"
+
+    wait_for(succeeded, timeout=15)
+    finished = custom.get_namespaced_custom_object(
+        KUEUE, "v1beta2", "language", "workloads", workload["metadata"]["name"]
+    )
+    assert _conditions(finished)["Finished"]["reason"] == "Succeeded"
+    assigned = finished["status"]["admission"]["podSetAssignments"]
+    assert sum(a["count"] for a in assigned) == sum(pod_sets.values())
+
+
+def test_priority_class_label_sets_the_workload_priority(
+    batch: client.BatchV1Api, custom: client.CustomObjectsApi
+) -> None:
+    job = queued_job("urgent", duration="10s")
+    job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "critical"
+    batch.create_namespaced_job("language", job)
+    workload = _workload_of(custom, "language", "urgent")
+    assert workload["spec"]["priority"] == 1000
+    assert workload["spec"]["priorityClassRef"]["name"] == "critical"
