@@ -7,8 +7,9 @@ from typing import Annotated, Any
 
 import yaml
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
-from service.app.auth import Principal
+from service.app.auth import Principal, TokenService
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid, Unauthorized
 from service.app.resources import Actor
@@ -29,12 +30,12 @@ class UnsupportedMedia(AppError):
     status, kind, title = 415, "unsupported-media-type", "Unsupported media type"
 
 
-def container(request: Request) -> Container:
+async def container(request: Request) -> Container:
     services: Container = request.app.state.container
     return services
 
 
-def current_principal(request: Request) -> Principal:
+async def current_principal(request: Request) -> Principal:
     """The one authentication dependency: every route that is not on the
     public allow-list depends on it (a test enforces that)."""
     cached: Principal | None = getattr(request.state, "principal", None)
@@ -44,12 +45,15 @@ def current_principal(request: Request) -> Principal:
     scheme, _, credential = header.partition(" ")
     if scheme.lower() != "bearer" or not credential.strip():
         raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-    principal = container(request).authenticator.authenticate(credential.strip())
+    authenticator: TokenService = request.app.state.container.authenticator
+    principal = authenticator.cached(credential.strip())
+    if principal is None:
+        principal = await run_in_threadpool(authenticator.authenticate, credential.strip())
     request.state.principal = principal
     return principal
 
 
-def current_actor(
+async def current_actor(
     request: Request, principal: Annotated[Principal, Depends(current_principal)]
 ) -> Actor:
     return Actor(principal, request.headers.get("x-request-id"))

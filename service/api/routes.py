@@ -17,6 +17,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
+from starlette.concurrency import run_in_threadpool as run
 
 from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
 from service.api.openapi import body_schema, list_schema, object_schema
@@ -108,7 +109,7 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         namespace: str = "",
     ) -> Any:
         body = await read_body(request, deps.settings.max_body_bytes)
-        obj = deps.resources.create(actor, kind.plural, namespace, body)
+        obj = await run(deps.resources.create, actor, kind.plural, namespace, body)
         response.status_code = 201
         return _etag(obj, response)
 
@@ -121,7 +122,8 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         label_selector: LabelSel = None,
         field_selector: FieldSel = None,
     ) -> Any:
-        page = deps.resources.list(
+        page = await run(
+            deps.resources.list,
             principal,
             kind.plural,
             namespace if kind.namespaced else None,
@@ -139,7 +141,9 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         response: Response,
         namespace: str = "",
     ) -> Any:
-        return _etag(deps.resources.get(principal, kind.plural, namespace, name), response)
+        return _etag(
+            await run(deps.resources.get, principal, kind.plural, namespace, name), response
+        )
 
     async def replace(
         request: Request,
@@ -151,7 +155,7 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         namespace: str = "",
     ) -> Any:
         body = await read_body(request, deps.settings.max_body_bytes)
-        obj = deps.resources.replace(actor, kind.plural, namespace, name, body, if_match)
+        obj = await run(deps.resources.replace, actor, kind.plural, namespace, name, body, if_match)
         return _etag(obj, response)
 
     async def patch(
@@ -164,13 +168,13 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         namespace: str = "",
     ) -> Any:
         body = await read_body(request, deps.settings.max_body_bytes)
-        obj = deps.resources.patch(actor, kind.plural, namespace, name, body, if_match)
+        obj = await run(deps.resources.patch, actor, kind.plural, namespace, name, body, if_match)
         return _etag(obj, response)
 
     async def delete(
         actor: CurrentActor, deps: Deps, name: str, if_match: IfMatch = None, namespace: str = ""
     ) -> Any:
-        return deps.resources.delete(actor, kind.plural, namespace, name, if_match)
+        return await run(deps.resources.delete, actor, kind.plural, namespace, name, if_match)
 
     create, list_, get, replace, patch, delete = (
         _scoped(f, kind.namespaced) for f in (create, list_, get, replace, patch, delete)
@@ -228,8 +232,15 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
             label_selector: LabelSel = None,
             field_selector: FieldSel = None,
         ) -> Any:
-            page = deps.resources.list(
-                principal, kind.plural, None, label_selector, field_selector, limit, continue_
+            page = await run(
+                deps.resources.list,
+                principal,
+                kind.plural,
+                None,
+                label_selector,
+                field_selector,
+                limit,
+                continue_,
             )
             return _page(kind.kind, page)
 
@@ -271,7 +282,7 @@ def workload_router() -> APIRouter:
     ) -> Any:
         """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
         body = await read_body(request, deps.settings.max_body_bytes)
-        return _etag(deps.submissions.submit(actor, namespace, body), response)
+        return _etag(await run(deps.submissions.submit, actor, namespace, body), response)
 
     @router.get(base, responses={200: list_schema(kind)})
     async def list_workloads(
@@ -283,8 +294,15 @@ def workload_router() -> APIRouter:
         label_selector: LabelSel = None,
         field_selector: FieldSel = None,
     ) -> Any:
-        page = deps.resources.list(
-            principal, "workloads", namespace, label_selector, field_selector, limit, continue_
+        page = await run(
+            deps.resources.list,
+            principal,
+            "workloads",
+            namespace,
+            label_selector,
+            field_selector,
+            limit,
+            continue_,
         )
         return _page("Workload", page)
 
@@ -297,8 +315,15 @@ def workload_router() -> APIRouter:
         label_selector: LabelSel = None,
         field_selector: FieldSel = None,
     ) -> Any:
-        page = deps.resources.list(
-            principal, "workloads", None, label_selector, field_selector, limit, continue_
+        page = await run(
+            deps.resources.list,
+            principal,
+            "workloads",
+            None,
+            label_selector,
+            field_selector,
+            limit,
+            continue_,
         )
         return _page("Workload", page)
 
@@ -306,24 +331,26 @@ def workload_router() -> APIRouter:
     async def get_workload(
         namespace: str, name: str, principal: CurrentPrincipal, deps: Deps, response: Response
     ) -> Any:
-        return _etag(deps.resources.get(principal, "workloads", namespace, name), response)
+        return _etag(
+            await run(deps.resources.get, principal, "workloads", namespace, name), response
+        )
 
     @router.delete(base + "/{name}", responses={200: object_schema(kind)})
     async def cancel_workload(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
         """Cancel: a pending workload is dropped; an admitted one is evicted."""
-        return deps.submissions.cancel(actor, namespace, name)
+        return await run(deps.submissions.cancel, actor, namespace, name)
 
     @router.post(base + "/{name}/cancel", responses={200: object_schema(kind)})
     async def cancel_workload_post(
         namespace: str, name: str, actor: CurrentActor, deps: Deps
     ) -> Any:
         """The same as DELETE, for clients that prefer a verb."""
-        return deps.submissions.cancel(actor, namespace, name)
+        return await run(deps.submissions.cancel, actor, namespace, name)
 
     @router.get(base + "/{name}/explain")
     async def explain(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
         """State, reason, message, position in the queue, and what it waits for."""
-        return deps.submissions.explain(actor, namespace, name)
+        return await run(deps.submissions.explain, actor, namespace, name)
 
     @router.post(
         "/v1/namespaces/{namespace}/bulk/workloads",
@@ -367,7 +394,7 @@ def workload_router() -> APIRouter:
             raise Invalid(
                 f"at most {MAX_BULK} items per request", [("items", f"{len(items)} items")]
             )
-        results = deps.submissions.bulk(actor, namespace, items)
+        results = await run(deps.submissions.bulk, actor, namespace, items)
         out = []
         for r in results:
             entry: dict[str, Any] = {"index": r.index, "name": r.name, "status": r.status}
@@ -415,8 +442,13 @@ def token_router() -> APIRouter:
             wanted = TokenRequest.model_validate(body)
         except ValidationError as error:
             raise Invalid("invalid token request", validation_problems(error)) from None
-        issued = deps.authenticator.issue(
-            actor.principal.name, wanted.name, wanted.role, wanted.namespaces, actor.request_id
+        issued = await run(
+            deps.authenticator.issue,
+            actor.principal.name,
+            wanted.name,
+            wanted.role,
+            wanted.namespaces,
+            actor.request_id,
         )
         return {
             "id": str(issued.id),
@@ -431,12 +463,12 @@ def token_router() -> APIRouter:
     async def list_tokens(principal: CurrentPrincipal, deps: Deps) -> Any:
         """Issued tokens (never their secrets)."""
         require(principal, admin)
-        return {"items": deps.authenticator.list()}
+        return {"items": await run(deps.authenticator.list)}
 
     @router.delete("/v1/tokens/{token_id}", status_code=204)
     async def revoke(token_id: UUID, actor: CurrentActor, deps: Deps) -> Response:
         require(actor.principal, admin)
-        deps.authenticator.revoke(actor.principal.name, token_id, actor.request_id)
+        await run(deps.authenticator.revoke, actor.principal.name, token_id, actor.request_id)
         return Response(status_code=204)
 
     @router.get("/v1/whoami")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -146,10 +147,27 @@ class TokenService:
         self._uow = unit_of_work
         self._bootstrap = bootstrap_token
         self._oidc = OidcVerifier(oidc) if oidc else None
+        # token hash -> (principal, valid until): spares the database a
+        # lookup per request. A revocation takes effect at once in this
+        # process and within CACHE_SECONDS in the others.
+        self._cache: dict[bytes, tuple[Principal, float]] = {}
 
-    def authenticate(self, token: str) -> Principal:
+    CACHE_SECONDS = 5.0
+
+    def cached(self, token: str) -> Principal | None:
+        """The principal without I/O, when that needs none (the bootstrap
+        token, or a recently seen bearer token); else None."""
         if self._bootstrap and hmac.compare_digest(token.encode(), self._bootstrap.encode()):
             return Principal("bootstrap", frozenset({Role.ADMIN}), frozenset({"*"}))
+        hit = self._cache.get(hash_token(token))
+        if hit is not None and hit[1] > time.monotonic():
+            return hit[0]
+        return None
+
+    def authenticate(self, token: str) -> Principal:
+        known = self.cached(token)
+        if known is not None:
+            return known
         if self._oidc is not None and looks_like_jwt(token):
             return self._oidc.verify(token)
         with self._engine.connect() as conn:
@@ -160,9 +178,13 @@ class TokenService:
             ).first()
         if row is None:
             raise Unauthorized("unknown or revoked bearer token")
-        return Principal(
+        principal = Principal(
             f"token:{row.name}", frozenset({Role(row.role)}), frozenset(row.namespaces)
         )
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[hash_token(token)] = (principal, time.monotonic() + self.CACHE_SECONDS)
+        return principal
 
     def issue(
         self, actor: str, name: str, role: Role, namespaces: Sequence[str], request_id: str | None
@@ -201,6 +223,7 @@ class TokenService:
             "revoked": True,
         }
         self._write(actor, request_id, token_id, "TokenRevoked", data, -1)
+        self._cache = {k: v for k, v in self._cache.items() if k != bytes(row.token_hash)}
 
     def list(self) -> list[dict[str, Any]]:
         with self._engine.connect() as conn:

@@ -452,22 +452,21 @@ def _row_state(row: Row[Any]) -> Obj:
 
 
 def _exists(
-    conn: Connection, kind: str, namespace: str, names: Sequence[str]
+    conn: Connection, kind: str, namespace: str, names: Sequence[str], lock: bool = True
 ) -> dict[str, Row[Any]]:
-    """Live objects among ``names``, locked FOR SHARE until commit."""
+    """Live objects among ``names``, locked FOR SHARE until commit unless
+    ``lock`` is false."""
     if not names:
         return {}
-    rows = conn.execute(
-        select(resources)
-        .where(
-            resources.c.kind == kind,
-            resources.c.namespace == namespace,
-            resources.c.name.in_(sorted(set(names))),
-            resources.c.deleted.is_(False),
-        )
-        .with_for_update(read=True)
-    ).all()
-    return {r.name: r for r in rows}
+    query = select(resources).where(
+        resources.c.kind == kind,
+        resources.c.namespace == namespace,
+        resources.c.name.in_(sorted(set(names))),
+        resources.c.deleted.is_(False),
+    )
+    if lock:
+        query = query.with_for_update(read=True)
+    return {r.name: r for r in conn.execute(query).all()}
 
 
 def _flavor_names(spec: Obj) -> list[tuple[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +36,12 @@ from service.app.workloads import (
     total_requests,
 )
 from service.eventstore.port import ANY_VERSION, ConcurrencyConflict, NewEvent, OutboxMessage
-from service.projections.resources import resource_row, upsert_resources
+from service.projections.resources import (
+    UPSERT_SQL,
+    resource_row,
+    upsert_params,
+    upsert_resources,
+)
 from service.projections.schema import resources
 
 WORKLOADS = KINDS["workloads"]
@@ -107,8 +113,10 @@ class SubmissionService:
         workload = self.parse(actor, namespace, body)
         try:
             with self._uow() as uow:
-                target = self._resolve(uow.connection, namespace, workload)
-                return self._append(uow, actor, namespace, [workload], [target])[0]
+                resolver = _Resolver(uow.connection, namespace)
+                current = resolver.prefetch([workload])
+                target = resolver.resolve(workload)
+                return self._append(uow, actor, namespace, [workload], [target], current)[0]
         except PolicyRefused as refusal:
             self._record_refusal(actor, namespace, workload, refusal)
             raise
@@ -130,12 +138,13 @@ class SubmissionService:
                 )
                 results[index] = ItemResult(index, name, error.status, error)
         names = [w.metadata.name for _, w in parsed]
-        duplicates = {n for n in names if names.count(n) > 1}
+        duplicates = {n for n, seen in Counter(names).items() if seen > 1}
         ok: list[tuple[int, WorkloadObject, Target]] = []
         with self._uow() as uow:
             conn = uow.connection
-            existing = _live_names(conn, namespace, names)
             resolver = _Resolver(conn, namespace)
+            current = resolver.prefetch([w for _, w in parsed])
+            existing = {n for n, row in current.items() if not row.deleted}
             for index, workload in parsed:
                 name = workload.metadata.name
                 try:
@@ -148,7 +157,7 @@ class SubmissionService:
                     results[index] = ItemResult(index, name, error.status, error)
             try:
                 created = self._append(
-                    uow, actor, namespace, [w for _, w, _ in ok], [t for _, _, t in ok]
+                    uow, actor, namespace, [w for _, w, _ in ok], [t for _, _, t in ok], current
                 )
             except AlreadyExists:
                 created = None
@@ -167,9 +176,6 @@ class SubmissionService:
                 self._record_refusal(actor, namespace, parsed_by_index(parsed, index), result.error)
         return [results[i] for i in sorted(results)]
 
-    def _resolve(self, conn: Connection, namespace: str, workload: WorkloadObject) -> Target:
-        return _Resolver(conn, namespace).resolve(workload)
-
     def _append(
         self,
         uow: SqlUnitOfWork,
@@ -177,11 +183,10 @@ class SubmissionService:
         namespace: str,
         workloads: Sequence[WorkloadObject],
         targets: Sequence[Target],
+        current: Mapping[str, Any],
     ) -> list[Obj]:
         meta = actor.metadata()
         now = meta.occurred_at
-        conn = uow.connection
-        current = _tombstones(conn, namespace, [w.metadata.name for w in workloads])
         rows = []
         for workload, target in zip(workloads, targets, strict=True):
             name = workload.metadata.name
@@ -205,7 +210,7 @@ class SubmissionService:
             stream = stream_name("Workload", namespace, name)
             uow.events.append(stream, version, [NewEvent(uuid4(), "WorkloadSubmitted", data, meta)])
             rows.append(resource_row(data, version + 1, now))
-        upsert_resources(conn, rows)
+        uow.events.defer(UPSERT_SQL, [upsert_params(row) for row in rows])
         # Wake the admission cycle (the workers' outbox relay delivers it).
         uow.publish(
             [
@@ -341,31 +346,6 @@ def _requests(spec: Obj) -> dict[str, int]:
     return total_requests(stored)
 
 
-def _live_names(conn: Connection, namespace: str, names: Sequence[str]) -> set[str]:
-    if not names:
-        return set()
-    rows = conn.execute(
-        select(resources.c.name).where(
-            resources.c.kind == "Workload",
-            resources.c.namespace == namespace,
-            resources.c.name.in_(names),
-            resources.c.deleted.is_(False),
-        )
-    ).all()
-    return {r.name for r in rows}
-
-
-def _tombstones(conn: Connection, namespace: str, names: Sequence[str]) -> dict[str, Any]:
-    rows = conn.execute(
-        select(resources.c.name, resources.c.resource_version, resources.c.deleted).where(
-            resources.c.kind == "Workload",
-            resources.c.namespace == namespace,
-            resources.c.name.in_(names),
-        )
-    ).all()
-    return {r.name: r for r in rows}
-
-
 def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
     """1-based position among the ClusterQueue's pending workloads, in
     admission order (priority, then age), and how many are pending."""
@@ -401,6 +381,19 @@ def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
     return int(before) + 1, int(total)
 
 
+_PREFETCH = """
+SELECT kind, name, spec, resource_version, deleted FROM resources
+WHERE (kind = 'LocalQueue' AND namespace = %(ns)s AND name = ANY(%(queues)s) AND NOT deleted)
+   OR (kind = 'ClusterQueue' AND namespace = '' AND NOT deleted AND name IN (
+         SELECT spec->>'clusterQueue' FROM resources
+         WHERE kind = 'LocalQueue' AND namespace = %(ns)s AND name = ANY(%(queues)s)
+           AND NOT deleted))
+   OR (kind = 'WorkloadPriorityClass' AND namespace = '' AND name = ANY(%(classes)s)
+       AND NOT deleted)
+   OR (kind = 'Workload' AND namespace = %(ns)s AND name = ANY(%(names)s))
+"""
+
+
 class _Resolver:
     """Resolves queues, ClusterQueues and priority classes once per request,
     locking them FOR SHARE so that none is deleted under a submission."""
@@ -415,9 +408,40 @@ class _Resolver:
     def _one(
         self, cache: dict[str, Row[Any] | None], kind: str, ns: str, name: str
     ) -> Row[Any] | None:
+        # No lock: every submission would otherwise take a share lock on the
+        # same LocalQueue and ClusterQueue rows, and Postgres turns concurrent
+        # share locks into MultiXacts, which serialise busy queues. A queue
+        # deleted at the same moment leaves a workload the admission cycle
+        # reports as waiting for its LocalQueue, as Kueue does.
         if name not in cache:
-            cache[name] = _exists(self._conn, kind, ns, [name]).get(name)
+            cache[name] = _exists(self._conn, kind, ns, [name], lock=False).get(name)
         return cache[name]
+
+    def prefetch(self, workloads: Sequence[WorkloadObject]) -> dict[str, Row[Any]]:
+        """One query for every LocalQueue, ClusterQueue and priority class the
+        workloads name, and the workloads' own rows (tombstones included)."""
+        queues = sorted({w.spec.queueName for w in workloads})
+        classes = sorted({w.spec.priorityClassName for w in workloads if w.spec.priorityClassName})
+        names = sorted({w.metadata.name for w in workloads})
+        rows = self._conn.exec_driver_sql(
+            _PREFETCH,
+            {
+                "ns": self._namespace,
+                "queues": queues,
+                "classes": classes,
+                "names": names,
+            },
+        ).all()
+        found: dict[str, dict[str, Row[Any]]] = {}
+        for row in rows:
+            found.setdefault(row.kind, {})[row.name] = row
+        for name in queues:
+            self._queues[name] = found.get("LocalQueue", {}).get(name)
+        for name, row in found.get("ClusterQueue", {}).items():
+            self._cqs[name] = row
+        for name in classes:
+            self._classes[name] = found.get("WorkloadPriorityClass", {}).get(name)
+        return found.get("Workload", {})
 
     def resolve(self, workload: WorkloadObject) -> Target:
         spec = workload.spec

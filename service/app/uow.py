@@ -62,14 +62,14 @@ class SqlUnitOfWork:
 
     def publish(self, messages: Sequence[OutboxMessage]) -> None:
         """Queue messages for the outbox relay; they exist only if we commit."""
-        if messages:
-            self.connection.exec_driver_sql(
-                _OUTBOX,
-                [
-                    {"id": m.message_id, "topic": m.topic, "payload": Jsonb(dict(m.payload))}
-                    for m in messages
-                ],
-            )
+        # Sent in the commit pipeline with the events (no round trip of its own).
+        self.events.defer(
+            _OUTBOX,
+            [
+                {"id": m.message_id, "topic": m.topic, "payload": Jsonb(dict(m.payload))}
+                for m in messages
+            ],
+        )
 
     def record(self, entries: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
         """Chain ledger entries. Takes the ledger tip's lock until commit;

@@ -157,7 +157,7 @@ def _explain(
     """After a failed commit: a replay of appends that had all committed
     before answers with their original positions; anything else raises."""
     sqlstate, detail, message = _diagnostics(error)
-    if sqlstate not in (_VERSION_CONFLICT, _UNIQUE_VIOLATION):
+    if not pending or sqlstate not in (_VERSION_CONFLICT, _UNIQUE_VIOLATION):
         raise error
     ids = [e.event_id for p in pending for e in p.events]
     stored = {r[0]: (r[1], int(r[2]), int(r[3])) for r in raw.execute(_FIND_IDS, {"ids": ids})}
@@ -185,6 +185,7 @@ class PostgresEventRecorder:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self.pending: list[_Pending] = []
+        self.deferred: list[tuple[str, list[Mapping[str, Any]]]] = []
 
     def append(
         self, stream: str, expected_version: int, events: Sequence[NewEvent]
@@ -194,6 +195,14 @@ class PostgresEventRecorder:
         check_batch(stream, events)
         self.pending.append(_Pending(stream, expected_version, events))
         return AppendResult(stream, expected_version + len(events), ())
+
+    def defer(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Queue a statement (psycopg ``%(name)s`` parameters, once per row)
+        to run in the commit pipeline before the appends, e.g. the inline
+        projection of the events being appended. It commits or rolls back
+        with them, and costs no round trip of its own."""
+        if rows:
+            self.deferred.append((sql, list(rows)))
 
     def commit(self, commit_transaction: Callable[[], None]) -> list[AppendResult]:
         """Send the queued appends and ``commit_transaction()``'s COMMIT in one
@@ -205,7 +214,8 @@ class PostgresEventRecorder:
         as the first, identical attempt already committed its effects.
         """
         pending, self.pending = self.pending, []
-        if not pending:
+        deferred, self.deferred = self.deferred, []
+        if not pending and not deferred:
             commit_transaction()
             return []
         raw = self._conn.connection.driver_connection
@@ -213,6 +223,8 @@ class PostgresEventRecorder:
         cursors = []
         try:
             with raw.pipeline():
+                for sql, params in deferred:
+                    raw.cursor().executemany(sql, params)
                 for item in pending:
                     if item.expected == ANY_VERSION:
                         raw.execute(_LOCK_STREAM, {"stream": item.stream})

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.postgresql import insert
 
@@ -66,6 +67,38 @@ def upsert_resources(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> Non
         ),
         list(rows),
     )
+
+
+_COLUMNS = (
+    "kind",
+    "namespace",
+    "name",
+    "uid",
+    "resource_version",
+    "generation",
+    "labels",
+    "annotations",
+    "spec",
+    "status",
+    "secret",
+    "created_at",
+    "updated_at",
+    "deleted",
+)
+_JSON = frozenset({"labels", "annotations", "spec", "status"})
+UPSERT_SQL = (
+    f"INSERT INTO resources ({', '.join(_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({c})s' for c in _COLUMNS)}) "
+    "ON CONFLICT (kind, namespace, name) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[3:])
+    + " WHERE resources.resource_version < EXCLUDED.resource_version"
+)
+
+
+def upsert_params(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A resource row as psycopg parameters for ``UPSERT_SQL``: the same
+    upsert as ``upsert_resources``, for the commit pipeline."""
+    return {c: Jsonb(row[c]) if c in _JSON else row[c] for c in _COLUMNS}
 
 
 def token_row(data: Mapping[str, Any]) -> dict[str, Any]:
