@@ -8,6 +8,7 @@ can answer 422 with all of them at once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -336,12 +337,25 @@ def _container_requests(container: Any, path: str, problems: Problems) -> dict[s
     merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     amounts: dict[str, int] = {}
     for resource, value in merged.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            problems.add(
+                f"{path}.resources.requests.{resource}",
+                "must be a quantity: a number or a string such as '500m' or '64Gi'",
+            )
+            continue
         try:
-            check_quantity(value)
-            amounts[str(resource)] = canonical_amount(str(resource), value)
+            amounts[str(resource)] = _amount(str(resource), value)
         except (QuantityError, ValueError, TypeError) as error:
             problems.add(f"{path}.resources.requests.{resource}", str(error))
     return amounts
+
+
+@functools.lru_cache(maxsize=4096)
+def _amount(resource: str, value: int | str) -> int:
+    """Canonical amount of one request; parsing a quantity is exact (a
+    Fraction) and slow, and a fleet's requests repeat a few values."""
+    check_quantity(value)
+    return canonical_amount(resource, value)
 
 
 def pod_requests(template: Mapping[str, Any], path: str, problems: Problems) -> dict[str, int]:
