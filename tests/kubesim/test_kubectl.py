@@ -130,6 +130,15 @@ def test_get_nodes_with_selectors_and_wide_output(kubectl: Kubectl) -> None:
     assert wide[1].split()[1] == "Ready"
 
 
+def test_cordon_and_uncordon(kubectl: Kubectl) -> None:
+    node = "east-1-a100-i0-n3"
+    assert kubectl("cordon", node).stdout.strip() == f"node/{node} cordoned"
+    assert kubectl("get", "node", node).stdout.split()[6] == "Ready,SchedulingDisabled"
+    assert kubectl("uncordon", node).stdout.strip() == f"node/{node} uncordoned"
+    spec = json.loads(kubectl("get", "node", node, "-o", "json").stdout)["spec"]
+    assert not spec.get("unschedulable")
+
+
 def test_job_lifecycle_with_get_watch_describe_and_delete(
     kubectl: Kubectl, sim: RunningCluster
 ) -> None:

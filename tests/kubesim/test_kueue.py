@@ -391,3 +391,68 @@ def test_priority_class_label_sets_the_workload_priority(
     workload = _workload_of(custom, "language", "urgent")
     assert workload["spec"]["priority"] == 1000
     assert workload["spec"]["priorityClassRef"]["name"] == "critical"
+
+
+# -- scheduler and eviction ------------------------------------------------------------------
+
+
+def test_pod_no_node_fits_stays_pending_with_the_schedulers_reasons(
+    core: client.CoreV1Api,
+) -> None:
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="nowhere"),
+        spec=client.V1PodSpec(
+            node_selector={"example.com/gpu": "a100"},
+            containers=[
+                client.V1Container(
+                    name="c",
+                    image="x:1",
+                    resources=client.V1ResourceRequirements(requests={"nvidia.com/gpu": "9"}),
+                )
+            ],
+        ),
+    )
+    core.create_namespaced_pod("default", pod)
+
+    def unschedulable() -> str:
+        current = core.read_namespaced_pod("nowhere", "default")
+        for condition in current.status.conditions or ():
+            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                return str(condition.message)
+        return ""
+
+    message = wait_for(unschedulable)
+    assert message.startswith("0/12 nodes are available:")
+    assert "4 Insufficient nvidia.com/gpu" in message
+    assert "8 node(s) had untolerated taint {example.com/gpu: h100}" in message
+    pending = core.read_namespaced_pod("nowhere", "default")
+    assert pending.status.phase == "Pending" and pending.spec.node_name is None
+    core.delete_namespaced_pod("nowhere", "default")
+
+
+def test_deactivated_workload_is_evicted_its_job_suspended_and_quota_freed(
+    small_queue: str, batch: client.BatchV1Api, custom: client.CustomObjectsApi
+) -> None:
+    batch.create_namespaced_job(QUOTA_NS, queued_job("paused", gpus=8, pods=1, duration="1h"))
+    workload = _workload_of(custom, QUOTA_NS, "paused")
+    name = workload["metadata"]["name"]
+    wait_for(lambda: _gpu_reservation(custom, small_queue) == "8")
+    custom.patch_namespaced_custom_object(
+        KUEUE,
+        "v1beta2",
+        QUOTA_NS,
+        "workloads",
+        name,
+        {"spec": {"active": False}},
+        _content_type="application/merge-patch+json",
+    )
+
+    def evicted() -> dict[str, Any]:
+        current = custom.get_namespaced_custom_object(KUEUE, "v1beta2", QUOTA_NS, "workloads", name)
+        condition = _conditions(current).get("Evicted", {})
+        return condition if condition.get("status") == "True" else {}
+
+    assert wait_for(evicted)["reason"] == "Deactivated"
+    wait_for(lambda: batch.read_namespaced_job("paused", QUOTA_NS).spec.suspend is True)
+    wait_for(lambda: _gpu_reservation(custom, small_queue) == "0")
+    batch.delete_namespaced_job("paused", QUOTA_NS, propagation_policy="Background")
