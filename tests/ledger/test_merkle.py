@@ -218,3 +218,20 @@ def test_random_sizes_and_positions(n: int, draw: st.DataObject) -> None:
     assert tree.inclusion_proof(index, size) == ref_path(index, data[:size])
     assert tree.consistency_proof(old, size) == (ref_proof(old, data[:size]) if old < size else [])
     assert tree.leaf(index) == leaf_hash(data[index])
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 1023, 1024, 1025])
+def test_larger_powers_of_two_and_neighbours_sampled(n: int) -> None:
+    data = data_of(n)
+    tree = tree_of(data)
+    root = ref_mth(data)
+    assert tree.root() == root
+    for index in [0, 1, n // 3, n // 2, n - 2, n - 1]:
+        proof = tree.inclusion_proof(index)
+        assert proof == ref_path(index, data)
+        assert len(proof) <= ceil_log2(n)
+        assert verify_inclusion(leaf_hash(data[index]), index, n, proof, root)
+    for m in [1, 2, 3, n // 2, n // 2 + 1, n - 1]:
+        proof = tree.consistency_proof(m)
+        assert proof == ref_proof(m, data)
+        assert verify_consistency(m, n, ref_mth(data[:m]), root, proof)
