@@ -109,6 +109,9 @@ def cluster(
     controllers: Annotated[
         bool, typer.Option(help="Run the scheduler, kubelet and Kueue loop.")
     ] = True,
+    event_ttl: Annotated[
+        float, typer.Option(help="Seconds an Event is kept after it last occurred.")
+    ] = 3600.0,
 ) -> None:
     """Serve simulated member clusters (Kubernetes API + Kueue-like admission) until Ctrl-C."""
     names = _cluster_names(fleet, list(cluster_name), count)
@@ -118,6 +121,7 @@ def cluster(
         crds_dir=crds_dir,
         time_scale=time_scale,
         controllers=controllers,
+        event_ttl=event_ttl,
     )
     asyncio.run(_serve(names, options, host, port, admin_port, tls, kubeconfig_out))
 

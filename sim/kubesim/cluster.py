@@ -24,7 +24,7 @@ from sim.kubesim.api import ApiCore, Context, now_rfc3339
 from sim.kubesim.auth import Authorizer, User
 from sim.kubesim.discovery import Discovery
 from sim.kubesim.faults import Faults
-from sim.kubesim.gc import GarbageCollector
+from sim.kubesim.gc import EventExpiry, GarbageCollector
 from sim.kubesim.resources import ResourceType, builtin_types, kueue_types
 from sim.kubesim.seed import SYSTEM_NAMESPACES, kueue_objects, node_object, node_status
 from sim.kubesim.store import Store, Watcher, clone
@@ -49,6 +49,8 @@ class ClusterOptions:
     bookmark_interval: float = 60.0
     max_watch_seconds: float = 1800.0
     default_field_validation: str = "Warn"
+    #: Seconds an Event lives after its last occurrence (kube-apiserver ``--event-ttl``).
+    event_ttl: float = 3600.0
     controllers: bool = True
     extra_objects: list[dict[str, Any]] = field(default_factory=list)
 
@@ -156,6 +158,7 @@ class SimCluster:
         """Start the in-cluster controllers on ``loop`` (the server's loop)."""
         self.faults.set_blackhole(False)
         self.controllers.append(GarbageCollector(self.core, loop))
+        self.controllers.append(EventExpiry(self.core, loop, self.options.event_ttl))
         if self.options.controllers:
             from sim.kubesim.controllers import start_controllers
 

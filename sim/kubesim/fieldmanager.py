@@ -20,6 +20,7 @@ List semantics come from the CRD schema (``x-kubernetes-list-type`` / map keys /
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class Shape:
         return schema_shape(items, "") if isinstance(items, Mapping) else Shape()
 
 
+@functools.cache
 def builtin_shape(name: str) -> Shape:
     if name in MERGE_SETS:
         return Shape(list_type="set", field_name=name)
@@ -81,7 +83,22 @@ def builtin_shape(name: str) -> Shape:
     return Shape(kind="struct", field_name=name)
 
 
+#: Shapes by (id of schema node, field name); the node is kept so that its id stays unique.
+_SCHEMA_SHAPES: dict[tuple[int, str], tuple[Mapping[str, Any], Shape]] = {}
+
+
 def schema_shape(schema: Mapping[str, Any], name: str) -> Shape:
+    """The shape of one schema node (cached: schemas are read once and never change)."""
+    key = (id(schema), name)
+    hit = _SCHEMA_SHAPES.get(key)
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    shape = _schema_shape(schema, name)
+    _SCHEMA_SHAPES[key] = (schema, shape)
+    return shape
+
+
+def _schema_shape(schema: Mapping[str, Any], name: str) -> Shape:
     list_type = schema.get("x-kubernetes-list-type", "atomic")
     keys = tuple(schema.get("x-kubernetes-list-map-keys") or ())
     if schema.get("x-kubernetes-map-type") == "atomic":

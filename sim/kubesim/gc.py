@@ -5,7 +5,9 @@ write that triggers them; so do we: a store listener records what changed and
 the work runs on the next loop iteration. Background deletion removes
 dependents after the owner is gone; foreground deletion keeps the owner (with
 its ``foregroundDeletion`` finalizer) until its dependents are gone; a
-terminating namespace is emptied, then removed.
+terminating namespace is emptied, then removed. Events expire after
+``event_ttl`` seconds, as with kube-apiserver's ``--event-ttl`` (1 h by default),
+so that a long-running cluster does not grow without bound.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 
 from sim.kubesim.api import ApiCore, Context
 from sim.kubesim.errors import ApiError
 from sim.kubesim.resources import ResourceType
 from sim.kubesim.store import DELETED, Event, clone
 
-__all__ = ["GarbageCollector"]
+__all__ = ["EventExpiry", "GarbageCollector"]
 
 Ref = tuple[str, str, str]  # (resource key, namespace, name)
 
@@ -149,3 +152,35 @@ class GarbageCollector:
         ):
             self.namespaces.discard(namespace)
             self.core.store.remove(ns_type, ns)
+
+
+class EventExpiry:
+    """Deletes core/v1 Events whose ``lastTimestamp`` is older than ``ttl`` seconds."""
+
+    def __init__(self, core: ApiCore, loop: asyncio.AbstractEventLoop, ttl: float) -> None:
+        self.core = core
+        self.loop = loop
+        self.ttl = ttl
+        self.rtype = next(t for t in core.types if t.key == "events")
+        self.ctx = Context(user="system:apiserver", manager="kube-apiserver")
+        self._timer: asyncio.TimerHandle | None = loop.call_later(self._interval(), self.sweep)
+
+    def _interval(self) -> float:
+        return max(0.05, min(60.0, self.ttl / 4))
+
+    def sweep(self) -> None:
+        cutoff = (datetime.now(UTC) - timedelta(seconds=self.ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resource = self.core.storage(self.rtype)
+        for event in self.core.store.items(self.rtype):
+            stamp = event.get("lastTimestamp") or event["metadata"].get("creationTimestamp", "")
+            # RFC 3339 in UTC with a fixed width: text order is time order.
+            if stamp and stamp < cutoff:
+                metadata = event["metadata"]
+                with contextlib.suppress(ApiError):
+                    self.core.delete(resource, metadata["namespace"], metadata["name"], self.ctx)
+        self._timer = self.loop.call_later(self._interval(), self.sweep)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

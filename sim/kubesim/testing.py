@@ -120,6 +120,7 @@ def running_clusters(
     default_field_validation: str = "Warn",
     crds_dir: Path | None = None,
     extra_objects: Sequence[dict[str, Any]] = (),
+    event_ttl: float = 3600.0,
 ) -> Iterator[list[RunningCluster]]:
     """Serve one cluster per name (fleet clusters of that name supply Nodes)."""
     workdir = Path(tempfile.mkdtemp(prefix="kubesim-"))
@@ -144,6 +145,7 @@ def running_clusters(
                 default_field_validation=default_field_validation,
                 controllers=controllers,
                 extra_objects=list(extra_objects),
+                event_ttl=event_ttl,
             )
             cluster = thread.run(SimCluster, options)
             token = thread.run(lambda c=cluster: c.add_user("admin", None))

@@ -6,6 +6,7 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
+from sim.kubesim.testing import running_cluster
 from tests.kubesim.conftest import status_body, wait_for
 
 #: A Job that the built-in Job controller leaves alone (``spec.managedBy``), so that no
@@ -345,3 +346,19 @@ def test_garbage_collector_keeps_a_live_owners_other_dependents(batch: client.Ba
             batch.list_namespaced_job("default", field_selector="metadata.name=gc-b").items == []
         )
     )
+
+
+def test_events_expire_after_the_event_ttl() -> None:
+    with (
+        running_cluster(name="ttl", tls=False, event_ttl=1.0) as cluster,
+        cluster.api_client() as api_client,
+    ):
+        batch, core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
+        job = _job("noisy")
+        job.spec.suspend = False
+        batch.create_namespaced_job("default", job)
+        events = wait_for(lambda: core.list_namespaced_event("default").items)
+        assert {e.reason for e in events} >= {"SuccessfulCreate"}
+        # Timestamps have one-second resolution: gone within ttl + 2 s.
+        wait_for(lambda: not core.list_namespaced_event("default").items, timeout=5)
+        assert batch.read_namespaced_job("noisy", "default").metadata.name == "noisy"
