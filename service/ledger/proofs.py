@@ -1,17 +1,21 @@
 """The Merkle tree of the ledger: checkpoints and proofs by ``seq``.
 
 This is what the auditor endpoints and the checkpoint task use. It lives in
-memory (about 64 bytes per entry) and is filled from the ledger reader at
-start-up and then by every append; :meth:`LedgerTree.extend` refuses entries
-that do not continue the chain, so the tree never silently diverges from it.
-``seq`` is 1-based; leaf index ``i`` holds the entry of ``seq = i + 1``.
+memory (about 64 bytes per entry): :meth:`LedgerTree.catch_up` fills it from
+the ledger reader at start-up and brings it up to date before answering.
+Entries that do not continue the chain, or whose content does not match
+their hash, are refused, so the tree never silently diverges from the ledger.
+Safe to share between threads. ``seq`` is 1-based; leaf index ``i`` holds
+the entry of ``seq = i + 1``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from service.ledger.canonical import canonical_json
 from service.ledger.chain import GENESIS_HASH, LedgerEntry, entry_bytes
@@ -39,51 +43,73 @@ class ConsistencyProof:
     hashes: tuple[bytes, ...]
 
 
+class RecordSource(Protocol):
+    def records(self, after_seq: int = 0, batch: int = 5000) -> Iterator[ExportRecord]: ...
+
+
 class LedgerTree:
     def __init__(self, origin: str) -> None:
         self.origin = origin
         self._tree = MerkleTree()
         self._tip = GENESIS_HASH
+        self._lock = threading.RLock()
 
     @property
     def size(self) -> int:
         return self._tree.size
 
+    def catch_up(self, source: RecordSource) -> int:
+        """Add what the ledger has beyond the tree (e.g. a
+        ``PostgresLedgerReader``); the new size."""
+        with self._lock:
+            self.extend_records(source.records(after_seq=self.size))
+            return self.size
+
     def extend(self, entries: Iterable[LedgerEntry]) -> None:
-        for entry in entries:
-            if entry.seq != self.size + 1 or entry.prev_hash != self._tip:
-                raise ValueError(f"entry {entry.seq} does not continue the tree at {self.size}")
-            self._tree.append(leaf_of(entry))
-            self._tip = entry.entry_hash
+        with self._lock:
+            for entry in entries:
+                if entry.seq != self.size + 1 or entry.prev_hash != self._tip:
+                    raise ValueError(f"entry {entry.seq} does not continue the tree at {self.size}")
+                data = entry_bytes(entry)
+                if hashlib.sha256(data).digest() != entry.entry_hash:
+                    raise ValueError(f"entry {entry.seq} does not match its hash")
+                self._tree.append(leaf_hash(data))
+                self._tip = entry.entry_hash
 
     def extend_records(self, records: Iterable[ExportRecord]) -> None:
-        """:meth:`extend` from a reader's lean ``records()`` (or an export);
-        the hash each record claims is checked against its content."""
-        for record in records:
-            document = record.document
-            if document.get("seq") != self.size + 1 or document.get("prev_hash") != self._tip.hex():
-                raise ValueError(f"entry {document.get('seq')} does not continue the tree")
-            data = record.data or canonical_json(document)
-            if hashlib.sha256(data).hexdigest() != record.entry_hash:
-                raise ValueError(f"entry {self.size + 1} does not match its hash")
-            self._tree.append(leaf_hash(data))
-            self._tip = bytes.fromhex(record.entry_hash)
+        """:meth:`extend` from a reader's lean ``records()`` (or an export)."""
+        with self._lock:
+            for record in records:
+                document = record.document
+                if (
+                    document.get("seq") != self.size + 1
+                    or document.get("prev_hash") != self._tip.hex()
+                ):
+                    raise ValueError(f"entry {document.get('seq')} does not continue the tree")
+                data = record.data or canonical_json(document)
+                if hashlib.sha256(data).hexdigest() != record.entry_hash:
+                    raise ValueError(f"entry {self.size + 1} does not match its hash")
+                self._tree.append(leaf_hash(data))
+                self._tip = bytes.fromhex(record.entry_hash)
 
     def checkpoint(self, size: int | None = None) -> Checkpoint:
-        size = self.size if size is None else size
-        return Checkpoint(self.origin, size, self._tree.root(size))
+        with self._lock:
+            size = self.size if size is None else size
+            return Checkpoint(self.origin, size, self._tree.root(size))
 
     def signed_checkpoint(self, signer: NoteSigner, size: int | None = None) -> str:
         return sign_checkpoint(self.checkpoint(size), [signer])
 
     def inclusion_proof(self, seq: int, tree_size: int | None = None) -> InclusionProof:
-        tree_size = self.size if tree_size is None else tree_size
-        hashes = self._tree.inclusion_proof(seq - 1, tree_size)
+        with self._lock:
+            tree_size = self.size if tree_size is None else tree_size
+            hashes = self._tree.inclusion_proof(seq - 1, tree_size)
         return InclusionProof(seq, tree_size, tuple(hashes))
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> ConsistencyProof:
-        new_size = self.size if new_size is None else new_size
-        hashes = self._tree.consistency_proof(old_size, new_size)
+        with self._lock:
+            new_size = self.size if new_size is None else new_size
+            hashes = self._tree.consistency_proof(old_size, new_size)
         return ConsistencyProof(old_size, new_size, tuple(hashes))
 
 

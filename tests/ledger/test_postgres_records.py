@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 import sqlalchemy as sa
 
 from service.app.uow import SqlUnitOfWork
@@ -85,3 +86,22 @@ def test_repeats_in_a_batch_and_across_calls_are_stored_once(engine: sa.Engine) 
     assert [e.seq for e in again] == [3, 1]
     reader = PostgresLedgerReader(engine)
     assert reader.head()[0] == 3 and reader.verify().ok
+
+
+def test_the_tree_catches_up_with_the_ledger(engine: sa.Engine) -> None:
+    from service.ledger.memory import InMemoryLedger
+
+    fill(engine)
+    reader = PostgresLedgerReader(engine)
+    tree = LedgerTree("qm.test/ledger")
+    assert tree.catch_up(reader) == 7
+    fill(engine)
+    assert tree.catch_up(reader) == 14 and tree.catch_up(reader) == 14
+    expected = LedgerTree("qm.test/ledger")
+    expected.extend(reader.entries())
+    assert tree.checkpoint() == expected.checkpoint()
+    assert tree.checkpoint(7) == expected.checkpoint(7)
+    other = InMemoryLedger()
+    other.append([NewLedgerEntry(uuid.uuid4(), "x", {}, T0)])
+    with pytest.raises(ValueError):
+        tree.extend(other.entries)

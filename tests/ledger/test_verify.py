@@ -342,3 +342,15 @@ def test_the_tree_from_records_equals_the_tree_from_entries() -> None:
         LedgerTree(ORIGIN).extend_records(tampered)
     with pytest.raises(ValueError):
         LedgerTree(ORIGIN).extend_records(list(records_of(entries))[1:])
+
+
+def test_the_tree_refuses_an_entry_whose_content_does_not_match_its_hash() -> None:
+    import dataclasses
+
+    entries = honest()
+    tree = LedgerTree(ORIGIN)
+    tree.extend(entries[:2])
+    forged = dataclasses.replace(entries[2], body={"forged": True})
+    with pytest.raises(ValueError):
+        tree.extend([forged])
+    assert tree.size == 2
