@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Annotated
 
@@ -107,6 +108,15 @@ def standalone(
 
     settings = get_settings()
     data = (data_dir or settings.data_dir).resolve()
+    if not settings.bootstrap_token:
+        # A fresh admin token per data directory, kept there, so that a restart
+        # resumes with the same credentials.
+        token_file = data / "admin-token"
+        if not token_file.exists():
+            token_file.parent.mkdir(parents=True, exist_ok=True)
+            token_file.write_text("qm_" + secrets.token_urlsafe(32))
+            token_file.chmod(0o600)
+        settings = settings.model_copy(update={"bootstrap_token": token_file.read_text().strip()})
     with ExitStack() as stack:
         url = settings.database_url
         if not url:
@@ -117,6 +127,7 @@ def standalone(
         services = bootstrap(settings, url)
         stack.callback(services.close)
         console.print(f"[green]Quartermaster[/green] API at http://{host}:{port}  (Ctrl-C stops)")
+        console.print(f"admin token: {settings.bootstrap_token}")
         uvicorn.run(create_app(services), host=host, port=port, log_level="info")
 
 
