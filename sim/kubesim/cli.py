@@ -46,41 +46,50 @@ async def _serve(
     kubeconfig_out: Path,
 ) -> None:
     material = make_tls((host, "localhost", "127.0.0.1")) if tls else None
-    servers = []
-    for index, name in enumerate(names):
-        cluster = SimCluster(dataclasses.replace(options, name=name))
-        token = cluster.add_user("admin")
-        admin_token = cluster.add_user("kubesim-admin", admin=True)
-        server = ClusterServer(
-            cluster,
-            host=host,
-            port=port + index if port else 0,
-            admin_port=admin_port + index if admin_port else 0,
-            tls=material,
-        )
-        await server.start()
-        servers.append((name, server, token, admin_token))
-        typer.echo(
-            json.dumps(
-                {
-                    "cluster": name,
-                    "server": server.url,
-                    "admin": server.admin_url,
-                    "adminToken": admin_token,
-                    "nodes": len(cluster.store.collections["nodes"].objects),
-                }
-            )
-        )
-    ca = material.ca_pem if material else None
-    write_kubeconfig(kubeconfig_out, kubeconfig((n, s.url, t, ca) for n, s, t, _ in servers))
-    typer.echo(f"kubeconfig written to {kubeconfig_out}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    for _, server, _, _ in servers:
-        await server.stop()
+    servers: list[tuple[str, ClusterServer, str, str]] = []
+    try:
+        for index, name in enumerate(names):
+            cluster = SimCluster(dataclasses.replace(options, name=name))
+            token = cluster.add_user("admin")
+            admin_token = cluster.add_user("kubesim-admin", admin=True)
+            try:
+                server = ClusterServer(
+                    cluster,
+                    host=host,
+                    port=port + index if port else 0,
+                    admin_port=admin_port + index if admin_port else 0,
+                    tls=material,
+                )
+            except OSError as error:
+                raise _Unservable(f"cluster {name}: cannot listen on {host}: {error}") from None
+            await server.start()
+            servers.append((name, server, token, admin_token))
+            typer.echo(
+                json.dumps(
+                    {
+                        "cluster": name,
+                        "server": server.url,
+                        "admin": server.admin_url,
+                        "adminToken": admin_token,
+                        "nodes": len(cluster.store.collections["nodes"].objects),
+                    }
+                )
+            )
+        ca = material.ca_pem if material else None
+        write_kubeconfig(kubeconfig_out, kubeconfig((n, s.url, t, ca) for n, s, t, _ in servers))
+        typer.echo(f"kubeconfig written to {kubeconfig_out}")
+        await stop.wait()
+    finally:
+        for _, server, _, _ in servers:
+            await server.stop()
+
+
+class _Unservable(Exception):
+    """A cluster could not be served (its port is taken); reported without a traceback."""
 
 
 def cluster(
@@ -123,7 +132,11 @@ def cluster(
         controllers=controllers,
         event_ttl=event_ttl,
     )
-    asyncio.run(_serve(names, options, host, port, admin_port, tls, kubeconfig_out))
+    try:
+        asyncio.run(_serve(names, options, host, port, admin_port, tls, kubeconfig_out))
+    except _Unservable as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

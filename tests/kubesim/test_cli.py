@@ -144,3 +144,34 @@ def test_cluster_command_rejects_more_clusters_than_the_fleet_has(tmp_path: Path
     assert result.returncode == 2
     assert "the fleet has 3 cluster(s), 9 requested" in result.stderr
     assert not (tmp_path / "kubeconfig").exists()
+
+
+def test_cluster_command_reports_a_taken_port_and_stops_what_it_started(tmp_path: Path) -> None:
+    port = _free_port_pair()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port + 1))
+        squatter.listen()
+        result = subprocess.run(
+            [
+                str(CLI),
+                "sim",
+                "cluster",
+                "--fleet",
+                str(DEMO),
+                "--port",
+                str(port),
+                "--count",
+                "2",
+                "--kubeconfig-out",
+                str(tmp_path / "kubeconfig"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert "cluster west-1: cannot listen on 127.0.0.1" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert _refused(port)  # east-1 was started, then stopped
+    assert not (tmp_path / "kubeconfig").exists()
