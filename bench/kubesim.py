@@ -278,7 +278,8 @@ def hammer(kind: str, server: dict[str, Any], clients: int, seconds: float) -> d
     ]
     for proc in procs:
         proc.start()
-    ready.wait()  # every client has its connection and its objects: start the clock
+    # Every client has its connection and its objects: start the clock (a dead one times out).
+    ready.wait(timeout=120)
     started = time.perf_counter()
     start.set()
     collected = [out.get(timeout=seconds + 120) for _ in procs]
@@ -368,7 +369,7 @@ def watch_case(server: dict[str, Any], watchers: int, seconds: float) -> dict[st
     ]
     for proc in procs:
         proc.start()
-    ready.wait()  # every watch is open
+    ready.wait(timeout=120)  # every watch is open
     started = time.perf_counter()
     counts: list[int] = []
     prefix = f"w{watchers}-{time.monotonic_ns()}"
