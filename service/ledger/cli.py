@@ -225,16 +225,20 @@ def export_command(
 
 @app.command()
 def checkpoint(
-    out: Annotated[Path, typer.Option(help="Where to write the signed checkpoint.")],
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the signed checkpoint to this file.")
+    ] = None,
     origin: Annotated[str, typer.Option(help="The log's origin line.")] = DEFAULT_ORIGIN,
     database_url: Annotated[str | None, typer.Option(help="Default QM_DATABASE_URL.")] = None,
 ) -> None:
-    """Sign a checkpoint of the live ledger with QM_LEDGER_SIGNING_KEY."""
+    """Publish a checkpoint of the live ledger, signed with QM_LEDGER_SIGNING_KEY
+    (nothing new since the last one: the last one). Refuses to sign a ledger
+    that does not extend the checkpoints already published."""
     import sqlalchemy as sa
 
     from service.config import get_settings
-    from service.ledger.postgres import PostgresLedgerReader
-    from service.ledger.proofs import LedgerTree
+    from service.ledger.postgres import PostgresCheckpointStore, PostgresLedgerReader
+    from service.ledger.proofs import LedgerTree, publish_checkpoint
 
     seed = get_settings().ledger_signing_key
     if not seed:
@@ -246,8 +250,12 @@ def checkpoint(
     engine = sa.create_engine(_database_url(database_url))
     try:
         tree = LedgerTree(origin)
-        tree.extend_records(PostgresLedgerReader(engine).records())
+        reader, store = PostgresLedgerReader(engine), PostgresCheckpointStore(engine)
+        note = publish_checkpoint(tree, reader, signer, store)
+    except (CheckpointError, ValueError) as exc:
+        raise _fail(f"NOT SIGNED: {exc}", code=1) from exc
     finally:
         engine.dispose()
-    out.write_text(tree.signed_checkpoint(signer), encoding="utf-8")
-    typer.echo(f"checkpoint of {tree.size} entries written to {out}")
+    if out is not None:
+        out.write_text(note, encoding="utf-8")
+    typer.echo(note, nl=False)

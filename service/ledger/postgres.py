@@ -15,6 +15,7 @@ from service.ledger.chain import (
     seal,
     verify_chain,
 )
+from service.ledger.checkpoint import Checkpoint
 from service.ledger.export import ExportRecord
 from service.ledger.query import LedgerQuery, select_statement
 
@@ -171,3 +172,59 @@ class PostgresLedgerReader:
     def verify(self) -> Verification:
         head = self.head()
         return verify_chain(self.entries(), head=head)
+
+
+_CHECKPOINT_COLUMNS = "origin, tree_size, root_hash, note"
+_SAVE_CHECKPOINT = (
+    "INSERT INTO ledger_checkpoints (origin, tree_size, root_hash, note) "
+    "VALUES (%(origin)s, %(size)s, %(root)s, %(note)s) ON CONFLICT (tree_size) DO NOTHING"
+)
+
+
+class PostgresCheckpointStore:
+    """Published checkpoints, one per tree size, append-only."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def save(self, checkpoint: Checkpoint, note: str) -> str:
+        """Store ``note`` (the signed ``checkpoint``); if one of that size was
+        published already, that one stands and is returned."""
+        params = {
+            "origin": checkpoint.origin,
+            "size": checkpoint.size,
+            "root": checkpoint.root_hash,
+            "note": note,
+        }
+        with self._engine.begin() as conn:
+            conn.exec_driver_sql(_SAVE_CHECKPOINT, params)
+            stored = conn.exec_driver_sql(
+                "SELECT note FROM ledger_checkpoints WHERE tree_size = %(size)s", params
+            ).scalar_one()
+        return str(stored)
+
+    def latest(self) -> tuple[Checkpoint, str] | None:
+        return self._one("ORDER BY tree_size DESC LIMIT 1", {})
+
+    def at(self, size: int) -> tuple[Checkpoint, str] | None:
+        return self._one("WHERE tree_size = %(size)s", {"size": size})
+
+    def notes(self, after_size: int = -1, limit: int = 100) -> list[str]:
+        """Signed notes in order of size, for listing and for ``--older``."""
+        with self._engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT note FROM ledger_checkpoints WHERE tree_size > %(after)s "
+                "ORDER BY tree_size LIMIT %(limit)s",
+                {"after": after_size, "limit": limit},
+            )
+            return [str(row[0]) for row in rows]
+
+    def _one(self, tail: str, params: dict[str, Any]) -> tuple[Checkpoint, str] | None:
+        with self._engine.connect() as conn:
+            row = conn.exec_driver_sql(
+                f"SELECT {_CHECKPOINT_COLUMNS} FROM ledger_checkpoints {tail}", params
+            ).first()
+        if row is None:
+            return None
+        origin, size, root, note = row
+        return Checkpoint(str(origin), int(size), bytes(root)), str(note)

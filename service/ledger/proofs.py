@@ -19,7 +19,7 @@ from typing import Protocol
 
 from service.ledger.canonical import canonical_json
 from service.ledger.chain import GENESIS_HASH, LedgerEntry, entry_bytes
-from service.ledger.checkpoint import Checkpoint, NoteSigner, sign_checkpoint
+from service.ledger.checkpoint import Checkpoint, CheckpointError, NoteSigner, sign_checkpoint
 from service.ledger.export import ExportRecord
 from service.ledger.merkle import MerkleTree, leaf_hash, verify_inclusion
 
@@ -122,3 +122,51 @@ def entry_is_included(entry: LedgerEntry, proof: InclusionProof, checkpoint: Che
             leaf_of(entry), entry.seq - 1, checkpoint.size, proof.hashes, checkpoint.root_hash
         )
     )
+
+
+class CheckpointStore(Protocol):
+    def save(self, checkpoint: Checkpoint, note: str) -> str: ...
+
+    def latest(self) -> tuple[Checkpoint, str] | None: ...
+
+
+class InMemoryCheckpointStore:
+    """The fake of :class:`~service.ledger.postgres.PostgresCheckpointStore`."""
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, tuple[Checkpoint, str]] = {}
+
+    def save(self, checkpoint: Checkpoint, note: str) -> str:
+        return self._by_size.setdefault(checkpoint.size, (checkpoint, note))[1]
+
+    def latest(self) -> tuple[Checkpoint, str] | None:
+        return self._by_size[max(self._by_size)] if self._by_size else None
+
+    def at(self, size: int) -> tuple[Checkpoint, str] | None:
+        return self._by_size.get(size)
+
+
+def publish_checkpoint(
+    tree: LedgerTree, source: RecordSource, signer: NoteSigner, store: CheckpointStore
+) -> str:
+    """Sign and store a checkpoint of the whole ledger — periodically or on
+    demand; nothing new since the last one returns the last one.
+
+    Never signs a fork: the tree must extend the latest published checkpoint
+    (same origin, same root at its size), or ``CheckpointError`` is raised —
+    if the stored ledger was rewritten, the signing key must not vouch for it.
+    """
+    size = tree.catch_up(source)
+    latest = store.latest()
+    if latest is not None:
+        published, note = latest
+        if published.origin != tree.origin:
+            raise CheckpointError(f"the store holds checkpoints of {published.origin!r}")
+        if published.size > size or tree.checkpoint(published.size) != published:
+            raise CheckpointError(
+                f"the ledger no longer extends the checkpoint of size {published.size}"
+            )
+        if published.size == size:
+            return note
+    checkpoint = tree.checkpoint(size)
+    return store.save(checkpoint, sign_checkpoint(checkpoint, [signer]))

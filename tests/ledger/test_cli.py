@@ -34,8 +34,15 @@ def fill(engine: sa.Engine, start: int, n: int) -> None:
         uow.commit()
 
 
+def clear_checkpoints(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        conn.exec_driver_sql("DELETE FROM ledger_checkpoints")
+
+
 @pytest.fixture
-def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: sa.Engine) -> Iterator[Path]:
+    clear_checkpoints(engine)
     public = tmp_path / "ledger.pub"
     result = runner.invoke(app, ["keygen", "--public-key", str(public), "--origin", "qm.test/l"])
     assert result.exit_code == 0, result.output
@@ -44,6 +51,7 @@ def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     get_settings.cache_clear()
     yield public
     get_settings.cache_clear()
+    clear_checkpoints(engine)
 
 
 def invoke(*args: str) -> str:
@@ -59,7 +67,8 @@ def test_export_checkpoint_and_verify_offline(
     fill(engine, 0, 7)
     invoke("checkpoint", "--out", str(tmp_path / "cp7"), "--origin", "qm.test/l", *db)
     fill(engine, 7, 6)
-    invoke("checkpoint", "--out", str(tmp_path / "cp13"), "--origin", "qm.test/l", *db)
+    printed = invoke("checkpoint", "--out", str(tmp_path / "cp13"), "--origin", "qm.test/l", *db)
+    assert printed == (tmp_path / "cp13").read_text() and printed.startswith("qm.test/l\n13\n")
     invoke("export", "--out", str(tmp_path / "ledger.ndjson"), *db)
     assert len((tmp_path / "ledger.ndjson").read_bytes().splitlines()) == 13
 
@@ -91,6 +100,8 @@ def test_tampering_in_the_database_fails_live_verification(
         ["verify", "--live", *db, "--checkpoint", str(tmp_path / "cp"), "--public-key", str(keys)],
     )
     assert result.exit_code == 1 and "entry 2: entry hash" in result.output
+    result = runner.invoke(app, ["checkpoint", "--origin", "qm.test/l", *db])
+    assert result.exit_code == 1 and "NOT SIGNED" in result.output
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
