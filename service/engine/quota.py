@@ -94,9 +94,12 @@ class QuotaNode:
         parent = self.parent
         if parent is None:
             return self.subtree_quota.get(fr, 0) - self.usage.get(fr, 0)
-        parent_available = parent.available(fr)
         quota = self.quotas.get(fr)
-        if quota is not None and quota.borrowing_limit is not None:
+        if quota is None or (quota.borrowing_limit is None and quota.lending_limit is None):
+            # Nothing kept local (local quota 0) and no cap: the parent's answer.
+            return parent.available(fr)
+        parent_available = parent.available(fr)
+        if quota.borrowing_limit is not None:
             local = self.local_quota(fr)
             stored_in_parent = self.subtree_quota.get(fr, 0) - local
             used_in_parent = max(0, self.usage.get(fr, 0) - local)
