@@ -362,3 +362,23 @@ def test_events_expire_after_the_event_ttl() -> None:
         # Timestamps have one-second resolution: gone within ttl + 2 s.
         wait_for(lambda: not core.list_namespaced_event("default").items, timeout=5)
         assert batch.read_namespaced_job("noisy", "default").metadata.name == "noisy"
+
+
+def test_deleting_a_namespace_empties_it_then_removes_it(
+    core: client.CoreV1Api, batch: client.BatchV1Api
+) -> None:
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="short-lived")))
+    batch.create_namespaced_job("short-lived", _job("inside", managed_by=ELSEWHERE))
+    core.delete_namespace("short-lived")
+
+    def gone() -> bool:
+        try:
+            core.read_namespace("short-lived")
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone)
+    with pytest.raises(ApiException) as missing:
+        batch.read_namespaced_job("inside", "short-lived")
+    assert missing.value.status == 404

@@ -456,3 +456,27 @@ def test_deactivated_workload_is_evicted_its_job_suspended_and_quota_freed(
     wait_for(lambda: batch.read_namespaced_job("paused", QUOTA_NS).spec.suspend is True)
     wait_for(lambda: _gpu_reservation(custom, small_queue) == "0")
     batch.delete_namespaced_job("paused", QUOTA_NS, propagation_policy="Background")
+
+
+def test_cluster_queue_borrows_from_its_cohort_beyond_its_nominal_quota(
+    batch: client.BatchV1Api, custom: client.CustomObjectsApi
+) -> None:
+    # vision: 48 h100 GPUs nominal, borrowingLimit 32; language lends up to 32 in "research".
+    batch.create_namespaced_job("vision", queued_job("borrower", gpus=8, pods=7, duration="1h"))
+    workload = _workload_of(custom, "vision", "borrower")
+
+    def borrowed() -> tuple[str, str]:
+        cq = custom.get_cluster_custom_object_status(KUEUE, "v1beta2", "clusterqueues", "vision")
+        for flavor in (cq.get("status") or {}).get("flavorsReservation") or ():
+            for resource in flavor["resources"] if flavor["name"] == "h100" else ():
+                if resource["name"] == "nvidia.com/gpu" and resource["total"] == "56":
+                    return resource["total"], resource["borrowed"]
+        return ("", "")
+
+    assert wait_for(borrowed) == ("56", "8")
+    admitted = custom.get_namespaced_custom_object(
+        KUEUE, "v1beta2", "vision", "workloads", workload["metadata"]["name"]
+    )
+    assert _conditions(admitted)["Admitted"]["status"] == "True"
+    batch.delete_namespaced_job("borrower", "vision", propagation_policy="Background")
+    wait_for(lambda: borrowed() == ("", ""))
