@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
 from sim.kubesim.testing import RunningCluster
@@ -179,3 +179,55 @@ def test_rbac_rules_limit_a_token_and_the_audit_records_what_it_used(
         (("clusterqueues",), ("list",)),
         (("jobs",), ("list",)),
     }
+
+
+def test_dynamic_client_server_side_apply_and_watch(sim: RunningCluster) -> None:
+    """What the reconcilers do: apply Kueue objects by field manager, watch them back."""
+    with sim.api_client() as api_client:
+        dyn = dynamic.DynamicClient(api_client)
+        queues = dyn.resources.get(api_version=f"{KUEUE}/v1beta2", kind="LocalQueue")
+        start = queues.get(namespace="vision").metadata.resourceVersion
+        body = {
+            "apiVersion": f"{KUEUE}/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "mirrored", "namespace": "vision", "labels": {"qm": "1"}},
+            "spec": {"clusterQueue": "vision"},
+        }
+        applied = queues.server_side_apply(body=body, field_manager="quartermaster")
+        assert applied.metadata.managedFields[0].manager == "quartermaster"
+        body["metadata"]["labels"]["qm"] = "2"
+        queues.server_side_apply(body=body, field_manager="quartermaster")
+        body["metadata"]["labels"]["qm"] = "3"
+        queues.patch(
+            body={"metadata": {"labels": {"qm": "hand-edit"}}},
+            name="mirrored",
+            namespace="vision",
+            content_type="application/merge-patch+json",
+        )
+        with pytest.raises(ApiException) as conflict:
+            queues.server_side_apply(body=body, field_manager="quartermaster")
+        assert conflict.value.status == 409
+        forced = queues.server_side_apply(
+            body=body, field_manager="quartermaster", force_conflicts=True
+        )
+        assert forced.metadata.labels["qm"] == "3"
+
+        # The Kueue controller's status writes show too: keep the label changes.
+        seen: list[tuple[str, str]] = []
+        for event in queues.watch(
+            namespace="vision",
+            resource_version=start,
+            field_selector="metadata.name=mirrored",
+            timeout=5,
+        ):
+            label = event["object"].metadata.labels["qm"]
+            if not seen or seen[-1][1] != label:
+                seen.append((event["type"], label))
+            if label == "3":
+                break
+        assert seen == [
+            ("ADDED", "1"),
+            ("MODIFIED", "2"),
+            ("MODIFIED", "hand-edit"),
+            ("MODIFIED", "3"),
+        ]
