@@ -483,18 +483,18 @@ class KueueController(Reconciler):
     def _pods_ready(self, kind: JobKind, job: Obj, workload: Obj) -> None:
         wanted = sum(ps.get("count", 1) for ps in workload["spec"].get("podSets") or ())
         ready = self._ready_pods(kind, job)
-        previous = condition(workload, "PodsReady")
+        previous = condition(workload, "PodsReady") or {}
+        was_ready = previous.get("status") == "True"
+        recovering = previous.get("reason") == "WaitForRecovery"
         if ready >= wanted:
             reason, message, status = (
                 "Started",
                 "All pods reached readiness and the workload is running",
                 "True",
             )
-            if previous is not None and previous.get("reason") in ("WaitForRecovery", "Recovered"):
+            if previous.get("reason") in ("WaitForRecovery", "Recovered"):
                 reason = "Recovered"
-        elif (previous is not None and previous.get("status") == "True") or (previous or {}).get(
-            "reason"
-        ) == "WaitForRecovery":
+        elif was_ready or recovering:
             reason, message, status = (
                 "WaitForRecovery",
                 "At least one pod has failed, waiting for recovery",
@@ -502,10 +502,7 @@ class KueueController(Reconciler):
             )
         else:
             reason, message, status = "WaitForStart", "Not all pods are ready or succeeded", "False"
-        if previous is not None and (previous.get("status"), previous.get("reason")) == (
-            status,
-            reason,
-        ):
+        if (previous.get("status"), previous.get("reason")) == (status, reason):
             return
         self.mutate(
             WORKLOADS,
