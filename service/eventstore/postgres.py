@@ -29,6 +29,15 @@ lock lives for one statement plus the WAL flush. The unique key (stream,
 version) catches a writer that raced us between our check and our commit; the
 positions are known once committed (``commit`` returns them).
 
+Large batches
+-------------
+Parsing a JSON array server-side costs more per event than the insert itself.
+A unit with at least ``STAGE_THRESHOLD`` events first COPYs them, without the
+lock, into a temporary staging table (one per connection, emptied at commit),
+then one statement numbers and inserts them all from there and COMMIT follows
+in the same pipeline: the lock still lives for one statement, and COPY is the
+fastest way into Postgres (bench/eventstore.py, batches of 100).
+
 We also tried numbering at commit time from a deferred trigger (rows inserted
 with a NULL position, updated at COMMIT): every event is then written twice and
 the partial index of unnumbered rows fills with dead entries between vacuums,
@@ -38,6 +47,7 @@ which made it slower still.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -89,6 +99,40 @@ SELECT head.base + batch.ord, %(stream)s, current.v + batch.ord,
 FROM head, current, batch
 RETURNING position, version
 """
+STAGE_THRESHOLD = 32
+_STAGE_TABLE = """
+CREATE TEMPORARY TABLE IF NOT EXISTS qm_stage (
+    ord bigint NOT NULL, stream text NOT NULL, stream_ord integer NOT NULL,
+    expected bigint NOT NULL, event_id uuid NOT NULL, type text NOT NULL,
+    data jsonb NOT NULL, meta jsonb NOT NULL
+) ON COMMIT DELETE ROWS
+"""
+_STAGE_COPY = (
+    "COPY qm_stage (ord, stream, stream_ord, expected, event_id, type, data, meta) FROM STDIN"
+)
+# The staged twin of _INSERT: every stream's expected version is checked
+# before the head moves; a stale one raises QM409 and aborts the transaction.
+_INSERT_STAGED = """
+WITH current AS (
+    SELECT st.stream, st.expected,
+           coalesce((SELECT max(e.version) FROM events e WHERE e.stream = st.stream), 0) AS v
+    FROM (SELECT DISTINCT stream, expected FROM qm_stage) AS st
+), head AS (
+    UPDATE event_head SET position = position + %(n)s + (
+        SELECT coalesce(sum(CASE WHEN c.expected IN (-1, c.v) THEN 0
+                            ELSE qm_version_conflict(c.stream, c.expected, c.v) END), 0)
+        FROM current AS c)
+    WHERE id = 1
+    RETURNING position - %(n)s AS base
+)
+INSERT INTO events (position, stream, version, event_id, type, data, metadata)
+SELECT head.base + s.ord, s.stream, c.v + s.stream_ord, s.event_id, s.type, s.data, s.meta
+FROM head, qm_stage AS s JOIN current AS c ON c.stream = s.stream
+RETURNING position, stream, version
+"""
+_STAGED = weakref.WeakSet[Any]()
+"""Connections whose session has the staging table."""
+
 _READ_COLUMNS = "position, stream, version, event_id, type, data, metadata, recorded_at"
 
 
@@ -220,6 +264,10 @@ class PostgresEventRecorder:
             return []
         raw = self._conn.connection.driver_connection
         assert isinstance(raw, psycopg.Connection)
+        streams = [item.stream for item in pending]
+        total = sum(len(item.events) for item in pending)
+        if total >= STAGE_THRESHOLD and len(set(streams)) == len(streams):
+            return self._commit_staged(raw, pending, deferred, commit_transaction)
         cursors = []
         try:
             with raw.pipeline():
@@ -243,6 +291,63 @@ class PostgresEventRecorder:
                 tuple(sorted(int(r[0]) for r in found)),
             )
             for item, found in zip(pending, rows, strict=True)
+        ]
+
+    def _commit_staged(
+        self,
+        raw: psycopg.Connection[Any],
+        pending: Sequence[_Pending],
+        deferred: Sequence[tuple[str, list[Mapping[str, Any]]]],
+        commit_transaction: Callable[[], None],
+    ) -> list[AppendResult]:
+        """COPY into the staging table, then number, insert and COMMIT in one
+        pipeline (see "Large batches" above)."""
+        try:
+            if raw not in _STAGED:
+                raw.execute(_STAGE_TABLE)
+                _STAGED.add(raw)
+            ordinal = 0
+            with raw.cursor().copy(_STAGE_COPY) as copy:
+                for item in pending:
+                    for index, event in enumerate(item.events, start=1):
+                        ordinal += 1
+                        copy.write_row(
+                            (
+                                ordinal,
+                                item.stream,
+                                index,
+                                item.expected,
+                                event.event_id,
+                                event.type,
+                                json.dumps(event.data, allow_nan=False, separators=(",", ":")),
+                                json.dumps(event.metadata.to_json(), separators=(",", ":")),
+                            )
+                        )
+            with raw.pipeline():
+                for sql, params in deferred:
+                    raw.cursor().executemany(sql, params)
+                for item in pending:
+                    if item.expected == ANY_VERSION:
+                        raw.execute(_LOCK_STREAM, {"stream": item.stream})
+                cursor = raw.execute(_INSERT_STAGED, {"n": ordinal})
+                commit_transaction()
+            rows = cursor.fetchall()
+        except (psycopg.Error, DBAPIError) as error:
+            # A rolled-back transaction that created the staging table took
+            # it along: create it again next time.
+            _STAGED.discard(raw)
+            raw.rollback()
+            return _explain(raw, error, pending)
+        found: dict[str, list[tuple[int, int]]] = {}
+        for position, stream, version in rows:
+            found.setdefault(str(stream), []).append((int(position), int(version)))
+        return [
+            AppendResult(
+                item.stream,
+                max(v for _, v in found[item.stream]),
+                tuple(sorted(p for p, _ in found[item.stream])),
+            )
+            for item in pending
         ]
 
     def _find_ids(self, events: Sequence[NewEvent]) -> Mapping[UUID, tuple[str, int, int]]:

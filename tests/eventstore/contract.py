@@ -141,3 +141,45 @@ class EventStoreContract:
         assert all(isinstance(o, ConcurrencyConflict) for o in losers)
         assert store.stream_version("contended-1") == 2
         assert [e.position for e in store.read_all(0)] == [1, 2]
+
+    # Batches of STAGE_THRESHOLD (32) events or more take the Postgres
+    # adapter's staged path: COPY, then one numbering INSERT.
+
+    def test_large_batches_are_numbered_gap_free_in_order(self, store: Any) -> None:
+        store.append("small-1", 0, [new(i=-1)])
+        big = store.append("big-1", 0, [new(i=i) for i in range(100)])
+        assert (big.version, big.positions) == (100, tuple(range(2, 102)))
+        more = store.append("big-1", 100, [new(i=100 + i) for i in range(40)])
+        assert (more.version, more.positions) == (140, tuple(range(102, 142)))
+        events = store.read_stream("big-1")
+        assert [e.data["i"] for e in events] == list(range(140))
+        assert [e.version for e in events] == list(range(1, 141))
+        assert events[0].metadata == META
+
+    def test_a_large_batch_at_a_stale_version_is_a_conflict(self, store: Any) -> None:
+        store.append("big-1", 0, [new() for _ in range(50)])
+        with pytest.raises(ConcurrencyConflict) as raised:
+            store.append("big-1", 10, [new() for _ in range(50)])
+        assert (raised.value.expected, raised.value.actual) == (10, 50)
+        assert store.head_position() == 50
+        result = store.append("log-1", ANY_VERSION, [new() for _ in range(40)])
+        assert (result.version, result.positions[0]) == (40, 51)
+
+    def test_reappending_a_large_batch_returns_the_original_positions(self, store: Any) -> None:
+        batch = [new(i=i) for i in range(64)]
+        original = store.append("big-1", 0, batch)
+        again = store.append("big-1", 0, batch)
+        assert again.duplicate is True and again.positions == original.positions
+        assert store.head_position() == 64
+
+    def test_large_batches_from_concurrent_writers_stay_gap_free(self, store: Any) -> None:
+        def writer(w: int) -> None:
+            for i in range(10):
+                store.append(f"w{w}-{i}", 0, [new(w=w, i=i, k=k) for k in range(40)])
+
+        run_released_together(4, writer)
+        events = store.read_all(0, limit=5000)
+        assert [e.position for e in events] == list(range(1, 1601))
+        for w in range(4):
+            mine = [(e.data["i"], e.data["k"]) for e in events if e.data["w"] == w]
+            assert mine == [(i, k) for i in range(10) for k in range(40)]

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from service.app.uow import SqlUnitOfWork
-from service.eventstore import ANY_VERSION, OutboxMessage
+from service.eventstore import ANY_VERSION, ConcurrencyConflict, OutboxMessage
 from service.eventstore.postgres import PostgresEventStore
 from tests.eventstore.contract import new
 
@@ -147,3 +147,23 @@ def _one_ledger_entry(engine: sa.Engine) -> None:
     with SqlUnitOfWork(engine) as uow:
         uow.record([NewLedgerEntry(uuid.uuid4(), "test", {"x": 1}, datetime.now(UTC))])
         uow.commit()
+
+
+def test_one_unit_of_work_appends_to_many_streams_in_one_staged_commit(
+    engine: sa.Engine,
+) -> None:
+    with SqlUnitOfWork(engine) as uow:
+        for s in range(50):
+            uow.events.append(f"many-{s}", 0, [new(), new()])
+        results = uow.commit()
+    positions = [p for r in results for p in r.positions]
+    assert sorted(positions) == list(range(1, 101))
+    assert [r.version for r in results] == [2] * 50
+    with SqlUnitOfWork(engine) as uow:
+        uow.events.append("many-7", 0, [new() for _ in range(40)])  # stale: many-7 is at 2
+        with pytest.raises(ConcurrencyConflict):
+            uow.commit()
+    # The failed commit's connection staged again without trouble.
+    with SqlUnitOfWork(engine) as uow:
+        uow.events.append("many-7", 2, [new() for _ in range(40)])
+        assert uow.commit()[0].version == 42
