@@ -9,8 +9,9 @@ from sqlalchemy import create_engine, pool
 from service.eventstore.schema import metadata as eventstore_metadata
 from service.ledger.schema import metadata as ledger_metadata
 from service.projections.schema import metadata as projections_metadata
+from workers.schema import metadata as workers_metadata
 
-target_metadata = [eventstore_metadata, ledger_metadata, projections_metadata]
+target_metadata = [eventstore_metadata, ledger_metadata, projections_metadata, workers_metadata]
 
 
 def run_migrations_online() -> None:

@@ -1,0 +1,724 @@
+"""The admission cycle's application side: read models → engine snapshot, and
+the engine's decisions → events, read-model rows and ledger entries, all in
+one transaction.
+
+The engine (service/engine) decides; this module only translates. The cycle
+runs in whoever holds the leadership (workers/scheduler.py), which passes a
+``guard`` that runs first in the commit transaction: its fencing check.
+
+Shapes this module reads and writes (documented here because the sync and
+reconcile workers meet them):
+
+* ``Cluster.status``: ``state`` (``Ready`` | ``Lost``; absent means Ready) and
+  ``inventory.nodes``: a list of ``{name, flavor, island, allocatable:
+  {resource: quantity}, reserved: {resource: quantity}, labels, taints:
+  [{key, value, effect}], ready, unschedulable}``. ``reserved`` is what pods
+  Quartermaster does not manage take; gangs it admitted are derived from the
+  admissions. ``flavor`` and ``island`` are decided by whoever writes the
+  inventory (the flavor whose nodeLabels the node carries; the value of the
+  flavor topology's island level, or one island per cluster and flavor).
+* ``Workload.status``: ``state`` is ``Pending`` → ``Admitted`` (this cycle) →
+  ``Running`` / ``Finished`` (sync); ``Evicted`` when preempted or evicted by
+  the engine (quota released at once; the reconciler deletes the job from
+  ``status.eviction.cluster`` and then requeues it as ``Pending`` with
+  ``queuedAt``); ``Cancelling`` holds quota until the member cluster has
+  removed it. ``status.admission`` is ``{clusterQueue, cluster, island,
+  podSetAssignments: [{name, count, flavors: {resource: flavor},
+  resourceUsage: {resource: quantity}, placement: [{node, count}], islands}],
+  borrowed: {flavor: {resource: quantity}}, preempted: [ns/name], admittedAt}``.
+  A pending workload carries ``pendingReason`` (words), ``pendingReasonCode``
+  (Kueue's reason) and a ``QuotaReserved=False`` condition saying the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+from sqlalchemy import Engine, text
+
+from service.app.resources import stream_name
+from service.app.uow import SqlUnitOfWork
+from service.app.workloads import Problems, pod_requests
+from service.domain.inventory import Cluster, Node
+from service.domain.manifests import (
+    WORKLOAD_CLASS_LABEL,
+    cluster_queue_from_manifest,
+    cohort_from_manifest,
+    label_selector_from_manifest,
+    local_queue_from_manifest,
+    priority_class_from_manifest,
+    resource_flavor_from_manifest,
+    taint_from_manifest,
+    toleration_from_manifest,
+    topology_from_manifest,
+)
+from service.domain.quantity import canonical_resources, format_amount
+from service.domain.workload import (
+    Admission,
+    AdmittedWorkload,
+    PodSet,
+    PodSetAssignment,
+    RequeueState,
+    TopologyRequest,
+    Workload,
+)
+from service.engine import (
+    AdmissionDecision,
+    CycleResult,
+    EngineConfig,
+    Eviction,
+    LocalQueueUsage,
+    PendingReason,
+    Preemption,
+    Snapshot,
+    admission_cycle,
+)
+from service.eventstore.port import EventMetadata, NewEvent
+from service.ledger import entries as ledger
+from service.ledger.chain import NewLedgerEntry
+from service.projections.resources import UPSERT_SQL, resource_row, upsert_params
+
+__all__ = [
+    "ADMITTED",
+    "HOLDS_QUOTA",
+    "AdmissionCycle",
+    "CycleReport",
+    "Loaded",
+    "Plan",
+    "WorkloadRow",
+    "load",
+    "plan",
+]
+
+ACTOR = "system:admission"
+PENDING, ADMITTED, EVICTED = "Pending", "Admitted", "Evicted"
+#: Workload states that hold quota and capacity.
+HOLDS_QUOTA = frozenset({ADMITTED, "Running", "Cancelling"})
+KINDS = (
+    "ClusterQueue",
+    "Cohort",
+    "LocalQueue",
+    "ResourceFlavor",
+    "Topology",
+    "WorkloadPriorityClass",
+    "Cluster",
+    "Workload",
+)
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+# One statement, so one consistent view of every read model the engine needs.
+_SNAPSHOT = text(
+    "SELECT kind, namespace, name, uid, resource_version, generation, labels, annotations, "
+    "spec, status, created_at FROM resources WHERE NOT deleted AND kind = ANY(:kinds) "
+    "AND (kind <> 'Workload' OR coalesce(status->>'state', 'Pending') = ANY(:states))"
+)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    """A workload's read-model row as the cycle saw it: what it writes against."""
+
+    namespace: str
+    name: str
+    uid: str
+    version: int
+    generation: int
+    labels: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    created_at: datetime
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def state(self, status: Mapping[str, Any], spec: Mapping[str, Any] | None = None) -> Obj:
+        """The event data of this workload with a new status (and spec)."""
+        return {
+            "kind": "Workload",
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+            "generation": self.generation,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "spec": dict(spec if spec is not None else self.spec),
+            "status": dict(status),
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class Loaded:
+    snapshot: Snapshot
+    workloads: Mapping[str, WorkloadRow]
+
+
+# --- read models → snapshot -----------------------------------------------------------------
+
+
+def _quantities(values: Mapping[str, Any] | None) -> dict[str, int]:
+    return canonical_resources(dict(values or {}))
+
+
+def _timestamp(value: Any, default: float) -> float:
+    if not value:
+        return default
+    return datetime.fromisoformat(str(value)).timestamp()
+
+
+def workload_from_row(row: WorkloadRow) -> Workload:
+    spec, status = row.spec, row.status
+    pod_sets = []
+    for raw in spec.get("podSets") or ():
+        template = raw.get("template") or {}
+        pod_spec = template.get("spec") or {}
+        request = raw.get("topologyRequest") or {}
+        topology = None
+        if request.get("required"):
+            topology = TopologyRequest("required", request["required"])
+        elif request.get("preferred"):
+            topology = TopologyRequest("preferred", request["preferred"])
+        pod_sets.append(
+            PodSet(
+                name=str(raw.get("name", "main")),
+                count=int(raw["count"]),
+                requests=pod_requests(template, "", Problems()),
+                topology_request=topology,
+                tolerations=tuple(
+                    toleration_from_manifest(t) for t in pod_spec.get("tolerations") or ()
+                ),
+                node_selector={
+                    str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()
+                },
+            )
+        )
+    requeue = status.get("requeueState")
+    created = row.created_at.timestamp()
+    return Workload(
+        namespace=row.namespace,
+        name=row.name,
+        queue_name=str(spec["queueName"]),
+        pod_sets=tuple(pod_sets),
+        creation_time=created,
+        priority=spec.get("priority"),
+        priority_class_name=spec.get("priorityClassName"),
+        workload_class=spec.get("workloadClass", "training"),
+        cluster_selector=label_selector_from_manifest(spec.get("clusterSelector")),
+        active=bool(spec.get("active", True)),
+        requeue_state=RequeueState(
+            count=int(requeue.get("count", 0)),
+            requeue_at=_timestamp(requeue.get("requeueAt"), 0.0) or None,
+        )
+        if requeue
+        else None,
+        queued_at=_timestamp(status.get("queuedAt"), created) if status.get("queuedAt") else None,
+    )
+
+
+def admission_from_status(raw: Mapping[str, Any]) -> Admission:
+    return Admission(
+        cluster_queue=str(raw["clusterQueue"]),
+        cluster=str(raw["cluster"]),
+        pod_set_assignments=tuple(
+            PodSetAssignment(
+                name=str(p["name"]),
+                count=int(p["count"]),
+                flavors=dict(p.get("flavors") or {}),
+                resource_usage=_quantities(p.get("resourceUsage")),
+                placement=tuple(
+                    (str(n["node"]), int(n["count"])) for n in p.get("placement") or ()
+                ),
+                islands=tuple(p.get("islands") or ()),
+            )
+            for p in raw.get("podSetAssignments") or ()
+        ),
+    )
+
+
+def admission_to_status(decision: AdmissionDecision, admitted_at: datetime) -> Obj:
+    admission = decision.admission
+    islands = {i for p in admission.pod_set_assignments for i in p.islands}
+    borrowed: dict[str, dict[str, str]] = {}
+    for (flavor, resource), amount in sorted(decision.borrowed.items()):
+        borrowed.setdefault(flavor, {})[resource] = format_amount(resource, amount)
+    return {
+        "clusterQueue": admission.cluster_queue,
+        "cluster": admission.cluster,
+        "island": next(iter(islands)) if len(islands) == 1 else None,
+        "podSetAssignments": [
+            {
+                "name": p.name,
+                "count": p.count,
+                "flavors": dict(p.flavors),
+                "resourceUsage": {r: format_amount(r, a) for r, a in p.resource_usage.items()},
+                "placement": [{"node": node, "count": pods} for node, pods in p.placement],
+                "islands": list(p.islands),
+            }
+            for p in admission.pod_set_assignments
+        ],
+        "borrowed": borrowed,
+        "preempted": list(decision.preempted),
+        "admittedAt": _rfc3339(admitted_at),
+    }
+
+
+def _node(cluster: str, raw: Mapping[str, Any]) -> Node:
+    return Node(
+        name=str(raw["name"]),
+        cluster=cluster,
+        flavor=str(raw["flavor"]),
+        island=str(raw.get("island") or f"{cluster}-{raw['flavor']}"),
+        allocatable=_quantities(raw.get("allocatable")),
+        labels={str(k): str(v) for k, v in (raw.get("labels") or {}).items()},
+        taints=tuple(taint_from_manifest(t) for t in raw.get("taints") or ()),
+        reserved=_quantities(raw.get("reserved")),
+        ready=bool(raw.get("ready", True)),
+        unschedulable=bool(raw.get("unschedulable", False)),
+    )
+
+
+def _manifest(row: Any) -> Obj:
+    labels = dict(row.labels or {})
+    if row.kind == "ClusterQueue":
+        labels[WORKLOAD_CLASS_LABEL] = row.spec.get("workloadClass", "training")
+    return {
+        "metadata": {"name": row.name, "namespace": row.namespace or None, "labels": labels},
+        "spec": row.spec,
+    }
+
+
+class _WorkloadCache:
+    """Parsed workloads by (key, uid, generation, version): a pending workload
+    is parsed once, not once per cycle."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[tuple[str, int, int], Workload]] = {}
+
+    def get(self, row: WorkloadRow) -> Workload:
+        stamp = (row.uid, row.generation, row.version)
+        hit = self._items.get(row.key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        workload = workload_from_row(row)
+        self._items[row.key] = (stamp, workload)
+        return workload
+
+    def keep(self, keys: Iterable[str]) -> None:
+        wanted = set(keys)
+        for key in [k for k in self._items if k not in wanted]:
+            del self._items[key]
+
+
+def load(
+    conn: Any,
+    config: EngineConfig,
+    usage: Mapping[str, LocalQueueUsage],
+    cache: _WorkloadCache | None = None,
+) -> Loaded:
+    cache = cache or _WorkloadCache()
+    rows = conn.execute(
+        _SNAPSHOT, {"kinds": list(KINDS), "states": [PENDING, *sorted(HOLDS_QUOTA)]}
+    ).all()
+    by_kind: dict[str, list[Any]] = {}
+    for row in rows:
+        by_kind.setdefault(row.kind, []).append(row)
+    clusters, nodes = [], []
+    for row in by_kind.get("Cluster", ()):
+        status = row.status or {}
+        clusters.append(
+            Cluster(
+                name=row.name,
+                labels={str(k): str(v) for k, v in (row.labels or {}).items()},
+                healthy=status.get("state", "Ready") != "Lost",
+                cordoned=bool(row.spec.get("cordoned", False)),
+            )
+        )
+        nodes += [_node(row.name, n) for n in (status.get("inventory") or {}).get("nodes") or ()]
+    pending: list[Workload] = []
+    admitted: list[AdmittedWorkload] = []
+    workloads: dict[str, WorkloadRow] = {}
+    for row in by_kind.get("Workload", ()):
+        wrow = WorkloadRow(
+            row.namespace,
+            row.name,
+            str(row.uid),
+            int(row.resource_version),
+            int(row.generation),
+            row.labels or {},
+            row.annotations or {},
+            row.spec,
+            row.status or {},
+            row.created_at,
+        )
+        workloads[wrow.key] = wrow
+        workload = cache.get(wrow)
+        state = wrow.status.get("state", PENDING)
+        if state in HOLDS_QUOTA and wrow.status.get("admission"):
+            raw = wrow.status["admission"]
+            admitted.append(
+                AdmittedWorkload(
+                    workload=workload,
+                    admission=admission_from_status(raw),
+                    admitted_at=_timestamp(raw.get("admittedAt"), workload.creation_time),
+                    pods_ready=wrow.status.get("podsReady"),
+                )
+            )
+        elif state == PENDING:
+            pending.append(workload)
+    cache.keep(workloads)
+    local_queues = [local_queue_from_manifest(_manifest(r)) for r in by_kind.get("LocalQueue", ())]
+    namespaces = {lq.namespace for lq in local_queues} | {w.namespace for w in workloads.values()}
+    snapshot = Snapshot(
+        cluster_queues=[
+            cluster_queue_from_manifest(_manifest(r)) for r in by_kind.get("ClusterQueue", ())
+        ],
+        resource_flavors=[
+            resource_flavor_from_manifest(_manifest(r)) for r in by_kind.get("ResourceFlavor", ())
+        ],
+        cohorts=[cohort_from_manifest(_manifest(r)) for r in by_kind.get("Cohort", ())],
+        local_queues=local_queues,
+        priority_classes=[
+            priority_class_from_manifest({"name": r.name, **r.spec})
+            for r in by_kind.get("WorkloadPriorityClass", ())
+        ],
+        topologies=[topology_from_manifest(_manifest(r)) for r in by_kind.get("Topology", ())],
+        clusters=clusters,
+        nodes=nodes,
+        admitted=admitted,
+        pending=pending,
+        # Namespaces are not objects of ours: each carries the label
+        # Kubernetes gives every namespace, for namespaceSelector.
+        namespaces={ns: {NAMESPACE_NAME_LABEL: ns} for ns in sorted(namespaces)},
+        local_queue_usage=usage,
+        config=config,
+    )
+    return Loaded(snapshot, workloads)
+
+
+# --- decisions → writes ---------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Everything one cycle writes: ``(stream, expected version, type, data)``
+    appends with their read-model rows, and ledger entries."""
+
+    appends: list[tuple[str, int, str, Obj]] = field(default_factory=list)
+    ledger: list[NewLedgerEntry] = field(default_factory=list)
+    admitted: int = 0
+    preempted: int = 0
+    evicted: int = 0
+    pending_changed: int = 0
+
+
+def _rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    kind: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime,
+) -> list[Obj]:
+    """Kueue's conditions: one per type, its transition time kept while its status holds."""
+    result: list[Obj] = []
+    previous = None
+    for condition in conditions:
+        if condition.get("type") == kind:
+            previous = condition
+        else:
+            result.append(dict(condition))
+    since = (
+        previous["lastTransitionTime"]
+        if previous is not None and previous.get("status") == status
+        else _rfc3339(now)
+    )
+    result.append(
+        {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+        }
+    )
+    return result
+
+
+def _amounts(admission: Mapping[str, Any] | Admission) -> dict[str, dict[str, int]]:
+    """``{flavor: {resource: amount}}`` that an admission reserves."""
+    if isinstance(admission, Mapping):
+        admission = admission_from_status(admission)
+    reserved: dict[str, dict[str, int]] = {}
+    for ps in admission.pod_set_assignments:
+        for resource, flavor in ps.flavors.items():
+            bucket = reserved.setdefault(flavor, {})
+            bucket[resource] = bucket.get(resource, 0) + ps.resource_usage.get(resource, 0)
+    return reserved
+
+
+def _stream(row: WorkloadRow) -> str:
+    return stream_name("Workload", row.namespace, row.name)
+
+
+def _admit(plan: Plan, row: WorkloadRow, decision: AdmissionDecision, now: datetime) -> None:
+    status = {
+        k: v for k, v in row.status.items() if k not in ("pendingReason", "pendingReasonCode")
+    }
+    status.pop("eviction", None)
+    admission = admission_to_status(decision, now)
+    cluster = decision.admission.cluster
+    message = f"Quota reserved in ClusterQueue {decision.cluster_queue}, cluster {cluster}"
+    conditions = _set_condition(
+        status.get("conditions") or (), "QuotaReserved", "True", "QuotaReserved", message, now
+    )
+    conditions = _set_condition(
+        conditions, "Admitted", "True", "Admitted", f"Admitted to cluster {cluster}", now
+    )
+    status.update(
+        state=ADMITTED,
+        clusterQueue=decision.cluster_queue,
+        admission=admission,
+        conditions=conditions,
+    )
+    plan.appends.append((_stream(row), row.version, "WorkloadAdmitted", row.state(status)))
+    flavors = {r: f for p in decision.admission.pod_set_assignments for r, f in p.flavors.items()}
+    borrowed: dict[str, dict[str, int]] = {}
+    for (flavor, resource), amount in decision.borrowed.items():
+        borrowed.setdefault(flavor, {})[resource] = amount
+    body = ledger.WorkloadAdmitted(
+        namespace=row.namespace,
+        workload=row.name,
+        local_queue=str(row.spec.get("queueName")),
+        cluster_queue=decision.cluster_queue,
+        cluster=cluster,
+        flavors=dict(sorted(flavors.items())),
+        island=admission["island"],
+        reserved=_amounts(decision.admission),
+        borrowed=borrowed,
+        reason="AdmittedWithPreemption" if decision.preempted else "QuotaReserved",
+    )
+    plan.ledger.append(ledger.new_entry(body, uuid4(), now))
+    plan.admitted += 1
+
+
+def _evicted_status(
+    row: WorkloadRow, reason: str, message: str, now: datetime, extra: Mapping[str, Any]
+) -> Obj:
+    status = {k: v for k, v in row.status.items() if k != "admission"}
+    cluster = (row.status.get("admission") or {}).get("cluster")
+    conditions = _set_condition(
+        status.get("conditions") or (), "Evicted", "True", reason, message, now
+    )
+    conditions = _set_condition(conditions, "QuotaReserved", "False", reason, message, now)
+    conditions = _set_condition(conditions, "Admitted", "False", reason, message, now)
+    status.update(
+        state=EVICTED,
+        conditions=conditions,
+        eviction={
+            "reason": reason,
+            "message": message,
+            "cluster": cluster,
+            "at": _rfc3339(now),
+            **extra,
+        },
+    )
+    return status
+
+
+def _cohort_path(path: str) -> list[str]:
+    """``/root/mid/cq`` → ``["mid", "root"]``: cohorts from the ClusterQueue up."""
+    parts = [p for p in path.split("/") if p]
+    return list(reversed(parts[:-1]))
+
+
+def _preempt(plan: Plan, row: WorkloadRow, preemption: Preemption, now: datetime) -> None:
+    extra = {"preemptor": preemption.preemptor, "preemptionReason": preemption.reason}
+    status = _evicted_status(row, "Preempted", preemption.message, now, extra)
+    plan.appends.append((_stream(row), row.version, "WorkloadPreempted", row.state(status)))
+    body = ledger.WorkloadPreempted(
+        namespace=row.namespace,
+        workload=row.name,
+        local_queue=str(row.spec.get("queueName")),
+        cluster_queue=preemption.cluster_queue,
+        cluster=preemption.cluster,
+        reason=preemption.reason,
+        preemptor=preemption.preemptor,
+        preemptor_cluster_queue=preemption.preemptor_cluster_queue,
+        cohort_path=_cohort_path(preemption.victim_path),
+        released=_amounts(row.status.get("admission") or {}),
+    )
+    plan.ledger.append(ledger.new_entry(body, uuid4(), now))
+    plan.preempted += 1
+
+
+def _evict(plan: Plan, row: WorkloadRow, eviction: Eviction, now: datetime) -> None:
+    extra: Obj = {}
+    spec = dict(row.spec)
+    if eviction.requeue_state is not None:
+        at = eviction.requeue_state.requeue_at
+        extra["requeueState"] = {
+            "count": eviction.requeue_state.count,
+            "requeueAt": datetime.fromtimestamp(at, UTC).isoformat() if at is not None else None,
+        }
+    if eviction.deactivated:
+        spec["active"] = False
+    status = _evicted_status(row, eviction.reason, eviction.message, now, {})
+    if "requeueState" in extra:
+        status["requeueState"] = extra["requeueState"]
+    plan.appends.append((_stream(row), row.version, "WorkloadEvicted", row.state(status, spec)))
+    body = ledger.WorkloadEvicted(
+        namespace=row.namespace,
+        workload=row.name,
+        local_queue=str(row.spec.get("queueName")),
+        cluster_queue=eviction.cluster_queue,
+        cluster=eviction.cluster,
+        reason=eviction.reason,
+        message=eviction.message,
+        requeued=not eviction.deactivated,
+        released=_amounts(row.status.get("admission") or {}),
+    )
+    plan.ledger.append(ledger.new_entry(body, uuid4(), now))
+    plan.evicted += 1
+
+
+def _pend(plan: Plan, row: WorkloadRow, reason: PendingReason, now: datetime) -> None:
+    status = row.status
+    if status.get("pendingReasonCode") == reason.reason and status.get("pendingReason") == (
+        reason.message
+    ):
+        return  # unchanged: no write, so an idle cycle writes nothing
+    new = dict(status)
+    new.update(
+        pendingReason=reason.message,
+        pendingReasonCode=reason.reason,
+        conditions=_set_condition(
+            status.get("conditions") or (),
+            "QuotaReserved",
+            "False",
+            reason.reason,
+            reason.message,
+            now,
+        ),
+    )
+    if reason.cluster_queue:
+        new["clusterQueue"] = reason.cluster_queue
+    plan.appends.append((_stream(row), row.version, "WorkloadPending", row.state(new)))
+    plan.pending_changed += 1
+
+
+def plan(loaded: Loaded, result: CycleResult, now: datetime) -> Plan:
+    """The writes that apply ``result``: pure. Victims and evictions first,
+    then admissions, then changed pending reasons; at most one event per
+    workload (the engine never both evicts and admits one in a cycle)."""
+    out = Plan()
+    rows = loaded.workloads
+    touched: set[str] = set()
+    for preemption in result.preemptions:
+        _preempt(out, rows[preemption.workload], preemption, now)
+        touched.add(preemption.workload)
+    for eviction in result.evictions:
+        if eviction.workload not in touched:
+            _evict(out, rows[eviction.workload], eviction, now)
+            touched.add(eviction.workload)
+    for decision in result.admissions:
+        _admit(out, rows[decision.workload], decision, now)
+        touched.add(decision.workload)
+    for key, reason in result.pending.items():
+        row = rows.get(key)
+        if row is not None and key not in touched and row.status.get("state", PENDING) == PENDING:
+            _pend(out, row, reason, now)
+    return out
+
+
+# --- the cycle ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    result: CycleResult
+    plan: Plan
+    pending: int
+    admitted_before: int
+    seconds: float
+
+
+Guard = Callable[[SqlUnitOfWork], None]
+AfterPlan = Callable[[SqlUnitOfWork, CycleResult], None]
+
+
+class AdmissionCycle:
+    """Load, decide, write. ``guard`` runs first in the commit transaction
+    (the leader's fencing check); ``before_commit`` adds the caller's own
+    writes to that transaction (persisted fair-sharing history)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        unit_of_work: Callable[[], SqlUnitOfWork],
+        config: EngineConfig | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._engine = engine
+        self._uow = unit_of_work
+        self.config = config or EngineConfig()
+        self._clock = clock
+        self._cache = _WorkloadCache()
+
+    def run(
+        self,
+        guard: Guard,
+        usage: Mapping[str, LocalQueueUsage] | None = None,
+        before_commit: AfterPlan | None = None,
+    ) -> CycleReport:
+        started = time.perf_counter()
+        with self._engine.connect() as conn:
+            loaded = load(conn, self.config, usage or {}, self._cache)
+        now = self._clock()
+        result = admission_cycle(loaded.snapshot, now)
+        writes = plan(loaded, result, now)
+        self.commit(writes, guard, result, before_commit, now)
+        return CycleReport(
+            result=result,
+            plan=writes,
+            pending=len(loaded.snapshot.pending),
+            admitted_before=len(loaded.snapshot.admitted),
+            seconds=time.perf_counter() - started,
+        )
+
+    def commit(
+        self,
+        writes: Plan,
+        guard: Guard,
+        result: CycleResult,
+        before_commit: AfterPlan | None,
+        now: datetime,
+    ) -> None:
+        """One transaction: the guard, every event with its read-model row,
+        the ledger entries. A workload changed since the snapshot (cancelled,
+        say) fails its expected version and the whole cycle rolls back."""
+        meta = EventMetadata(actor=ACTOR, occurred_at=now)
+        with self._uow() as uow:
+            guard(uow)
+            rows = []
+            for stream, version, kind, data in writes.appends:
+                uow.events.append(stream, version, [NewEvent(uuid4(), kind, data, meta)])
+                rows.append(upsert_params(resource_row(data, version + 1, now)))
+            uow.events.defer(UPSERT_SQL, rows)
+            if writes.ledger:
+                uow.record(writes.ledger)
+            if before_commit is not None:
+                before_commit(uow, result)
+            uow.commit()

@@ -1,0 +1,146 @@
+"""The admission cycle's application side, in process: read models in,
+events + read models + ledger out, in one transaction."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from service.app.admission import AdmissionCycle
+from service.app.bootstrap import Services
+from service.app.uow import SqlUnitOfWork
+from service.projections import ProjectionRunner, Resources
+from tests.workers.conftest import (
+    ADMIN,
+    GPU,
+    ledger_kinds,
+    setup_fleet,
+    workload,
+    workload_status,
+)
+
+
+def _no_guard(uow: SqlUnitOfWork) -> None:
+    return None
+
+
+def _cycle(services: Services) -> AdmissionCycle:
+    return AdmissionCycle(services.engine, services.unit_of_work)
+
+
+def test_admits_within_quota_and_explains_the_rest(services: Services) -> None:
+    setup_fleet(services, gpu_quota=16)
+    for name in ("a", "b", "c"):
+        services.submissions.submit(ADMIN, "team-a", workload(name, count=1, gpus=8))
+    report = _cycle(services).run(_no_guard)
+    assert report.plan.admitted == 2
+    admitted = [workload_status(services.engine, "team-a", n) for n in ("a", "b")]
+    for status in admitted:
+        assert status["state"] == "Admitted"
+        assert status["admission"]["cluster"] == "c1"
+        (assignment,) = status["admission"]["podSetAssignments"]
+        assert assignment["flavors"][GPU] == "h100"
+        assert assignment["resourceUsage"][GPU] == "8"
+        assert sum(p["count"] for p in assignment["placement"]) == 1
+        assert "pendingReason" not in status
+    explained = services.submissions.explain(ADMIN, "team-a", "c")
+    assert explained["state"] == "Pending"
+    assert "quota" in explained["waitingFor"].lower(), explained
+    assert (
+        explained["reason"] == workload_status(services.engine, "team-a", "c")["pendingReasonCode"]
+    )
+    assert ledger_kinds(services.engine) == ["workload.admitted"] * 2
+    # An unchanged world: the next cycle writes nothing at all.
+    again = _cycle(services).run(_no_guard)
+    assert again.plan.appends == [] and again.plan.ledger == []
+
+
+def test_a_gang_that_asks_for_an_island_lands_in_one(services: Services) -> None:
+    setup_fleet(services, gpu_quota=64, islands=2, nodes_per_island=2)
+    services.submissions.submit(ADMIN, "team-a", workload("small", count=1, gpus=8))
+    services.submissions.submit(ADMIN, "team-a", workload("gang", count=2, gpus=8, island=True))
+    services.submissions.submit(ADMIN, "team-a", workload("huge", count=3, gpus=8, island=True))
+    _cycle(services).run(_no_guard)
+    gang = workload_status(services.engine, "team-a", "gang")["admission"]
+    assert gang["island"] is not None
+    assert {p["node"].rsplit("-", 1)[0] for p in gang["podSetAssignments"][0]["placement"]} == {
+        gang["island"]
+    }
+    huge = workload_status(services.engine, "team-a", "huge")
+    assert huge["state"] == "Pending"  # 3 nodes of one island: there are only 2 per island
+    assert huge["pendingReason"]
+
+
+def test_preemption_evicts_the_whole_victim_with_reason_and_preemptor(
+    services: Services,
+) -> None:
+    setup_fleet(services, gpu_quota=16, preemption={"withinClusterQueue": "LowerPriority"})
+    services.resources.create(
+        ADMIN, "workloadpriorityclasses", "", {"metadata": {"name": "urgent"}, "value": 1000}
+    )
+    services.submissions.submit(ADMIN, "team-a", workload("low", count=2, gpus=8))
+    _cycle(services).run(_no_guard)
+    assert workload_status(services.engine, "team-a", "low")["state"] == "Admitted"
+    services.submissions.submit(
+        ADMIN, "team-a", workload("high", count=2, gpus=8, priorityClassName="urgent")
+    )
+    report = _cycle(services).run(_no_guard)
+    assert (report.plan.preempted, report.plan.admitted) == (1, 1)
+    victim = workload_status(services.engine, "team-a", "low")
+    assert victim["state"] == "Evicted"
+    assert "admission" not in victim
+    assert victim["eviction"]["reason"] == "Preempted"
+    assert victim["eviction"]["preemptor"] == "team-a/high"
+    assert victim["eviction"]["cluster"] == "c1"
+    high = workload_status(services.engine, "team-a", "high")
+    assert high["state"] == "Admitted"
+    assert high["admission"]["preempted"] == ["team-a/low"]
+    assert ledger_kinds(services.engine)[-2:] == ["workload.preempted", "workload.admitted"]
+    with services.engine.connect() as conn:
+        body = conn.exec_driver_sql(
+            "SELECT body FROM ledger_entries WHERE kind = 'workload.preempted'"
+        ).scalar_one()
+    assert body["preemptor"] == "team-a/high"
+    assert body["reason"] == "InClusterQueue"
+    assert body["released"] == {"h100": {"cpu": 16000, "memory": 2 * 64 * 2**30, GPU: 16}}
+
+
+def test_a_workload_changed_under_the_cycle_rolls_the_whole_cycle_back(
+    services: Services,
+) -> None:
+    setup_fleet(services, gpu_quota=16)
+    services.submissions.submit(ADMIN, "team-a", workload("a"))
+    services.submissions.submit(ADMIN, "team-a", workload("b"))
+    cycle = _cycle(services)
+
+    def cancel_first(uow: SqlUnitOfWork) -> None:
+        services.submissions.cancel(ADMIN, "team-a", "b")
+
+    try:
+        cycle.run(cancel_first)
+    except Exception as error:
+        assert type(error).__name__ == "ConcurrencyConflict"
+    else:
+        raise AssertionError("the stale cycle committed")
+    assert workload_status(services.engine, "team-a", "a")["state"] == "Pending"
+    assert ledger_kinds(services.engine) == []
+    cycle.run(_no_guard)
+    assert workload_status(services.engine, "team-a", "a")["state"] == "Admitted"
+    assert workload_status(services.engine, "team-a", "b")["state"] == "Cancelled"
+
+
+def test_read_models_rebuilt_from_the_log_equal_the_live_ones(services: Services) -> None:
+    setup_fleet(services, gpu_quota=8)
+    services.submissions.submit(ADMIN, "team-a", workload("a"))
+    services.submissions.submit(ADMIN, "team-a", workload("b"))
+    _cycle(services).run(_no_guard)
+    query = sa.text(
+        "SELECT kind, namespace, name, resource_version, spec, status FROM resources "
+        "ORDER BY kind, namespace, name"
+    )
+    with services.engine.connect() as conn:
+        live = conn.execute(query).all()
+    ProjectionRunner(services.engine, [Resources()]).rebuild("resources")
+    with services.engine.connect() as conn:
+        rebuilt = conn.execute(query).all()
+    assert rebuilt == live
+    assert {r.status.get("state") for r in live if r.kind == "Workload"} == {"Admitted", "Pending"}

@@ -1,0 +1,76 @@
+"""``quartermaster worker`` and ``quartermaster scheduler``.
+
+A typer app of its own, mounted on the server CLI by the entry point (the
+service may not import the workers); ``python -m workers.cli`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="Quartermaster's background processes.", no_args_is_help=True)
+
+
+def _database_url() -> str:
+    from workers.settings import get_worker_settings
+
+    url = get_worker_settings().database_url
+    if not url:
+        typer.echo("QM_DATABASE_URL is not set", err=True)
+        raise typer.Exit(2)
+    return url
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(help="Pool processes.")] = 2,
+    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+) -> None:
+    """A Celery worker: outbox consumers (QM_BROKER_URL, QM_DATABASE_URL)."""
+    _database_url()
+    from workers.celery_app import QUEUE
+    from workers.celery_app import app as celery
+
+    celery.worker_main(
+        [
+            "worker",
+            f"--loglevel={loglevel}",
+            f"--concurrency={concurrency}",
+            f"--queues={QUEUE}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+
+
+@app.command()
+def scheduler(
+    relay: Annotated[bool, typer.Option(help="Also relay the outbox.")] = True,
+) -> None:
+    """The outbox relay and the admission cycle (one leader among replicas)."""
+    from service.app.bootstrap import make_engine
+    from workers.scheduler import Scheduler
+    from workers.settings import get_worker_settings
+    from workers.tasks import sender
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = make_engine(_database_url(), pool_size=4)
+    runner = Scheduler(engine, get_worker_settings(), sender(), relay=relay)
+
+    def stop(signum: int, frame: Any) -> None:
+        runner.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        runner.run()
+    finally:
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    app()

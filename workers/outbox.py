@@ -1,0 +1,145 @@
+"""The outbox relay: committed outbox rows → broker messages.
+
+Rows are claimed ``FOR UPDATE SKIP LOCKED`` (so several relays share the work
+without blocking), sent with the message id as the Celery task id, and marked
+``published_at`` in the same transaction. A crash after sending and before
+that commit leaves the rows unpublished: they are sent again with the same
+id, and the consumer's ``processed_messages`` row turns the repeat into a
+no-op. Nothing is lost either: a row is marked only after its send returned.
+
+Redis holds only hints. A message sent but never processed (Redis restarted
+without persistence) is sent again once ``republish_after`` has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "qm_outbox"
+
+Send = Callable[[UUID, str, Mapping[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RelayResult:
+    sent: int
+    republished: int = 0
+
+
+_CLAIM = text(
+    "SELECT message_id, topic, payload FROM outbox WHERE published_at IS NULL "
+    "ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED"
+)
+# Published long ago and still not processed by its consumer (consumer =
+# topic): the broker lost it. Sending it again is safe, see above.
+_STALE = text(
+    "SELECT o.message_id, o.topic, o.payload FROM outbox o "
+    "WHERE o.published_at < now() - make_interval(secs => :after) "
+    "AND NOT EXISTS (SELECT FROM processed_messages p WHERE p.consumer = o.topic "
+    "AND p.message_id = o.message_id AND p.processed_at IS NOT NULL) "
+    "ORDER BY o.published_at LIMIT :limit FOR UPDATE OF o SKIP LOCKED"
+)
+_MARK = text("UPDATE outbox SET published_at = now() WHERE message_id = ANY(:ids)")
+
+
+def relay_once(
+    engine: Engine,
+    send: Send,
+    *,
+    limit: int = 500,
+    republish_after: float | None = None,
+    before_mark: Callable[[], None] | None = None,
+) -> RelayResult:
+    """Send one batch; ``before_mark`` is a test's hook for a crash after send."""
+    counts = []
+    queries: list[tuple[Any, dict[str, float]]] = [(_CLAIM, {"limit": limit})]
+    if republish_after is not None:
+        queries.append((_STALE, {"limit": limit, "after": republish_after}))
+    for query, params in queries:
+        with engine.begin() as conn:
+            rows = conn.execute(query, params).all()
+            for message_id, topic, payload in rows:
+                send(message_id, topic, payload)
+            if rows:
+                if before_mark is not None:
+                    before_mark()
+                conn.execute(_MARK, {"ids": [r.message_id for r in rows]})
+        counts.append(len(rows))
+    return RelayResult(counts[0], counts[1] if len(counts) > 1 else 0)
+
+
+def pending_count(engine: Engine) -> int:
+    """Outbox depth: committed rows not yet sent."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            ).scalar_one()
+        )
+
+
+class Relay:
+    """Runs ``relay_once`` whenever a transaction that wrote the outbox
+    commits (LISTEN ``qm_outbox``, see migration 0005) and at least every
+    ``poll_interval`` seconds, until ``stop`` is set."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        send: Send,
+        *,
+        poll_interval: float = 1.0,
+        republish_after: float = 300.0,
+        limit: int = 500,
+    ) -> None:
+        self._engine = engine
+        self._send = send
+        self._poll = poll_interval
+        self._republish_after = republish_after
+        self._limit = limit
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with self._listen() as listener:
+                    self._loop(listener)
+            except (psycopg.Error, OSError):
+                log.warning("outbox relay lost its database connection", exc_info=True)
+                self.stop.wait(self._poll)
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        url = make_url(self._engine.url).set(drivername="postgresql")
+        conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
+        conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
+    def _loop(self, listener: psycopg.Connection[Any]) -> None:
+        while not self.stop.is_set():
+            # LISTEN was issued before this pass, so no commit falls between.
+            try:
+                result = relay_once(
+                    self._engine,
+                    self._send,
+                    limit=self._limit,
+                    republish_after=self._republish_after,
+                )
+            except Exception:
+                log.exception("outbox relay pass failed; retrying")
+                self.stop.wait(self._poll)
+                continue
+            if result.sent >= self._limit:
+                continue
+            for _ in listener.notifies(timeout=self._poll, stop_after=1):
+                pass

@@ -1,0 +1,198 @@
+"""``quartermaster scheduler``: the outbox relay and the admission leader loop.
+
+Every scheduler process relays the outbox (relays share rows with SKIP
+LOCKED); one at a time leads the admission cycle. The leader runs a cycle when
+woken (Redis pub/sub ``qm:admission:wake``, sent by the ``admission.wake``
+consumer) and at least every ``QM_CYCLE_INTERVAL`` seconds, so a lost hint
+costs at most one interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from psycopg.types.json import Jsonb
+from sqlalchemy import Engine, text
+
+from service.app.admission import AdmissionCycle, CycleReport
+from service.app.uow import SqlUnitOfWork
+from service.engine import CycleResult, EngineConfig, LocalQueueUsage
+from service.eventstore.port import ConcurrencyConflict
+from workers.leader import Deposed, LeaderLease
+from workers.outbox import Relay, Send
+from workers.settings import WorkerSettings
+from workers.tasks import WAKE_CHANNEL
+
+log = logging.getLogger(__name__)
+
+_LOAD_USAGE = text("SELECT local_queue, consumed, last_update FROM admission_usage")
+_SAVE_USAGE = (
+    "INSERT INTO admission_usage (local_queue, consumed, last_update) "
+    "VALUES (%(lq)s, %(consumed)s, %(at)s) ON CONFLICT (local_queue) DO UPDATE "
+    "SET consumed = EXCLUDED.consumed, last_update = EXCLUDED.last_update"
+)
+
+
+class Waker:
+    """Wake-up hints from Redis; silence (or Redis down) is just a timeout."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._pubsub: Any = None
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        try:
+            if self._pubsub is None:
+                client = redis.Redis.from_url(self._url)
+                pubsub: Any = client.pubsub
+                self._pubsub = pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(WAKE_CHANNEL)
+            woken = False
+            while (left := deadline - time.monotonic()) > 0:
+                message = self._pubsub.get_message(timeout=left if not woken else 0)
+                if message is None:
+                    if woken:
+                        return True  # drained: one cycle for a burst of hints
+                    continue
+                woken = True
+            return woken
+        except (redis.RedisError, OSError):
+            self._pubsub = None
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return False
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+
+
+class AdmissionLeader:
+    """Runs cycles while it holds the lease; fences every commit."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: WorkerSettings,
+        config: EngineConfig | None = None,
+        holder: str | None = None,
+    ) -> None:
+        self.lease = LeaderLease(engine, "admission", holder)
+        self.cycle = AdmissionCycle(engine, lambda: SqlUnitOfWork(engine), config)
+        self._engine = engine
+        self._settings = settings
+        self._usage: dict[str, LocalQueueUsage] = {}
+        self._saved_at = 0.0
+
+    def step(self) -> CycleReport | None:
+        """One cycle if leading (acquiring the lease first if free)."""
+        if not self.lease.leading:
+            if self.lease.try_acquire() is None:
+                return None
+            self._usage = self._load_usage()
+        elif not self.lease.check():
+            return None
+        try:
+            report = self.cycle.run(self._guard, self._usage, self._save_usage)
+        except Deposed:
+            log.warning("deposed: another scheduler leads admission now")
+            self.lease.release()
+            return None
+        self._usage = dict(report.result.local_queue_usage)
+        return report
+
+    def _guard(self, uow: SqlUnitOfWork) -> None:
+        self.lease.fence(uow.connection)
+
+    def _load_usage(self) -> dict[str, LocalQueueUsage]:
+        with self._engine.connect() as conn:
+            return {
+                lq: LocalQueueUsage(consumed=dict(consumed), last_update=float(at))
+                for lq, consumed, at in conn.execute(_LOAD_USAGE)
+            }
+
+    def _save_usage(self, uow: SqlUnitOfWork, result: CycleResult) -> None:
+        """Persist the fair-sharing history once per sampling interval (the
+        leader keeps it in memory in between; a successor resumes from here)."""
+        interval = self.cycle.config.admission_fair_sharing.usage_sampling_interval_seconds
+        now = time.monotonic()
+        if now - self._saved_at < interval:
+            return
+        self._saved_at = now
+        uow.events.defer(
+            _SAVE_USAGE,
+            [
+                {"lq": lq, "consumed": Jsonb(dict(u.consumed)), "at": u.last_update}
+                for lq, u in sorted(result.local_queue_usage.items())
+            ],
+        )
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: WorkerSettings,
+        send: Send,
+        *,
+        config: EngineConfig | None = None,
+        holder: str | None = None,
+        relay: bool = True,
+    ) -> None:
+        self.leader = AdmissionLeader(engine, settings, config, holder)
+        self.relay = (
+            Relay(engine, send, poll_interval=settings.relay_poll_interval) if relay else None
+        )
+        self.waker = Waker(settings.broker_url)
+        self._interval = settings.cycle_interval
+        self.stop = threading.Event()
+        self.cycles = 0
+        self.last: CycleReport | None = None
+
+    def run(self) -> None:
+        relay_thread = None
+        if self.relay is not None:
+            relay_thread = threading.Thread(target=self.relay.run, name="outbox-relay", daemon=True)
+            relay_thread.start()
+        try:
+            while not self.stop.is_set():
+                self._tick()
+        finally:
+            if self.relay is not None:
+                self.relay.stop.set()
+            if relay_thread is not None:
+                relay_thread.join(5)
+            self.leader.lease.release()
+            self.waker.close()
+
+    def _tick(self) -> None:
+        try:
+            report = self.leader.step()
+        except ConcurrencyConflict:
+            log.info("a workload changed under the cycle; running again")
+            return
+        except Exception:
+            log.exception("admission cycle failed")
+            self.stop.wait(self._interval)
+            return
+        if report is None:
+            self.stop.wait(self._interval)
+            return
+        self.cycles += 1
+        self.last = report
+        if report.plan.admitted or report.plan.preempted or report.plan.evicted:
+            log.info(
+                "cycle: %d admitted, %d preempted, %d evicted, %d pending, %.3fs",
+                report.plan.admitted,
+                report.plan.preempted,
+                report.plan.evicted,
+                len(report.result.pending),
+                report.seconds,
+            )
+        self.waker.wait(self._interval)

@@ -1,0 +1,77 @@
+"""Celery tasks: thin. Every outbox message is one ``deliver`` task whose id
+is the message id; the consumers (workers/consumers.py) make it exactly-once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+import redis
+from celery import Celery, Task
+from sqlalchemy import Engine
+
+from service.app.bootstrap import make_engine
+from service.app.uow import SqlUnitOfWork
+from workers.celery_app import app
+from workers.consumers import Delivery, Outcome, RetryLater, consumer, deliver
+from workers.outbox import Send
+from workers.settings import get_worker_settings
+
+DELIVER = "quartermaster.deliver"
+WAKE_TOPIC = "admission.wake"
+WAKE_CHANNEL = "qm:admission:wake"
+
+
+@cache
+def _engine(pid: int) -> Engine:
+    """One pool per process, made after the fork (keyed by pid)."""
+    url = get_worker_settings().database_url
+    if not url:
+        raise RuntimeError("QM_DATABASE_URL is not set")
+    return make_engine(url, pool_size=2)
+
+
+@cache
+def _redis(pid: int) -> redis.Redis:
+    return redis.Redis.from_url(get_worker_settings().broker_url)
+
+
+def engine() -> Engine:
+    return _engine(os.getpid())
+
+
+@app.task(name=DELIVER, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
+def deliver_task(self: Task, topic: str, payload: Mapping[str, Any]) -> str:
+    settings = get_worker_settings()
+    delivery = Delivery(UUID(str(self.request.id)), topic, payload)
+    try:
+        outcome: Outcome = deliver(
+            engine(),
+            delivery,
+            max_deliveries=settings.max_deliveries,
+            backoff_max=settings.retry_backoff_max,
+        )
+    except RetryLater as later:
+        raise self.retry(exc=later.cause, countdown=later.countdown) from later.cause
+    return outcome.value
+
+
+def sender(celery: Celery = app) -> Send:
+    """The relay's sender: one ``deliver`` task per outbox message, its id
+    the message's id."""
+
+    def send(message_id: UUID, topic: str, payload: Mapping[str, Any]) -> None:
+        celery.send_task(DELIVER, args=(topic, dict(payload)), task_id=str(message_id))
+
+    return send
+
+
+@consumer(WAKE_TOPIC)
+def wake_admission(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
+    """Something changed that the admission cycle should see: nudge the
+    leader now rather than at its next tick."""
+    client = _redis(os.getpid())
+    return lambda: client.publish(WAKE_CHANNEL, str(delivery.message_id))
