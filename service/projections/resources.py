@@ -25,7 +25,16 @@ from service.eventstore.port import RecordedEvent
 from service.projections.schema import api_tokens, resources
 
 RESOURCE_EVENTS = frozenset(
-    {"ResourceChanged", "ResourceDeleted", "WorkloadSubmitted", "WorkloadCancelled"}
+    {
+        "ResourceChanged",
+        "ResourceDeleted",
+        "WorkloadSubmitted",
+        "WorkloadCancelled",
+        "WorkloadAdmitted",
+        "WorkloadPreempted",
+        "WorkloadEvicted",
+        "WorkloadPending",
+    }
 )
 TOKEN_EVENTS = frozenset({"TokenIssued", "TokenRevoked"})
 
