@@ -58,13 +58,14 @@ def test_added_latency_applies_to_the_chosen_verbs_and_resources(
     admin: httpx.Client, quick: client.CoreV1Api
 ) -> None:
     faults = admin.put(
-        "/_admin/faults", json={"latencyMs": 300, "verbs": ["list"], "resources": ["nodes"]}
+        "/_admin/faults", json={"latencyMs": 600, "verbs": ["list"], "resources": ["nodes"]}
     ).json()
-    assert faults["latencyMs"] == 300
-    assert _timed(quick.list_node) >= 0.3
-    assert _timed(lambda: quick.read_namespace("default")) < 0.25
+    assert faults["latencyMs"] == 600
+    assert _timed(quick.list_node) >= 0.6
+    # Generous bounds below: the machine may be busy, but never by 0.6 s a request.
+    assert _timed(lambda: quick.read_namespace("default")) < 0.5
     admin.delete("/_admin/faults")
-    assert _timed(quick.list_node) < 0.25
+    assert _timed(quick.list_node) < 0.5
 
 
 def test_error_rate_answers_with_the_configured_5xx(
