@@ -1,0 +1,3 @@
+from quartermaster_client.cli.main import main
+
+main()

@@ -1,0 +1,138 @@
+"""Why a workload waits, or where it runs, in words."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quartermaster_client.models import GPU, ClusterQueue, Explanation, Quantity, Workload
+
+ADMITTED_STATES = ("Admitted", "Running", "Cancelling")
+_BINARY = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+
+
+def amount(resource: str, value: int) -> str:
+    """A canonical amount (cpu in milli-cores, memory in bytes) as people write it."""
+    if resource == "cpu":
+        return str(value // 1000) if value % 1000 == 0 else f"{value}m"
+    if "memory" in resource or "storage" in resource:
+        for suffix, size in _BINARY:
+            if value >= size and value % size == 0:
+                return f"{value // size}{suffix}"
+    return str(value)
+
+
+def quantity_value(value: Quantity) -> float:
+    """A plain number for a quota quantity (GPUs are whole numbers)."""
+    if isinstance(value, int):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class QueueUsage:
+    """A ClusterQueue's GPUs: nominal quota, in use by admitted gangs, and
+    borrowed from its cohort (in use beyond nominal)."""
+
+    pending: int
+    admitted: int
+    used: int
+    nominal: int
+
+    @property
+    def borrowed(self) -> int:
+        return max(0, self.used - self.nominal)
+
+
+def workload_gpus(workload: Workload) -> int:
+    admission = workload.status.admission
+    if admission is not None:
+        used = [
+            a.resource_usage.get(GPU) for a in admission.pod_set_assignments if a.resource_usage
+        ]
+        if used and all(u is not None for u in used):
+            return int(sum(quantity_value(u) for u in used if u is not None))
+    return workload.requests(GPU)
+
+
+def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
+    """From the ClusterQueue's status when the workers fill it in, else
+    counted from its workloads."""
+    pending = admitted = used = 0
+    for workload in workloads:
+        if workload.status.cluster_queue != cq.name:
+            continue
+        if workload.status.state == "Pending":
+            pending += 1
+        elif workload.status.state in ADMITTED_STATES:
+            admitted += 1
+            used += workload_gpus(workload)
+    status = cq.status
+    nominal = int(sum(quantity_value(v) for v in cq.spec.nominal(GPU).values()))
+    return QueueUsage(
+        status.pending_workloads if status.pending_workloads is not None else pending,
+        status.admitted_workloads if status.admitted_workloads is not None else admitted,
+        used,
+        nominal,
+    )
+
+
+def _requests(requests: Mapping[str, int]) -> str:
+    order = sorted(requests, key=lambda r: (r != GPU, r))
+    return ", ".join(f"{amount(r, requests[r])} {r}" for r in order)
+
+
+def _waiting_for(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return str(value.get("message") or value.get("reason") or "") or None
+    return None
+
+
+def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[str]:
+    """Sentences, one per line."""
+    e = explanation
+    where = f"LocalQueue {e.local_queue}"
+    if e.cluster_queue:
+        where += f" (ClusterQueue {e.cluster_queue})"
+    lines = [f"Workload {e.workload} is {e.state} in {where}, priority {e.priority}."]
+    if e.requests:
+        lines.append(f"It asks for {_requests(e.requests)} in all.")
+    if e.state == "Pending":
+        if e.position_in_queue is not None:
+            lines.append(
+                f"Position {e.position_in_queue} of {e.pending_in_cluster_queue} "
+                f"pending in {e.cluster_queue}."
+            )
+        waiting = _waiting_for(e.waiting_for)
+        if waiting:
+            lines.append(f"Waiting for {waiting}.".replace("..", "."))
+    if e.admission is not None and e.admission.cluster:
+        islands = e.admission.islands
+        flavors = e.admission.flavors
+        text = f"Admitted to cluster {e.admission.cluster}"
+        if islands:
+            text += f", island{'s' if len(islands) > 1 else ''} {', '.join(islands)}"
+        if flavors:
+            text += f", flavor{'s' if len(flavors) > 1 else ''} {', '.join(flavors)}"
+        lines.append(text + ".")
+        for assignment in e.admission.pod_set_assignments:
+            resources = ", ".join(f"{r}={f}" for r, f in sorted(assignment.flavors.items()))
+            count = f"{assignment.count} pods" if assignment.count is not None else "pods"
+            lines.append(f"  pod set {assignment.name}: {count} on {resources or '-'}")
+    if e.reason or e.message:
+        lines.append(f"Latest condition: {e.reason or ''}{': ' if e.message else ''}{e.message}")
+    if usage is not None and e.cluster_queue:
+        text = f"{e.cluster_queue} uses {usage.used} of {usage.nominal} nominal GPUs"
+        if usage.borrowed:
+            text += f" and is borrowing {usage.borrowed} GPUs from its cohort"
+        lines.append(text + f"; {usage.pending} pending, {usage.admitted} admitted.")
+    return lines
+
+
+__all__ = ["QueueUsage", "amount", "in_words", "queue_usage", "workload_gpus"]
