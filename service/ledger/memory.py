@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from uuid import UUID
 
 from service.ledger.chain import (
@@ -14,6 +14,7 @@ from service.ledger.chain import (
     seal,
     verify_chain,
 )
+from service.ledger.export import ExportRecord, records_of
 
 
 class InMemoryLedger:
@@ -42,6 +43,12 @@ class InMemoryLedger:
     def head(self) -> tuple[int, bytes]:
         with self._lock:
             return self._tip()
+
+    def records(self, after_seq: int = 0, batch: int = 5000) -> Iterator[ExportRecord]:
+        """As :meth:`PostgresLedgerReader.records`: a source for ``LedgerTree.catch_up``."""
+        with self._lock:
+            entries = self.entries[after_seq:]
+        return records_of(entries)
 
     def verify(self) -> Verification:
         with self._lock:

@@ -13,7 +13,6 @@ import sqlalchemy as sa
 from service.app.uow import SqlUnitOfWork
 from service.ledger import NewLedgerEntry
 from service.ledger.checkpoint import CheckpointError, NoteSigner, open_checkpoint
-from service.ledger.export import ExportRecord, records_of
 from service.ledger.memory import InMemoryLedger
 from service.ledger.postgres import PostgresCheckpointStore, PostgresLedgerReader
 from service.ledger.proofs import InMemoryCheckpointStore, LedgerTree, publish_checkpoint
@@ -89,14 +88,6 @@ def test_published_checkpoints_are_append_only(
             conn.exec_driver_sql(statement)
 
 
-class Source:
-    def __init__(self, ledger: InMemoryLedger) -> None:
-        self.ledger = ledger
-
-    def records(self, after_seq: int = 0, batch: int = 5000) -> Iterator[ExportRecord]:
-        return records_of(self.ledger.entries[after_seq:])
-
-
 def test_a_resealed_fork_is_never_signed_either() -> None:
     """Even a rewrite with every hash recomputed: the tree no longer has the
     published root at the published size."""
@@ -104,19 +95,19 @@ def test_a_resealed_fork_is_never_signed_either() -> None:
     store = InMemoryCheckpointStore()
     honest = InMemoryLedger()
     honest.append([NewLedgerEntry(uuid.uuid4(), "x", {"i": i}, T0) for i in range(6)])
-    publish_checkpoint(LedgerTree(ORIGIN), Source(honest), signer, store)
+    publish_checkpoint(LedgerTree(ORIGIN), honest, signer, store)
     forked = InMemoryLedger()
     forked.append([NewLedgerEntry(uuid.uuid4(), "x", {"i": -i}, T0) for i in range(8)])
     with pytest.raises(CheckpointError, match="no longer extends"):
-        publish_checkpoint(LedgerTree(ORIGIN), Source(forked), signer, store)
+        publish_checkpoint(LedgerTree(ORIGIN), forked, signer, store)
     shorter = InMemoryLedger()
     shorter.append(
         [NewLedgerEntry(e.entry_id, e.kind, e.body, e.recorded_at) for e in honest.entries[:4]]
     )
     with pytest.raises(CheckpointError):
-        publish_checkpoint(LedgerTree(ORIGIN), Source(shorter), signer, store)
+        publish_checkpoint(LedgerTree(ORIGIN), shorter, signer, store)
     other = LedgerTree("another.origin")
     with pytest.raises(CheckpointError, match="checkpoints of"):
-        publish_checkpoint(other, Source(honest), signer, store)
+        publish_checkpoint(other, honest, signer, store)
     latest = store.latest()
     assert latest is not None and latest[0].size == 6
