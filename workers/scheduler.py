@@ -30,6 +30,9 @@ from workers.tasks import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 
+#: How often a waiting scheduler looks at its stop flag.
+_SLICE = 0.25
+
 _LOAD_USAGE = text("SELECT local_queue, consumed, last_update FROM admission_usage")
 _SAVE_USAGE = (
     "INSERT INTO admission_usage (local_queue, consumed, last_update) "
@@ -45,7 +48,9 @@ class Waker:
         self._url = url
         self._pubsub: Any = None
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, stop: threading.Event) -> bool:
+        """Until a hint arrives (then drain the burst: one cycle for all of
+        it), ``timeout`` passes or ``stop`` is set."""
         deadline = time.monotonic() + timeout
         try:
             if self._pubsub is None:
@@ -54,17 +59,16 @@ class Waker:
                 self._pubsub = pubsub(ignore_subscribe_messages=True)
                 self._pubsub.subscribe(WAKE_CHANNEL)
             woken = False
-            while (left := deadline - time.monotonic()) > 0:
-                message = self._pubsub.get_message(timeout=left if not woken else 0)
-                if message is None:
-                    if woken:
-                        return True  # drained: one cycle for a burst of hints
-                    continue
-                woken = True
+            while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                message = self._pubsub.get_message(timeout=0 if woken else min(left, _SLICE))
+                if message is not None:
+                    woken = True
+                elif woken:
+                    return True
             return woken
         except (redis.RedisError, OSError):
             self._pubsub = None
-            time.sleep(max(0.0, deadline - time.monotonic()))
+            stop.wait(max(0.0, deadline - time.monotonic()))
             return False
 
     def close(self) -> None:
@@ -195,4 +199,4 @@ class Scheduler:
                 len(report.result.pending),
                 report.seconds,
             )
-        self.waker.wait(self._interval)
+        self.waker.wait(self._interval, self.stop)
