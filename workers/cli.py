@@ -72,5 +72,15 @@ def scheduler(
         engine.dispose()
 
 
+def main() -> None:
+    """The whole server CLI: ``quartermaster`` with ``worker`` and ``scheduler``
+    mounted (the entry point may point here; the service cannot import us)."""
+    from service.cli import app as server
+    from service.cli import main as server_main
+
+    server.add_typer(app)
+    server_main()
+
+
 if __name__ == "__main__":
     app()

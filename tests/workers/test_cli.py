@@ -1,0 +1,75 @@
+"""``worker`` and ``scheduler`` as the operator runs them: processes that
+admit a submission, and stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import sqlalchemy as sa
+
+from service.app.bootstrap import Services
+from tests.workers.conftest import (
+    ADMIN,
+    ROOT,
+    TEST_ENV,
+    setup_fleet,
+    wait_for,
+    workload,
+    workload_status,
+)
+
+
+def _wakes_processed(services: Services) -> int:
+    with services.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM processed_messages WHERE outcome = 'done'")
+            ).scalar_one()
+        )
+
+
+@contextmanager
+def _command(database_url: str, redis_url: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        **TEST_ENV,
+        "QM_DATABASE_URL": database_url,
+        "QM_BROKER_URL": redis_url,
+        "QM_CYCLE_INTERVAL": "30",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def test_worker_and_scheduler_processes_admit_and_stop_on_sigterm(
+    services: Services, database_url: str, broker: str
+) -> None:
+    setup_fleet(services, gpu_quota=16)
+    with ExitStack() as stack:
+        worker = stack.enter_context(_command(database_url, broker, "worker", "--concurrency", "1"))
+        scheduler = stack.enter_context(_command(database_url, broker, "scheduler"))
+        services.submissions.submit(ADMIN, "team-a", workload("a"))
+        wait_for(lambda: workload_status(services.engine, "team-a", "a")["state"] == "Admitted", 30)
+        wait_for(lambda: _wakes_processed(services) == 1, 30)  # the worker is up and consuming
+        for proc in (scheduler, worker):
+            proc.send_signal(signal.SIGTERM)
+        assert scheduler.wait(15) == 0
+        assert worker.wait(15) == 0
