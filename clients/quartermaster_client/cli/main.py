@@ -206,8 +206,10 @@ def apply(
         bool, typer.Option("-R", "--recursive", help="Recurse into dirs.")
     ] = False,
 ) -> None:
-    """Create or replace objects from YAML (multi-document; Kueue kueue.x-k8s.io/v1beta2
-    manifests are translated). Jobs and Workloads are submitted."""
+    """Create or replace objects from YAML files.
+
+    Multi-document YAML; Kueue manifests (kueue.x-k8s.io/v1beta2) are translated;
+    Jobs and Workloads are submitted."""
     manifests = _sorted(load(filename, recursive))
     if not manifests:
         raise ValueError("no objects in the given files")
@@ -370,8 +372,10 @@ def _events_table(events: list[Event]) -> str:
 )
 @handled
 def describe(kind: KindArg, name: str, namespace: Namespace = None) -> None:
-    """Everything about one object: metadata, spec, status; for a workload
-    also why it waits and its events; for a ClusterQueue its GPU usage."""
+    """Everything about one object.
+
+    Metadata, spec and status; for a workload also why it waits and its events,
+    for a ClusterQueue its GPU usage."""
     k = _kind(kind)
     ns = STATE.namespace(namespace) if k.namespaced else None
     with STATE.client() as client:
@@ -469,8 +473,11 @@ def submit(
     ),
     output: Annotated[str, typer.Option("-o", "--output", help="text, json or yaml.")] = "text",
 ) -> None:
-    """Submit a Workload or a Job, JobSet, PyTorchJob or MPIJob manifest, and
-    optionally wait for it: a step in a pipeline (Argo, Temporal, CI)."""
+    """Submit a job and optionally wait for it to finish.
+
+    A Workload or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest. With
+    --wait it is a step in a pipeline (Argo, Temporal, CI): the exit code says
+    how it ended."""
     manifests = load(filename)
     if not manifests:
         raise ValueError("no objects in the given files")

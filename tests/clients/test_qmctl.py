@@ -1,0 +1,360 @@
+"""qmctl as a subprocess against the live API: apply of a multi-document
+Kueue fleet, get in every output, describe, explain, submit (with and without
+--wait), cancel, delete, and contexts in a config file of its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from quartermaster_client import Client, Outcome, Workload, outcome
+from quartermaster_client.cli import app
+from quartermaster_client.cli.main import EXIT_CODES
+from typer.testing import CliRunner
+
+from tests.api.conftest import ADMIN_TOKEN
+from tests.clients.conftest import job
+
+QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
+
+FLEET = """\
+# A Kueue fleet as exported from a cluster: server-set metadata, a Kueue-only
+# field, and the LocalQueue before the ClusterQueue it names.
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  name: train
+  namespace: team-a
+spec:
+  clusterQueue: team-a
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: team-a
+spec:
+  cohortName: research
+  admissionChecksStrategy:
+    admissionChecks: []
+  resourceGroups:
+  - coveredResources: [cpu, memory, nvidia.com/gpu]
+    flavors:
+    - name: h100
+      resources:
+      - {name: cpu, nominalQuota: 512}
+      - {name: memory, nominalQuota: 4Ti}
+      - {name: nvidia.com/gpu, nominalQuota: 64, borrowingLimit: 16}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: h100
+  uid: 0f8e2a8c-0000-4000-8000-000000000000
+  resourceVersion: "982734"
+  creationTimestamp: "2025-01-01T00:00:00Z"
+  managedFields: [{manager: kubectl}]
+spec:
+  nodeLabels: {sku: h100}
+  topologyName: fabric
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Topology
+metadata:
+  name: fabric
+spec:
+  levels:
+  - nodeLabel: example.com/fabric-block
+  - nodeLabel: kubernetes.io/hostname
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Cohort
+metadata:
+  name: research
+spec: {}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata:
+  name: urgent
+value: 1000
+description: deadlines
+"""
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def qmctl(tmp_path: Path, api_url: str, qm: Client) -> Iterator[Run]:
+    """qmctl with a contexts file in tmp_path whose current context is the
+    live API as admin, namespace team-a."""
+    env = {"QMCTL_CONFIG": str(tmp_path / "qmctl" / "config"), "PATH": "/usr/bin:/bin"}
+
+    def run(*args: str, stdin: str | None = None, code: int | None = 0) -> Any:
+        done = subprocess.run(
+            [*QMCTL, *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            input=stdin,
+            timeout=60,
+        )
+        if code is not None:
+            assert done.returncode == code, (args, done.stdout, done.stderr)
+        return done
+
+    run(
+        "config", "set-context", "live", "--server", api_url, "--token", ADMIN_TOKEN, "-n", "team-a"
+    )
+    yield run
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_apply_a_kueue_fleet_then_get_in_every_output(qmctl: Run, tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    applied = qmctl("apply", "-f", str(fleet))
+    assert _lines(applied.stdout) == [
+        "topology/fabric created",
+        "resourceflavor/h100 created",
+        "cohort/research created",
+        "clusterqueue/team-a created",
+        "localqueue/train created",
+        "workloadpriorityclass/urgent created",
+    ]
+    assert "admissionChecksStrategy has no Quartermaster meaning" in applied.stderr
+    again = qmctl("apply", "-f", "-", stdin=FLEET)
+    assert all(line.endswith(" unchanged") for line in _lines(again.stdout))
+    changed = qmctl("apply", "-f", "-", stdin=FLEET.replace("nominalQuota: 64", "nominalQuota: 96"))
+    assert "clusterqueue/team-a configured" in changed.stdout
+    assert changed.stdout.count("configured") == 1
+
+    as_json = json.loads(qmctl("get", "clusterqueues", "-o", "json").stdout)
+    assert as_json["kind"] == "ClusterQueueList"
+    [cq] = as_json["items"]
+    assert cq["apiVersion"] == "quartermaster.dev/v1"
+    assert cq["spec"]["cohortName"] == "research"
+    gpu = cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][2]
+    assert (gpu["nominalQuota"], gpu["borrowingLimit"]) == (96, 16)
+    flavor = yaml.safe_load(qmctl("get", "rf", "h100", "-o", "yaml").stdout)
+    assert flavor["metadata"]["resourceVersion"] != "982734"
+    assert flavor["spec"]["topologyName"] == "fabric"
+
+    cq_table = _lines(qmctl("get", "cq").stdout)
+    assert cq_table[0].split() == [
+        "NAME",
+        "COHORT",
+        "PENDING",
+        "ADMITTED",
+        "GPU(USED/NOMINAL)",
+        "BORROWED",
+        "AGE",
+    ]
+    assert cq_table[1].split()[:6] == ["team-a", "research", "0", "0", "0/96", "0"]
+    lq_table = _lines(qmctl("get", "localqueues", "-A").stdout)
+    assert lq_table[1].split()[:3] == ["team-a", "train", "team-a"]
+    names = _lines(qmctl("get", "topologies", "-o", "name").stdout)
+    assert names == ["topology/fabric"]
+    wpc = _lines(qmctl("get", "wpc").stdout)
+    assert wpc[1].split()[:3] == ["urgent", "1000", "deadlines"]
+    described = qmctl("describe", "cq", "team-a").stdout
+    assert "Name:         team-a" in described and "Usage:        0/96 GPUs" in described
+
+    deleted = qmctl("delete", "-f", str(fleet))
+    assert _lines(deleted.stdout)[0] == "workloadpriorityclass/urgent deleted"
+    assert len(_lines(deleted.stdout)) == 6
+    assert "No clusterqueues found" in qmctl("get", "cq").stderr
+
+
+def test_submit_get_explain_cancel_and_wait(qmctl: Run, tmp_path: Path, qm: Client) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    qmctl("apply", "-f", str(fleet))
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job("train-1", parallelism=2)))
+    submitted = qmctl("submit", "-f", str(manifest))
+    assert submitted.stdout.strip() == (
+        "workload/train-1 submitted to team-a (ClusterQueue team-a, Pending)"
+    )
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(job("train-2", parallelism=4)))
+
+    table = _lines(qmctl("get", "workloads").stdout)
+    assert table[0].split() == ["NAME", "QUEUE", "STATE", "CLUSTER", "ISLAND", "GPUS", "AGE"]
+    assert [row.split()[:6] for row in table[1:]] == [
+        ["train-1", "train", "Pending", "-", "-", "4"],
+        ["train-2", "train", "Pending", "-", "-", "8"],
+    ]
+    wide = _lines(qmctl("get", "wl", "-A", "-o", "wide").stdout)
+    assert wide[0].split()[0] == "NAMESPACE" and "CLUSTERQUEUE" in wide[0]
+    assert wide[1].split()[:2] == ["team-a", "train-1"]
+    picked = json.loads(qmctl("get", "wl", "train-2", "-o", "json").stdout)
+    assert picked["kind"] == "Workload" and picked["spec"]["podSets"][0]["count"] == 4
+
+    explained = qmctl("explain", "train-2").stdout
+    assert "Workload team-a/train-2 is Pending in LocalQueue train (ClusterQueue team-a)" in (
+        explained
+    )
+    assert "It asks for 8 nvidia.com/gpu, 32 cpu, 256Gi memory in all." in explained
+    assert "Position 2 of 2 pending in team-a." in explained
+    assert "team-a uses 0 of 64 nominal GPUs; 2 pending, 0 admitted." in explained
+    assert "Explain:" in qmctl("describe", "workload", "train-1").stdout
+
+    timed_out = qmctl(
+        "submit",
+        "-f",
+        "-",
+        "--wait",
+        "--timeout",
+        "1s",
+        "--poll",
+        "0.2",
+        code=5,
+        stdin=yaml.safe_dump(job("train-3")),
+    )
+    assert "timed out" in timed_out.stderr
+
+    # --wait ends with the workload: cancelled while waiting is exit code 6.
+    fourth = tmp_path / "train-4.yaml"
+    fourth.write_text(yaml.safe_dump(job("train-4")))
+    waiting = subprocess.Popen(
+        [*QMCTL, "submit", "-f", str(fourth), "--wait", "--timeout", "30s", "--poll", "0.3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"QMCTL_CONFIG": str(tmp_path / "qmctl" / "config"), "PATH": "/usr/bin:/bin"},
+    )
+    _wait_until(lambda: _exists(qm, "train-4"))
+    qm.cancel("train-4", namespace="team-a")
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 6, (out, err)
+    assert "workload/train-4 Cancelled" in out
+
+    assert _lines(qmctl("cancel", "train-1").stdout) == ["workload/train-1 cancelled"]
+    assert _lines(qmctl("delete", "wl", "train-2", "train-3").stdout) == [
+        "workload/train-2 cancelled",
+        "workload/train-3 cancelled",
+    ]
+    pending = qmctl("get", "wl", "--field-selector", "status.state=Pending", "-o", "name")
+    assert pending.stdout == ""
+
+
+def _exists(qm: Client, name: str) -> bool:
+    return any(w.name == name for w in qm.workloads.list(namespace="team-a"))
+
+
+def _wait_until(check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_errors_name_the_field_and_exit_1(qmctl: Run) -> None:
+    bad = FLEET.split("---")[1].replace("cohortName: research", "cohortName: Research!")
+    failed = qmctl("apply", "-f", "-", stdin=bad, code=1)
+    assert "clusterqueue/team-a" in failed.stderr and "spec.cohortName" in failed.stderr
+    missing = qmctl("get", "cq", "nope", code=1)
+    assert 'error: 404 Not found: clusterqueues "nope" not found' in missing.stderr
+    unknown = qmctl("get", "gpus", code=2)
+    assert "unknown kind 'gpus'" in unknown.stderr
+    no_context = qmctl("--context", "nowhere", "get", "cq", code=1)
+    assert "no context 'nowhere'" in no_context.stderr
+
+
+def test_contexts_in_a_config_file(qmctl: Run, tmp_path: Path, api_url: str) -> None:
+    path = tmp_path / "qmctl" / "config"
+    qmctl("config", "set-context", "prod", "--server", "https://qm.example", "--token", "t")
+    listed = _lines(qmctl("config", "get-contexts").stdout)
+    assert listed[0].split() == ["CURRENT", "NAME", "SERVER", "NAMESPACE"]
+    assert listed[1].split() == ["*", "live", api_url, "team-a"]
+    assert listed[2].split() == ["prod", "https://qm.example"]
+    qmctl("config", "use-context", "prod")
+    assert qmctl("config", "current-context").stdout.strip() == "prod"
+    assert "bootstrap" in qmctl("--context", "live", "whoami").stdout
+    qmctl("config", "use-context", "nope", code=1)
+    qmctl("config", "set-context", "live", "--namespace", "team-b", "--use")
+    document = yaml.safe_load(path.read_text())
+    assert document["current-context"] == "live"
+    assert document["contexts"][0]["context"] == {
+        "server": api_url,
+        "token": ADMIN_TOKEN,
+        "namespace": "team-b",
+    }
+    assert path.stat().st_mode & 0o777 == 0o600
+    qmctl("config", "delete-context", "prod")
+    assert [c["name"] for c in yaml.safe_load(path.read_text())["contexts"]] == ["live"]
+
+
+COMMANDS = [
+    ["apply"],
+    ["get"],
+    ["describe"],
+    ["delete"],
+    ["submit"],
+    ["explain"],
+    ["cancel"],
+    ["watch"],
+    ["whoami"],
+    ["config", "set-context"],
+    ["config", "use-context"],
+    ["config", "get-contexts"],
+    ["config", "current-context"],
+    ["config", "delete-context"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help_with_examples(command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--help"], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    assert "Examples" in result.output and "qmctl " + " ".join(command) in result.output
+
+
+def test_shell_completion_is_offered() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert "--install-completion" in result.output and "--show-completion" in result.output
+
+
+def _workload(state: str, reason: str | None = None, active: bool = True) -> Workload:
+    conditions = [{"type": "Finished", "status": "True", "reason": reason}] if reason else []
+    return Workload.model_validate(
+        {
+            "metadata": {"name": "w", "namespace": "n"},
+            "spec": {"queueName": "q", "podSets": [], "active": active},
+            "status": {"state": state, "conditions": conditions},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "active", "expected", "code"),
+    [
+        ("Finished", "Succeeded", True, Outcome.SUCCEEDED, 0),
+        ("Finished", "Failed", True, Outcome.FAILED, 3),
+        ("Finished", "Preempted", True, Outcome.PREEMPTED, 4),
+        ("Preempted", None, False, Outcome.PREEMPTED, 4),
+        ("Cancelled", None, True, Outcome.CANCELLED, 6),
+    ],
+)
+def test_how_a_workload_ended_and_the_exit_code_it_gives(
+    state: str, reason: str | None, active: bool, expected: Outcome, code: int
+) -> None:
+    ended = outcome(_workload(state, reason, active))
+    assert ended is expected
+    assert EXIT_CODES[ended] == code
+
+
+@pytest.mark.parametrize("state", ["Pending", "Admitted", "Running", "Cancelling", "Preempted"])
+def test_a_workload_that_may_still_run_has_no_outcome(state: str) -> None:
+    assert outcome(_workload(state)) is None
