@@ -13,9 +13,10 @@ async with AsyncClient(url, token=token) as qm:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -327,7 +328,7 @@ class AsyncClient:
         return await self.call(self.ops.submit(manifest, namespace))
 
     async def bulk_submit(
-        self, items: list[ObjectLike], namespace: str | None = None
+        self, items: builtins.list[ObjectLike], namespace: str | None = None
     ) -> BulkResult:
         return await self.call(self.ops.bulk_submit(items, namespace))
 
@@ -393,7 +394,7 @@ class AsyncClient:
         type: str | None = None,
         timeout: float | None = None,
         server_timeout: float = 300.0,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """As ``Client.watch``: resumes with Last-Event-ID after a drop."""
         position = await self.head() if after is None else after
         filters = event_filters(namespace, workload, kind, type)

@@ -13,6 +13,7 @@ with Client.from_context() as qm:             # or Client(url, token=...)
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -346,7 +347,9 @@ class Client:
         """Submit a Workload, or a Job / JobSet / PyTorchJob / MPIJob manifest."""
         return self.call(self.ops.submit(manifest, namespace))
 
-    def bulk_submit(self, items: list[ObjectLike], namespace: str | None = None) -> BulkResult:
+    def bulk_submit(
+        self, items: builtins.list[ObjectLike], namespace: str | None = None
+    ) -> BulkResult:
         """Up to 5,000 submissions in one request; each succeeds or fails alone."""
         return self.call(self.ops.bulk_submit(items, namespace))
 
@@ -466,7 +469,9 @@ class Client:
     def whoami(self) -> WhoAmI:
         return self.call(self.ops.whoami())
 
-    def issue_token(self, name: str, role: str, namespaces: list[str] | None = None) -> IssuedToken:
+    def issue_token(
+        self, name: str, role: str, namespaces: builtins.list[str] | None = None
+    ) -> IssuedToken:
         """A bearer token for a role (admins only); its secret is shown once."""
         return self.call(self.ops.issue_token(name, role, namespaces))
 

@@ -358,3 +358,56 @@ def test_how_a_workload_ended_and_the_exit_code_it_gives(
 @pytest.mark.parametrize("state", ["Pending", "Admitted", "Running", "Cancelling", "Preempted"])
 def test_a_workload_that_may_still_run_has_no_outcome(state: str) -> None:
     assert outcome(_workload(state)) is None
+
+
+def test_apply_submits_job_manifests_once(qmctl: Run, tmp_path: Path) -> None:
+    documents = FLEET + "---\n" + yaml.safe_dump(job("from-apply"))
+    first = qmctl("apply", "-f", "-", stdin=documents)
+    assert _lines(first.stdout)[-1] == "workload/from-apply created"
+    second = qmctl("apply", "-f", "-", stdin=documents)
+    assert _lines(second.stdout)[-1] == "workload/from-apply unchanged (exists)"
+    deleted = _lines(qmctl("delete", "-f", "-", stdin=documents).stdout)
+    assert deleted[0] == "workload/from-apply cancelled" and len(deleted) == 7
+
+
+def test_watch_prints_events_and_workloads_as_they_happen(
+    qmctl: Run, qm: Client, tmp_path: Path
+) -> None:
+    qmctl("apply", "-f", "-", stdin=FLEET)
+    start = str(qm.head())
+    env = {"QMCTL_CONFIG": str(tmp_path / "qmctl" / "config"), "PATH": "/usr/bin:/bin"}
+    watchers = [
+        subprocess.Popen(
+            [*QMCTL, "watch", what, "--since", start, "--timeout", "4s"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for what in ("events", "workloads")
+    ]
+    # --since: whenever each watcher connects, it starts from ``start``.
+    qm.submit(job("watched-1"), namespace="team-a")
+    qm.cancel("watched-1", namespace="team-a")
+    events, workloads = (w.communicate(timeout=30) for w in watchers)
+    assert [w.returncode for w in watchers] == [0, 0], (events, workloads)
+    lines = _lines(events[0])
+    assert lines[0].split() == ["POSITION", "TIME", "TYPE", "OBJECT", "STATE"]
+    assert [line.split()[3] for line in lines[1:]] == ["WorkloadSubmitted", "WorkloadCancelled"]
+    assert all("Workload/team-a/watched-1" in line for line in lines[1:])
+    assert lines[-1].endswith("Cancelled")
+    table = _lines(workloads[0])  # a snapshot, then a line per change
+    assert table[-1].split()[3:] == ["WorkloadCancelled", "Workload/team-a/watched-1", "Cancelled"]
+    assert sum("watched-1" in line for line in table) >= 2
+
+
+def test_the_client_imports_nothing_of_the_server() -> None:
+    code = (
+        "import sys, quartermaster_client, quartermaster_client.cli; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'service', 'workers', 'sim', 'sqlalchemy', 'fastapi', 'celery', 'psycopg'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"

@@ -27,7 +27,13 @@ from quartermaster_client import (
     Workload,
 )
 from quartermaster_client.config import ConfigFile
-from quartermaster_client.models import ClusterQueueSpec, FlavorQuotas, ResourceGroup, ResourceQuota
+from quartermaster_client.models import (
+    ClusterQueueSpec,
+    FlavorQuotas,
+    ResourceFlavorSpec,
+    ResourceGroup,
+    ResourceQuota,
+)
 
 from tests.api.conftest import ADMIN_TOKEN
 from tests.clients.conftest import FAST_RETRIES, job, setup_quota, workload
@@ -36,7 +42,9 @@ from tests.clients.proxy import Fault, flaky_proxy
 
 def test_crud_per_kind_with_typed_models(qm: Client) -> None:
     flavor = qm.resourceflavors.create(
-        ResourceFlavor(metadata=ObjectMeta(name="h100"), spec={"node_labels": {"sku": "h100"}})
+        ResourceFlavor(
+            metadata=ObjectMeta(name="h100"), spec=ResourceFlavorSpec(node_labels={"sku": "h100"})
+        )
     )
     assert isinstance(flavor, ResourceFlavor)
     assert flavor.spec.node_labels == {"sku": "h100"}

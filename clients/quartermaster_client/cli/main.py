@@ -28,7 +28,13 @@ from quartermaster_client.cli.render import (
 )
 from quartermaster_client.client import Client
 from quartermaster_client.config import ConfigFile, resolve
-from quartermaster_client.errors import ApiError, ConfigError, QuartermasterError, WatchTimeout
+from quartermaster_client.errors import (
+    AlreadyExists,
+    ApiError,
+    ConfigError,
+    QuartermasterError,
+    WatchTimeout,
+)
 from quartermaster_client.explain import QueueUsage, in_words, queue_usage
 from quartermaster_client.kinds import APPLY_ORDER, Kind, lookup
 from quartermaster_client.manifests import Manifest, load
@@ -220,9 +226,13 @@ def apply(
             ns = namespace or (manifest.body.get("metadata") or {}).get("namespace")
             try:
                 if _is_job(manifest):
-                    result = client.submit(
-                        kueue_to_quartermaster(manifest.body)[0], STATE.namespace(ns)
-                    )
+                    body = kueue_to_quartermaster(manifest.body)[0]
+                    try:
+                        result = client.submit(body, STATE.namespace(ns))
+                    except AlreadyExists:
+                        # Workloads are immutable: cancel and resubmit to change one.
+                        typer.echo(f"workload/{manifest.name} unchanged (exists)")
+                        continue
                     typer.echo(f"workload/{result.name} created")
                     continue
                 kind = lookup(manifest.kind)
@@ -288,7 +298,7 @@ def delete(
 def _usage_context(client: Client, kind: Kind) -> Context:
     if kind.kind != "ClusterQueue":
         return Context()
-    return Context(lambda: list(client.workloads.list(all_namespaces=True)))  # type: ignore[arg-type]
+    return Context(lambda: list(client.workloads.list(all_namespaces=True)))
 
 
 @app.command(
