@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from service.api import openapi, problems
 from service.api.events import events_router
+from service.api.ledger import ledger_router
 from service.api.middleware import (
     IdempotencyMiddleware,
     Metrics,
@@ -101,6 +102,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(workload_router())
     app.include_router(token_router())
     app.include_router(events_router())
+    app.include_router(ledger_router())
     problems.install(app)
     openapi.install(app)
     settings = services.settings

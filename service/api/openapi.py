@@ -163,6 +163,7 @@ _ERRORS = {
     "415": "Unsupported media type",
     "422": "Invalid: every field at fault is listed",
     "429": "Rate limited: see Retry-After",
+    "503": "Unavailable: the database cannot be reached, or a setting it needs is missing",
 }
 
 
@@ -174,7 +175,7 @@ def _document_problems(document: dict[str, Any]) -> None:
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
             for status, description in _ERRORS.items():
-                if public and status not in ("405", "503"):
+                if public and status != "405":
                     continue
                 responses[status] = {"description": description, "content": body}
             if path == "/readyz":

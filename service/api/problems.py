@@ -6,9 +6,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
@@ -88,6 +90,19 @@ def install(app: FastAPI) -> None:
             # list every method any route on this path accepts.
             headers = {**(headers or {}), "Allow": ", ".join(_allowed(app, request))}
         return problem(error.status_code, kind, title, str(error.detail), headers=headers)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(psycopg.OperationalError)
+    async def database_down(request: Request, error: Exception) -> JSONResponse:
+        # Nothing was acknowledged: the client may retry; the pool reconnects.
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, error)
+        return problem(
+            503,
+            "database-unavailable",
+            "Database unavailable",
+            "the database cannot be reached; nothing was changed, retry shortly",
+            headers={"Retry-After": "2"},
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:

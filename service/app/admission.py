@@ -33,7 +33,7 @@ reconcile workers meet them):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -90,6 +90,7 @@ __all__ = [
     "CycleReport",
     "Loaded",
     "Plan",
+    "WorkloadCache",
     "WorkloadRow",
     "load",
     "plan",
@@ -111,11 +112,25 @@ KINDS = (
 )
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
-# One statement, so one consistent view of every read model the engine needs.
-_SNAPSHOT = text(
-    "SELECT kind, namespace, name, uid, resource_version, generation, labels, annotations, "
-    "spec, status, created_at FROM resources WHERE NOT deleted AND kind = ANY(:kinds) "
-    "AND (kind <> 'Workload' OR coalesce(status->>'state', 'Pending') = ANY(:states))"
+_STATES = [PENDING, *sorted(HOLDS_QUOTA)]
+_CONFIG = text(
+    "SELECT kind, namespace, name, labels, spec, status FROM resources "
+    "WHERE NOT deleted AND kind = ANY(:kinds)"
+)
+# Workloads in two steps: every live one's (uid, version) stamp, then whole
+# rows only for those the cache has not seen at that version. A version
+# changes with every event, so a stamp identifies a row's content; decoding
+# each pending workload's JSON every second would cost more than the engine.
+_STAMPS = text(
+    "SELECT namespace, name, uid, resource_version FROM resources "
+    "WHERE kind = 'Workload' AND NOT deleted "
+    "AND coalesce(status->>'state', 'Pending') = ANY(:states)"
+)
+_ROWS = text(
+    "SELECT r.namespace, r.name, r.uid, r.resource_version, r.generation, r.labels, "
+    "r.annotations, r.spec, r.status, r.created_at FROM resources r "
+    "JOIN unnest(CAST(:namespaces AS text[]), CAST(:names AS text[])) AS k(namespace, name) "
+    "ON r.kind = 'Workload' AND r.namespace = k.namespace AND r.name = k.name"
 )
 
 Obj = dict[str, Any]
@@ -296,38 +311,78 @@ def _manifest(row: Any) -> Obj:
     }
 
 
-class _WorkloadCache:
-    """Parsed workloads by (key, uid, generation, version): a pending workload
-    is parsed once, not once per cycle."""
+@dataclass(frozen=True)
+class _Cached:
+    row: WorkloadRow
+    workload: Workload
+    admitted: AdmittedWorkload | None
+
+
+def _cached(row: WorkloadRow) -> _Cached:
+    workload = workload_from_row(row)
+    raw = row.status.get("admission")
+    admitted = None
+    if row.status.get("state", PENDING) in HOLDS_QUOTA and raw:
+        admitted = AdmittedWorkload(
+            workload=workload,
+            admission=admission_from_status(raw),
+            admitted_at=_timestamp(raw.get("admittedAt"), workload.creation_time),
+            pods_ready=row.status.get("podsReady"),
+        )
+    return _Cached(row, workload, admitted)
+
+
+class WorkloadCache:
+    """Workload rows and their domain values by key, valid for one (uid,
+    version): a pending workload is fetched and parsed once, not per cycle."""
 
     def __init__(self) -> None:
-        self._items: dict[str, tuple[tuple[str, int, int], Workload]] = {}
+        self._items: dict[str, tuple[tuple[str, int], _Cached]] = {}
 
-    def get(self, row: WorkloadRow) -> Workload:
-        stamp = (row.uid, row.generation, row.version)
-        hit = self._items.get(row.key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        workload = workload_from_row(row)
-        self._items[row.key] = (stamp, workload)
-        return workload
-
-    def keep(self, keys: Iterable[str]) -> None:
-        wanted = set(keys)
-        for key in [k for k in self._items if k not in wanted]:
+    def refresh(self, conn: Any) -> list[_Cached]:
+        stamps = {
+            f"{ns}/{name}": (ns, name, (str(uid), int(version)))
+            for ns, name, uid, version in conn.execute(_STAMPS, {"states": _STATES})
+        }
+        missing = [
+            (ns, name)
+            for key, (ns, name, stamp) in stamps.items()
+            if (hit := self._items.get(key)) is None or hit[0] != stamp
+        ]
+        if missing:
+            params = {"namespaces": [m[0] for m in missing], "names": [m[1] for m in missing]}
+            for r in conn.execute(_ROWS, params):
+                row = WorkloadRow(
+                    r.namespace,
+                    r.name,
+                    str(r.uid),
+                    int(r.resource_version),
+                    int(r.generation),
+                    r.labels or {},
+                    r.annotations or {},
+                    r.spec,
+                    r.status or {},
+                    r.created_at,
+                )
+                self._items[row.key] = ((row.uid, row.version), _cached(row))
+        for key in [k for k in self._items if k not in stamps]:
             del self._items[key]
+        return [self._items[key][1] for key in stamps]
 
 
 def load(
-    conn: Any,
+    engine: Engine,
     config: EngineConfig,
     usage: Mapping[str, LocalQueueUsage],
-    cache: _WorkloadCache | None = None,
+    cache: WorkloadCache | None = None,
 ) -> Loaded:
-    cache = cache or _WorkloadCache()
-    rows = conn.execute(
-        _SNAPSHOT, {"kinds": list(KINDS), "states": [PENDING, *sorted(HOLDS_QUOTA)]}
-    ).all()
+    """One consistent snapshot (a REPEATABLE READ transaction) of everything
+    the engine needs."""
+    cache = cache or WorkloadCache()
+    options = {"isolation_level": "REPEATABLE READ"}
+    with engine.connect().execution_options(**options) as conn, conn.begin():
+        rows = conn.execute(_CONFIG, {"kinds": [k for k in KINDS if k != "Workload"]}).all()
+        entries = cache.refresh(conn)
     by_kind: dict[str, list[Any]] = {}
     for row in rows:
         by_kind.setdefault(row.kind, []).append(row)
@@ -346,35 +401,12 @@ def load(
     pending: list[Workload] = []
     admitted: list[AdmittedWorkload] = []
     workloads: dict[str, WorkloadRow] = {}
-    for row in by_kind.get("Workload", ()):
-        wrow = WorkloadRow(
-            row.namespace,
-            row.name,
-            str(row.uid),
-            int(row.resource_version),
-            int(row.generation),
-            row.labels or {},
-            row.annotations or {},
-            row.spec,
-            row.status or {},
-            row.created_at,
-        )
-        workloads[wrow.key] = wrow
-        workload = cache.get(wrow)
-        state = wrow.status.get("state", PENDING)
-        if state in HOLDS_QUOTA and wrow.status.get("admission"):
-            raw = wrow.status["admission"]
-            admitted.append(
-                AdmittedWorkload(
-                    workload=workload,
-                    admission=admission_from_status(raw),
-                    admitted_at=_timestamp(raw.get("admittedAt"), workload.creation_time),
-                    pods_ready=wrow.status.get("podsReady"),
-                )
-            )
-        elif state == PENDING:
-            pending.append(workload)
-    cache.keep(workloads)
+    for entry in entries:
+        workloads[entry.row.key] = entry.row
+        if entry.admitted is not None:
+            admitted.append(entry.admitted)
+        elif entry.row.status.get("state", PENDING) == PENDING:
+            pending.append(entry.workload)
     local_queues = [local_queue_from_manifest(_manifest(r)) for r in by_kind.get("LocalQueue", ())]
     namespaces = {lq.namespace for lq in local_queues} | {w.namespace for w in workloads.values()}
     snapshot = Snapshot(
@@ -675,7 +707,7 @@ class AdmissionCycle:
         self._uow = unit_of_work
         self.config = config or EngineConfig()
         self._clock = clock
-        self._cache = _WorkloadCache()
+        self._cache = WorkloadCache()
 
     def run(
         self,
@@ -684,8 +716,7 @@ class AdmissionCycle:
         before_commit: AfterPlan | None = None,
     ) -> CycleReport:
         started = time.perf_counter()
-        with self._engine.connect() as conn:
-            loaded = load(conn, self.config, usage or {}, self._cache)
+        loaded = load(self._engine, self.config, usage or {}, self._cache)
         now = self._clock()
         result = admission_cycle(loaded.snapshot, now)
         writes = plan(loaded, result, now)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, create_engine
 
+from service.app.audit import AuditService
 from service.app.auth import OidcConfig, TokenService
 from service.app.crypto import SecretBox
 from service.app.events import EventQueries
@@ -32,6 +33,7 @@ class Services:
     resources: ResourceService
     submissions: SubmissionService
     event_queries: EventQueries
+    audit: AuditService
     idempotency: IdempotencyStore
 
     def close(self) -> None:
@@ -85,5 +87,6 @@ def bootstrap(settings: Settings, database_url: str | None = None) -> Services:
         resources=resources,
         submissions=SubmissionService(engine, unit_of_work, resources),
         event_queries=EventQueries(engine),
+        audit=AuditService(engine, settings.ledger_signing_key),
         idempotency=IdempotencyStore(engine, settings.idempotency_ttl_seconds),
     )

@@ -40,6 +40,8 @@ from service.app.selectors import FieldSelector, LabelSelector
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import validation_problems
 from service.eventstore.port import ConcurrencyConflict, EventMetadata, NewEvent
+from service.ledger import entries as ledger
+from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import resource_row, upsert_resources
 from service.projections.schema import resources
 
@@ -379,6 +381,10 @@ class ResourceService:
         uow.events.append(stream, version, [NewEvent(uuid4(), event_type, data, meta)])
         row = resource_row(data, version + 1, meta.occurred_at)
         upsert_resources(uow.connection, [row])
+        before = dict(current.spec) if current is not None and not current.deleted else None
+        after = None if data.get("deleted") else dict(data["spec"])
+        # Last before COMMIT: the ledger's tip lock is held until then.
+        uow.record([config_entry(actor, kind, data, before, after, meta.occurred_at)])
         try:
             uow.commit()
         except ConcurrencyConflict as error:
@@ -414,6 +420,25 @@ class ResourceService:
                 f"{kind.kind} {name} refers to objects that do not exist or cannot be used",
                 problems,
             )
+
+
+def config_entry(
+    actor: Actor, kind: Kind, data: Obj, before: Obj | None, after: Obj | None, at: datetime
+) -> NewLedgerEntry:
+    """The ledger's record of an admin's change, before and after."""
+    common = {
+        "actor": actor.principal.name,
+        "namespace": data["namespace"] or None,
+        "name": data["name"],
+        "before": before,
+        "after": after,
+    }
+    body: ledger.Body
+    if kind.kind in ("ClusterQueue", "Cohort"):
+        body = ledger.QuotaChanged.model_validate({"object_kind": kind.kind, **common})
+    else:
+        body = ledger.ConfigChanged.model_validate({"object_kind": kind.kind, **common})
+    return ledger.new_entry(body, uuid4(), at)
 
 
 def _check_version(wanted: str | None, current: Row[Any]) -> None:

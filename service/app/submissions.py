@@ -36,6 +36,8 @@ from service.app.workloads import (
     total_requests,
 )
 from service.eventstore.port import ANY_VERSION, ConcurrencyConflict, NewEvent, OutboxMessage
+from service.ledger import entries as ledger
+from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import (
     UPSERT_SQL,
     resource_row,
@@ -188,6 +190,7 @@ class SubmissionService:
         meta = actor.metadata()
         now = meta.occurred_at
         rows = []
+        submitted: list[NewLedgerEntry] = []
         for workload, target in zip(workloads, targets, strict=True):
             name = workload.metadata.name
             if name in current and not current[name].deleted:
@@ -210,6 +213,22 @@ class SubmissionService:
             stream = stream_name("Workload", namespace, name)
             uow.events.append(stream, version, [NewEvent(uuid4(), "WorkloadSubmitted", data, meta)])
             rows.append(resource_row(data, version + 1, now))
+            submitted.append(
+                ledger.new_entry(
+                    ledger.WorkloadSubmitted(
+                        namespace=namespace,
+                        workload=name,
+                        local_queue=workload.spec.queueName,
+                        cluster_queue=target.cluster_queue,
+                        actor=actor.principal.name,
+                        workload_class=workload.spec.workloadClass,
+                        priority=target.priority,
+                        requests=total_requests(workload.spec),
+                    ),
+                    uuid4(),
+                    now,
+                )
+            )
         uow.events.defer(UPSERT_SQL, [upsert_params(row) for row in rows])
         # Wake the admission cycle (the workers' outbox relay delivers it).
         uow.publish(
@@ -219,6 +238,8 @@ class SubmissionService:
                 )
             ]
         )
+        # Last before COMMIT: the ledger's tip lock is held until then.
+        uow.record(submitted)
         try:
             uow.commit()
         except ConcurrencyConflict as error:
@@ -236,12 +257,21 @@ class SubmissionService:
             "queueName": workload.spec.queueName if workload else None,
             "rules": [{"field": p, "message": m} for p, m in refusal.errors],
         }
+        refused = ledger.PolicyRefused(
+            actor=actor.principal.name,
+            namespace=namespace,
+            workload=workload.metadata.name if workload else "",
+            local_queue=workload.spec.queueName if workload else None,
+            rules=[ledger.BrokenRule(rule=p or "(body)", message=m) for p, m in refusal.errors]
+            or [ledger.BrokenRule(rule="(body)", message=refusal.detail)],
+        )
         with self._uow() as uow:
             uow.events.append(
                 f"refusal-{namespace}",
                 ANY_VERSION,
                 [NewEvent(uuid4(), "SubmissionRefused", data, meta)],
             )
+            uow.record([ledger.new_entry(refused, uuid4(), meta.occurred_at)])
             uow.commit()
 
     # -- cancel --------------------------------------------------------------------------

@@ -157,3 +157,23 @@ def test_read_models_rebuilt_from_the_log_equal_the_live_ones(api: Api, engine: 
         )
     assert rebuilt == live
     assert len(live[0]) == 6  # flavor, cq, lq (tombstone), cluster, two workloads
+
+
+def test_a_database_that_cannot_be_reached_is_503_never_500() -> None:
+    from service.runtime.embedded import free_port
+    from tests.api.conftest import serve
+
+    nowhere = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none?connect_timeout=2"
+    with serve(nowhere) as (base_url, _):
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        for method, path in (("GET", "/v1/resourceflavors"), ("POST", "/v1/resourceflavors")):
+            response = httpx.request(
+                method,
+                base_url + path,
+                headers=headers,
+                json={"metadata": {"name": "x"}, "spec": {}},
+            )
+            assert response.status_code == 503, response.text
+            assert response.headers["content-type"].startswith("application/problem+json")
+            assert response.headers["retry-after"] == "2"
+        assert httpx.get(base_url + "/readyz").status_code == 503
