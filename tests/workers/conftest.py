@@ -336,6 +336,11 @@ def workload_status(engine: sa.Engine, namespace: str, name: str) -> dict[str, A
         )
 
 
+DECISIONS = ("workload.admitted", "workload.preempted", "workload.evicted")
+
+
 def ledger_kinds(engine: sa.Engine) -> list[str]:
+    """The admission cycle's ledger entries, in order (the API records others)."""
     with engine.connect() as conn:
-        return list(conn.exec_driver_sql("SELECT kind FROM ledger_entries ORDER BY seq").scalars())
+        kinds = conn.exec_driver_sql("SELECT kind FROM ledger_entries ORDER BY seq").scalars()
+        return [kind for kind in kinds if kind in DECISIONS]
