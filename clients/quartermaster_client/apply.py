@@ -16,10 +16,21 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 #: Kueue fields with no meaning in Quartermaster (admission checks run on
 #: member clusters; Quartermaster admits one gang at a time per queue).
 DROPPED: dict[str, tuple[str, ...]] = {
-    "ClusterQueue": ("admissionChecksStrategy", "admissionScope", "concurrentAdmissionPolicy"),
-    "LocalQueue": (),
-    "Workload": ("maximumExecutionTimeSeconds", "preemptionGates", "priority"),
+    "ClusterQueue": (
+        "admissionChecks",
+        "admissionChecksStrategy",
+        "admissionScope",
+        "concurrentAdmissionPolicy",
+    ),
+    "Workload": (
+        "maximumExecutionTimeSeconds",
+        "preemptionGates",
+        "priority",
+        "priorityClassSource",
+    ),
 }
+#: Fields Kueue v1beta1 named otherwise (kueue.x-k8s.io/v1beta1 -> v1beta2).
+RENAMED: dict[str, dict[str, str]] = {"ClusterQueue": {"cohort": "cohortName"}}
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,9 @@ def kueue_to_quartermaster(body: Mapping[str, Any]) -> tuple[dict[str, Any], lis
     out["metadata"] = kept
     out.pop("status", None)
     spec = dict(out.get("spec") or {})
+    for old, new in RENAMED.get(kind, {}).items():
+        if old in spec and new not in spec:
+            spec[new] = spec.pop(old)
     for name in DROPPED.get(kind, ()):
         if name in spec:
             spec.pop(name)

@@ -251,17 +251,21 @@ class Admission(Model):
     def islands(self) -> list[str]:
         found: list[str] = []
         for assignment in self.pod_set_assignments:
-            found += [i for i in assignment.islands if i not in found]
-        island = getattr(self, "island", None)  # a flat field, should the server add one
-        if isinstance(island, str) and island not in found:
-            found.append(island)
+            for island in assignment.islands:
+                if island not in found:
+                    found.append(island)
+        flat = getattr(self, "island", None)  # a flat field, should the server add one
+        if isinstance(flat, str) and flat not in found:
+            found.append(flat)
         return found
 
     @property
     def flavors(self) -> list[str]:
         found: list[str] = []
         for assignment in self.pod_set_assignments:
-            found += [f for f in assignment.flavors.values() if f not in found]
+            for flavor in assignment.flavors.values():
+                if flavor not in found:
+                    found.append(flavor)
         return found
 
 

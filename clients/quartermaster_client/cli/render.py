@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from quartermaster_client.errors import QuartermasterError
 from quartermaster_client.explain import QueueUsage, queue_usage, workload_gpus
 from quartermaster_client.kinds import Kind
 from quartermaster_client.models import (
@@ -213,7 +214,7 @@ class Context:
         if self._workloads is None and self._load is not None:
             try:
                 self._workloads = self._load()
-            except Exception:  # a role that may not list every workload
+            except QuartermasterError:  # a role that may not list every workload
                 self._load = None
         if self._workloads is None:
             if cq.status.pending_workloads is None:

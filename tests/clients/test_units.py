@@ -1,0 +1,209 @@
+"""The client's pure parts: Kueue translation, apply's diff, the SSE
+decoder, explanations and table columns of admitted workloads (which need
+workers to exist live), and a server that is not there."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+from quartermaster_client import Client, ClusterQueue, RetryPolicy, TransportError, Workload
+from quartermaster_client._http import SSEDecoder
+from quartermaster_client.apply import differs, kueue_to_quartermaster
+from quartermaster_client.cli.render import Context, age, render_table
+from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage
+from quartermaster_client.kinds import lookup
+from quartermaster_client.models import Explanation
+
+from tests.clients.conftest import gpu_pod
+
+ADMISSION = {
+    "clusterQueue": "team-a",
+    "cluster": "east-1",
+    "podSetAssignments": [
+        {
+            "name": "workers",
+            "count": 4,
+            "flavors": {"nvidia.com/gpu": "h100", "cpu": "h100"},
+            "resourceUsage": {"nvidia.com/gpu": 32},
+            "islands": ["block-3"],
+        }
+    ],
+}
+
+
+def test_kueue_v1beta1_and_v1beta2_manifests_are_translated() -> None:
+    body, notes = kueue_to_quartermaster(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ClusterQueue",
+            "metadata": {
+                "name": "team-a",
+                "uid": "x",
+                "resourceVersion": "9",
+                "managedFields": [],
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+            },
+            "spec": {"cohort": "research", "admissionChecks": ["prov"], "resourceGroups": []},
+            "status": {"pendingWorkloads": 3},
+        }
+    )
+    assert body == {
+        "apiVersion": "quartermaster.dev/v1",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "team-a"},
+        "spec": {"cohortName": "research", "resourceGroups": []},
+    }
+    assert notes == ["ClusterQueue team-a: spec.admissionChecks has no Quartermaster meaning"]
+    workload, _ = kueue_to_quartermaster(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": "w", "namespace": "team-a"},
+            "spec": {"queueName": "train", "priorityClassRef": {"name": "urgent"}, "podSets": []},
+        }
+    )
+    assert workload["spec"] == {"queueName": "train", "priorityClassName": "urgent", "podSets": []}
+    native = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}}
+    assert kueue_to_quartermaster(native) == (native, [])
+
+
+def test_apply_replaces_only_when_a_given_field_differs() -> None:
+    current = {
+        "metadata": {"name": "cq", "resourceVersion": "7", "labels": {}},
+        "spec": {"queueingStrategy": "BestEffortFIFO", "quota": [{"n": 64, "b": True}]},
+        "status": {"pendingWorkloads": 2},
+    }
+    assert not differs({"metadata": {"name": "cq"}, "spec": {"quota": [{"n": 64}]}}, current)
+    assert not differs({"spec": {"quota": [{"n": "64"}]}, "status": {}}, current)
+    assert differs({"spec": {"quota": [{"n": 65}]}}, current)
+    assert differs({"spec": {"quota": [{"n": 64}, {"n": 1}]}}, current)
+    assert differs({"spec": {"quota": [{"b": 1}]}}, current)  # True is not 1
+    assert differs({"metadata": {"labels": {"team": "a"}}}, current)
+
+
+def test_the_event_stream_decoder() -> None:
+    decoder = SSEDecoder()
+    lines = ["retry: 1500", "", ": heartbeat", "", "id: 7", "event: X", "data: {", "data: }", ""]
+    events = [e for e in (decoder.feed(line) for line in lines) if e is not None]
+    assert events == [("7", "X", "{\n}")]
+    assert decoder.retry == 1.5 and decoder.last_id == "7"
+
+
+def _workload(status: dict[str, Any], name: str = "w") -> Workload:
+    return Workload.model_validate(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "team-a",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {
+                "queueName": "train",
+                "podSets": [{"name": "workers", "count": 4, "template": gpu_pod(8)}],
+            },
+            "status": status,
+        }
+    )
+
+
+def test_admitted_workloads_show_cluster_island_and_gpus() -> None:
+    admitted = _workload({"state": "Running", "clusterQueue": "team-a", "admission": ADMISSION})
+    pending = _workload({"state": "Pending", "clusterQueue": "team-a"}, "p")
+    text = render_table(lookup("wl"), [admitted, pending], True, True, Context())
+    header, first, second = text.splitlines()
+    assert header.split() == [
+        "NAMESPACE",
+        "NAME",
+        "QUEUE",
+        "STATE",
+        "CLUSTER",
+        "ISLAND",
+        "GPUS",
+        "AGE",
+        "CLUSTERQUEUE",
+        "PRIORITY",
+        "FLAVOR",
+        "REASON",
+    ]
+    assert first.split()[:7] == ["team-a", "w", "train", "Running", "east-1", "block-3", "32"]
+    assert first.split()[8:11] == ["team-a", "0", "h100"]
+    assert second.split()[:7] == ["team-a", "p", "train", "Pending", "-", "-", "32"]
+
+    cq = ClusterQueue.model_validate(
+        {
+            "metadata": {"name": "team-a"},
+            "spec": {
+                "cohortName": "research",
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "h100",
+                                "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 24}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        }
+    )
+    usage = queue_usage(cq, [admitted, pending])
+    assert usage == QueueUsage(pending=1, admitted=1, used=32, nominal=24)
+    assert usage.borrowed == 8
+    row = render_table(lookup("cq"), [cq], False, False, Context(lambda: [admitted, pending]))
+    assert row.splitlines()[1].split()[:6] == ["team-a", "research", "1", "1", "32/24", "8"]
+
+
+def test_an_admitted_workload_explained_in_words() -> None:
+    explanation = Explanation.model_validate(
+        {
+            "workload": "team-a/w",
+            "state": "Admitted",
+            "reason": "Admitted",
+            "message": "admitted to east-1",
+            "clusterQueue": "team-a",
+            "localQueue": "train",
+            "priority": 100,
+            "requests": {"nvidia.com/gpu": 32, "cpu": 32500, "memory": 256 * 2**30},
+            "admission": ADMISSION,
+        }
+    )
+    usage = QueueUsage(pending=3, admitted=1, used=32, nominal=24)
+    assert in_words(explanation, usage) == [
+        "Workload team-a/w is Admitted in LocalQueue train (ClusterQueue team-a), priority 100.",
+        "It asks for 32 nvidia.com/gpu, 32500m cpu, 256Gi memory in all.",
+        "Admitted to cluster east-1, island block-3, flavor h100.",
+        "  pod set workers: 4 pods on cpu=h100, nvidia.com/gpu=h100",
+        "Latest condition: Admitted: admitted to east-1",
+        "team-a uses 32 of 24 nominal GPUs and is borrowing 8 GPUs from its cohort; "
+        "3 pending, 1 admitted.",
+    ]
+    assert amount("memory", 1536 * 2**20) == "1536Mi" and amount("cpu", 8000) == "8"
+
+
+def test_ages_read_like_kubectl() -> None:
+    from datetime import UTC, datetime
+
+    now = datetime(2026, 1, 3, 0, 0, 0, tzinfo=UTC)
+    assert age("2026-01-02T23:59:30Z", now) == "30s"
+    assert age("2026-01-02T23:58:00Z", now) == "2m"
+    assert age("2026-01-02T20:00:00Z", now) == "4h"
+    assert age("2026-01-01T00:00:00Z", now) == "2d"
+    assert age(None, now) == "-"
+
+
+def test_a_server_that_is_not_there_is_a_transport_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        policy = RetryPolicy(attempts=3, backoff=0.05, max_backoff=0.05)
+        with Client(f"http://127.0.0.1:{port}", "t", retry=policy) as client:
+            started = time.monotonic()
+            with pytest.raises(TransportError) as error:
+                client.whoami()
+            assert time.monotonic() - started >= 0.05  # it waited between attempts
+    assert "ConnectError" in str(error.value)
