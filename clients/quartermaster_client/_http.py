@@ -83,8 +83,18 @@ class RetryPolicy:
         if response.status_code in RETRY_STATUSES:
             return True
         # The first request with our key is still running on the server (a
-        # retry after a lost answer): wait, then get its stored answer.
-        return response.status_code == 409 and IDEMPOTENCY_HEADER.lower() in request.headers
+        # retry after a lost answer): wait, then get its stored answer. Any
+        # other conflict (already exists, stale version) is final.
+        if response.status_code != 409 or IDEMPOTENCY_HEADER.lower() not in request.headers:
+            return False
+        response.read()
+        try:
+            problem = response.json()
+        except ValueError:
+            return False
+        return isinstance(problem, dict) and str(problem.get("type", "")).endswith(
+            "/idempotency-key-in-flight"
+        )
 
     def retry_error(self, request: httpx.Request, error: httpx.TransportError) -> bool:
         if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):

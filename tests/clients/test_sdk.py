@@ -317,3 +317,13 @@ def test_client_from_a_context_file(tmp_path: Path, qm: Client, api_url: str) ->
     with Client.from_context(config_path=path) as client:
         assert client.namespace == "team-a"
         assert client.whoami().name == "bootstrap"
+
+
+def test_a_conflict_is_final_and_not_retried(qm: Client, api_url: str) -> None:
+    setup_quota(qm)
+    qm.submit(workload("taken"), namespace="team-a")
+    with flaky_proxy(api_url) as proxy, Client(proxy.url, ADMIN_TOKEN) as client:
+        with pytest.raises(AlreadyExists) as exists:
+            client.submit(workload("taken"), namespace="team-a")
+        assert len(proxy.requests("POST")) == 1
+    assert exists.value.status == 409 and exists.value.problem_type == "already-exists"
