@@ -50,6 +50,9 @@ def worker(
 @app.command()
 def scheduler(
     relay: Annotated[bool, typer.Option(help="Also relay the outbox.")] = True,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve Prometheus /metrics on this port (0: off).")
+    ] = 9101,
 ) -> None:
     """The outbox relay and the admission cycle (one leader among replicas)."""
     from service.app.bootstrap import make_engine
@@ -60,6 +63,10 @@ def scheduler(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = make_engine(_database_url(), pool_size=4)
     runner = Scheduler(engine, get_worker_settings(), sender(), relay=relay)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, registry=runner.metrics.registry)
 
     def stop(signum: int, frame: Any) -> None:
         runner.stop.set()

@@ -24,7 +24,8 @@ from service.app.uow import SqlUnitOfWork
 from service.engine import CycleResult, EngineConfig, LocalQueueUsage
 from service.eventstore.port import ConcurrencyConflict
 from workers.leader import Deposed, LeaderLease
-from workers.outbox import Relay, Send
+from workers.metrics import SchedulerMetrics
+from workers.outbox import Relay, Send, pending_count
 from workers.settings import WorkerSettings
 from workers.tasks import WAKE_CHANNEL
 
@@ -158,6 +159,8 @@ class Scheduler:
         self.stop = threading.Event()
         self.cycles = 0
         self.last: CycleReport | None = None
+        self.metrics = SchedulerMetrics()
+        self._engine = engine
 
     def run(self) -> None:
         relay_thread = None
@@ -177,6 +180,7 @@ class Scheduler:
 
     def _tick(self) -> None:
         try:
+            self.metrics.outbox_depth.set(pending_count(self._engine))
             report = self.leader.step()
         except ConcurrencyConflict:
             log.info("a workload changed under the cycle; running again")
@@ -185,11 +189,13 @@ class Scheduler:
             log.exception("admission cycle failed")
             self.stop.wait(self._interval)
             return
+        self.metrics.leader.set(1 if self.leader.lease.leading else 0)
         if report is None:
             self.stop.wait(self._interval)
             return
         self.cycles += 1
         self.last = report
+        self.metrics.observe(report)
         if report.plan.admitted or report.plan.preempted or report.plan.evicted:
             log.info(
                 "cycle: %d admitted, %d preempted, %d evicted, %d pending, %.3fs",

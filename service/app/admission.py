@@ -450,6 +450,8 @@ class Plan:
     preempted: int = 0
     evicted: int = 0
     pending_changed: int = 0
+    #: ``(ClusterQueue, seconds queued)`` of each admission, for metrics.
+    waits: list[tuple[str, float]] = field(default_factory=list)
 
 
 def _rfc3339(at: datetime) -> str:
@@ -544,6 +546,8 @@ def _admit(plan: Plan, row: WorkloadRow, decision: AdmissionDecision, now: datet
     )
     plan.ledger.append(ledger.new_entry(body, uuid4(), now))
     plan.admitted += 1
+    queued = _timestamp(row.status.get("queuedAt"), row.created_at.timestamp())
+    plan.waits.append((decision.cluster_queue, max(0.0, now.timestamp() - queued)))
 
 
 def _evicted_status(
@@ -685,6 +689,23 @@ class CycleReport:
     pending: int
     admitted_before: int
     seconds: float
+    #: ``(ClusterQueue, flavor, resource) -> amount`` held after this cycle.
+    usage: Mapping[tuple[str, str, str], int]
+
+
+def cluster_queue_usage(snapshot: Snapshot, result: CycleResult) -> dict[tuple[str, str, str], int]:
+    """What each ClusterQueue holds once ``result`` is applied, per flavor
+    and resource (Kueue's ``cluster_queue_resource_usage``)."""
+    gone = {p.workload for p in result.preemptions} | {e.workload for e in result.evictions}
+    admissions = [a.admission for a in snapshot.admitted if a.workload.key not in gone]
+    admissions += [d.admission for d in result.admissions]
+    usage: dict[tuple[str, str, str], int] = {}
+    for admission in admissions:
+        for flavor, amounts in _amounts(admission).items():
+            for resource, amount in amounts.items():
+                key = (admission.cluster_queue, flavor, resource)
+                usage[key] = usage.get(key, 0) + amount
+    return usage
 
 
 Guard = Callable[[SqlUnitOfWork], None]
@@ -727,6 +748,7 @@ class AdmissionCycle:
             pending=len(loaded.snapshot.pending),
             admitted_before=len(loaded.snapshot.admitted),
             seconds=time.perf_counter() - started,
+            usage=cluster_queue_usage(loaded.snapshot, result),
         )
 
     def commit(

@@ -10,9 +10,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+import httpx
 import sqlalchemy as sa
 
 from service.app.bootstrap import Services
+from service.runtime.embedded import free_port
 from tests.workers.conftest import (
     ADMIN,
     ROOT,
@@ -65,10 +67,16 @@ def test_worker_and_scheduler_processes_admit_and_stop_on_sigterm(
     setup_fleet(services, gpu_quota=16)
     with ExitStack() as stack:
         worker = stack.enter_context(_command(database_url, broker, "worker", "--concurrency", "1"))
-        scheduler = stack.enter_context(_command(database_url, broker, "scheduler"))
+        port = free_port()
+        scheduler = stack.enter_context(
+            _command(database_url, broker, "scheduler", "--metrics-port", str(port))
+        )
         services.submissions.submit(ADMIN, "team-a", workload("a"))
         wait_for(lambda: workload_status(services.engine, "team-a", "a")["state"] == "Admitted", 30)
         wait_for(lambda: _wakes_processed(services) == 1, 30)  # the worker is up and consuming
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'qm_admitted_workloads_total{cluster_queue="cq"} 1.0' in metrics
+        assert "qm_admission_leader 1.0" in metrics
         for proc in (scheduler, worker):
             proc.send_signal(signal.SIGTERM)
         assert scheduler.wait(15) == 0

@@ -55,6 +55,12 @@ def test_submit_wake_admit_within_quota_and_explain(
                 wait_for(lambda: workload_status(engine, "team-a", "c").get("pendingReason"), 10)
                 explained = client.get("/v1/namespaces/team-a/workloads/c/explain").json()
                 admitted = client.get("/v1/namespaces/team-a/workloads/a/explain").json()
+            metric = scheduler.metrics.registry.get_sample_value
+            labels = {"cluster_queue": "cq", "flavor": "h100", "resource": "nvidia.com/gpu"}
+            assert metric("qm_admitted_workloads_total", {"cluster_queue": "cq"}) == 2
+            assert metric("qm_pending_workloads", {"cluster_queue": "cq"}) == 1
+            assert metric("qm_cluster_queue_resource_usage", labels) == 16
+            assert metric("qm_admission_wait_time_seconds_count", {"cluster_queue": "cq"}) == 2
         finally:
             scheduler.stop.set()
             thread.join(10)
