@@ -26,8 +26,8 @@ class Seen:
 
 @dataclass
 class Fault:
-    """``drop`` (forward, then close without answering), ``503`` or ``429``
-    (answer with Retry-After: 0, do not forward), ``cut:N`` (forward an
+    """``drop`` (forward, then close without answering), ``503``, ``429`` or
+    ``409`` (key in flight; answer with Retry-After: 0, do not forward), ``cut:N`` (forward an
     event stream and cut the connection mid-chunk after N events)."""
 
     method: str
@@ -76,7 +76,7 @@ def _handler(proxy: Proxy, upstream: httpx.Client) -> type[BaseHTTPRequestHandle
             with proxy.lock:
                 proxy.seen.append(seen)
             fault = proxy.take_fault(self.command, self.path)
-            if fault is not None and fault.action in ("503", "429"):
+            if fault is not None and fault.action in ("503", "429", "409"):
                 self._answer_problem(int(fault.action))
                 seen.status = int(fault.action)
                 return
@@ -100,8 +100,10 @@ def _handler(proxy: Proxy, upstream: httpx.Client) -> type[BaseHTTPRequestHandle
                 response.close()
 
         def _answer_problem(self, status: int) -> None:
-            body = b'{"type":"about:blank","title":"injected","status":%d,"detail":"proxy"}' % (
-                status
+            kind = b"idempotency-key-in-flight" if status == 409 else b"injected"
+            body = (
+                b'{"type":"https://quartermaster.dev/problems/%s","title":"injected",'
+                b'"status":%d,"detail":"proxy"}' % (kind, status)
             )
             self.send_response(status)
             self.send_header("Content-Type", "application/problem+json")

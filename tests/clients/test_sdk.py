@@ -182,14 +182,16 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_submits_once(
     assert [w.name for w in qm.workloads.list(namespace="team-a")] == ["once"]
 
 
-def test_429_and_503_are_retried_and_the_last_error_is_raised(qm: Client, api_url: str) -> None:
+def test_429_503_and_key_in_flight_are_retried_and_the_last_error_is_raised(
+    qm: Client, api_url: str
+) -> None:
     setup_quota(qm)
     with flaky_proxy(api_url) as proxy:
-        proxy.faults += [Fault("POST", "503"), Fault("POST", "429")]
+        proxy.faults += [Fault("POST", "503"), Fault("POST", "429"), Fault("POST", "409")]
         with Client(proxy.url, ADMIN_TOKEN, retry=FAST_RETRIES) as client:
             assert client.submit(workload("busy"), namespace="team-a").name == "busy"
             posts = proxy.requests("POST")
-            assert [p.status for p in posts] == [503, 429, 201]
+            assert [p.status for p in posts] == [503, 429, 409, 201]
             assert len({p.headers["idempotency-key"] for p in posts}) == 1
             proxy.faults += [Fault("GET", "503") for _ in range(FAST_RETRIES.attempts)]
             with pytest.raises(ServiceUnavailable) as unavailable:
