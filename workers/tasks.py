@@ -9,9 +9,11 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import redis
 from celery import Celery, Task
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from service.app.bootstrap import make_engine
 from service.app.uow import SqlUnitOfWork
@@ -56,6 +58,13 @@ def deliver_task(self: Task, topic: str, payload: Mapping[str, Any]) -> str:
         )
     except RetryLater as later:
         raise self.retry(exc=later.cause, countdown=later.countdown) from later.cause
+    except (DBAPIError, psycopg.Error) as error:
+        # The database is unreachable (restart, failover): not the message's
+        # fault, so it is not counted towards the dead-letter bound. Without
+        # this the failure would be acknowledged and the message left to the
+        # relay's republish sweep.
+        countdown = min(1.0 + self.request.retries, settings.retry_backoff_max)
+        raise self.retry(exc=error, countdown=countdown) from error
     return outcome.value
 
 

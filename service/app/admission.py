@@ -32,11 +32,12 @@ reconcile workers meet them):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import uuid4
 
 from sqlalchemy import Engine, text
@@ -96,6 +97,8 @@ __all__ = [
     "plan",
 ]
 
+log = logging.getLogger(__name__)
+
 ACTOR = "system:admission"
 PENDING, ADMITTED, EVICTED = "Pending", "Admitted", "Evicted"
 #: Workload states that hold quota and capacity.
@@ -134,6 +137,7 @@ _ROWS = text(
 )
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -338,12 +342,18 @@ class WorkloadCache:
 
     def __init__(self) -> None:
         self._items: dict[str, tuple[tuple[str, int], _Cached]] = {}
+        self._unreadable: set[tuple[str, tuple[str, int]]] = set()
 
     def refresh(self, conn: Any) -> list[_Cached]:
         stamps = {
             f"{ns}/{name}": (ns, name, (str(uid), int(version)))
             for ns, name, uid, version in conn.execute(_STAMPS, {"states": _STATES})
         }
+        for key, stamp in list(self._unreadable):
+            if key in stamps and stamps[key][2] == stamp:
+                del stamps[key]  # logged once already, at this version
+            else:
+                self._unreadable.discard((key, stamp))
         missing = [
             (ns, name)
             for key, (ns, name, stamp) in stamps.items()
@@ -364,10 +374,30 @@ class WorkloadCache:
                     r.status or {},
                     r.created_at,
                 )
-                self._items[row.key] = ((row.uid, row.version), _cached(row))
+                try:
+                    entry = _cached(row)
+                except (ValueError, KeyError, TypeError):
+                    # One unreadable workload must not stop the fleet's admission.
+                    log.exception("workload %s cannot be read; left out of the cycle", row.key)
+                    stamps.pop(row.key, None)
+                    self._unreadable.add((row.key, (row.uid, row.version)))
+                    continue
+                self._items[row.key] = ((row.uid, row.version), entry)
         for key in [k for k in self._items if k not in stamps]:
             del self._items[key]
         return [self._items[key][1] for key in stamps]
+
+
+def _each(by_kind: Mapping[str, list[Any]], kind: str, convert: Callable[[Any], T]) -> list[T]:
+    """Every object of ``kind`` as a domain value, leaving out (and logging)
+    one the domain refuses rather than stopping admission for all."""
+    values = []
+    for row in by_kind.get(kind, ()):
+        try:
+            values.append(convert(row))
+        except (ValueError, KeyError, TypeError):
+            log.exception("%s %s cannot be read; left out of the cycle", kind, row.name)
+    return values
 
 
 def load(
@@ -407,22 +437,23 @@ def load(
             admitted.append(entry.admitted)
         elif entry.row.status.get("state", PENDING) == PENDING:
             pending.append(entry.workload)
-    local_queues = [local_queue_from_manifest(_manifest(r)) for r in by_kind.get("LocalQueue", ())]
+    local_queues = _each(by_kind, "LocalQueue", lambda r: local_queue_from_manifest(_manifest(r)))
     namespaces = {lq.namespace for lq in local_queues} | {w.namespace for w in workloads.values()}
     snapshot = Snapshot(
-        cluster_queues=[
-            cluster_queue_from_manifest(_manifest(r)) for r in by_kind.get("ClusterQueue", ())
-        ],
-        resource_flavors=[
-            resource_flavor_from_manifest(_manifest(r)) for r in by_kind.get("ResourceFlavor", ())
-        ],
-        cohorts=[cohort_from_manifest(_manifest(r)) for r in by_kind.get("Cohort", ())],
+        cluster_queues=_each(
+            by_kind, "ClusterQueue", lambda r: cluster_queue_from_manifest(_manifest(r))
+        ),
+        resource_flavors=_each(
+            by_kind, "ResourceFlavor", lambda r: resource_flavor_from_manifest(_manifest(r))
+        ),
+        cohorts=_each(by_kind, "Cohort", lambda r: cohort_from_manifest(_manifest(r))),
         local_queues=local_queues,
-        priority_classes=[
-            priority_class_from_manifest({"name": r.name, **r.spec})
-            for r in by_kind.get("WorkloadPriorityClass", ())
-        ],
-        topologies=[topology_from_manifest(_manifest(r)) for r in by_kind.get("Topology", ())],
+        priority_classes=_each(
+            by_kind,
+            "WorkloadPriorityClass",
+            lambda r: priority_class_from_manifest({"name": r.name, **r.spec}),
+        ),
+        topologies=_each(by_kind, "Topology", lambda r: topology_from_manifest(_manifest(r))),
         clusters=clusters,
         nodes=nodes,
         admitted=admitted,

@@ -3,12 +3,16 @@ events + read models + ledger out, in one transaction."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from uuid import uuid4
+
 import sqlalchemy as sa
 
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
 from service.app.uow import SqlUnitOfWork
 from service.projections import ProjectionRunner, Resources
+from service.projections.resources import resource_row, upsert_resources
 from tests.workers.conftest import (
     ADMIN,
     GPU,
@@ -144,3 +148,24 @@ def test_read_models_rebuilt_from_the_log_equal_the_live_ones(services: Services
         rebuilt = conn.execute(query).all()
     assert rebuilt == live
     assert {r.status.get("state") for r in live if r.kind == "Workload"} == {"Admitted", "Pending"}
+
+
+def test_an_unreadable_workload_is_left_out_not_fatal(services: Services) -> None:
+    setup_fleet(services, gpu_quota=16)
+    services.submissions.submit(ADMIN, "team-a", workload("good"))
+    broken = {
+        "kind": "Workload",
+        "namespace": "team-a",
+        "name": "broken",
+        "uid": str(uuid4()),
+        "spec": {"podSets": [{"count": "many"}]},  # no queueName, no template
+        "status": {"state": "Pending"},
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+    with services.engine.begin() as conn:
+        upsert_resources(conn, [resource_row(broken, 1, datetime.now(UTC))])
+    cycle = _cycle(services)
+    report = cycle.run(_no_guard)
+    assert report.plan.admitted == 1
+    assert workload_status(services.engine, "team-a", "good")["state"] == "Admitted"
+    assert cycle.run(_no_guard).pending == 0
