@@ -366,6 +366,10 @@ def _section(title: str, body: Any) -> str:
     return f"{title}:\n" + "\n".join(f"  {line}" for line in text.splitlines())
 
 
+def _pairs(values: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in values.items()) or "<none>"
+
+
 def _events_table(events: list[Event]) -> str:
     rows = [
         [str(e.position), age(e.recorded_at), e.type, str(e.metadata.get("actor", "-"))]
@@ -396,8 +400,8 @@ def describe(kind: KindArg, name: str, namespace: Namespace = None) -> None:
             lines.append(f"Namespace:    {meta.namespace}")
         lines += [
             f"Kind:         {k.kind}",
-            f"Labels:       {', '.join(f'{a}={b}' for a, b in meta.labels.items()) or '<none>'}",
-            f"Annotations:  {', '.join(f'{a}={b}' for a, b in meta.annotations.items()) or '-'}",
+            f"Labels:       {_pairs(meta.labels)}",
+            f"Annotations:  {_pairs(meta.annotations)}",
             f"Created:      {meta.creation_timestamp} ({age(meta.creation_timestamp)} ago)",
             f"Version:      {meta.resource_version} (generation {meta.generation})",
         ]
@@ -408,7 +412,10 @@ def describe(kind: KindArg, name: str, namespace: Namespace = None) -> None:
             if key not in ("apiVersion", "kind", "metadata")
         }
         if k.kind == "Workload":
+            job = spec.get("job") or {}
             spec = {key: value for key, value in spec.items() if key != "job"}
+            if job:
+                lines.append(f"Job:          {job.get('apiVersion')} {job.get('kind')} (-o yaml)")
         lines.append(_section("Spec", spec))
         if "status" in body:
             lines.append(_section("Status", body["status"]))
