@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from quartermaster_client import (
     AlreadyExists,
     AsyncClient,
@@ -35,7 +36,7 @@ from quartermaster_client.models import (
     ResourceQuota,
 )
 
-from tests.api.conftest import ADMIN_TOKEN
+from tests.api.conftest import ADMIN_TOKEN, serve
 from tests.clients.conftest import FAST_RETRIES, job, setup_quota, workload
 from tests.clients.proxy import Fault, flaky_proxy
 
@@ -280,8 +281,9 @@ def test_async_client_crud_paging_and_watch(qm: Client, api_url: str) -> None:
                 if len(watched) == 5:
                     break
             explained = await aqm.explain("a4")
-            cancelled = await aqm.cancel("a0")
-            return names, watched, cancelled.status.state, explained.position_in_queue or 0
+            await aqm.cancel("a0")
+            ended = await aqm.wait("a0", timeout=5)
+            return names, watched, ended.status.state, explained.position_in_queue or 0
 
     names, watched, state, position = asyncio.run(scenario())
     assert names == [f"a{i}" for i in range(5)]
@@ -329,3 +331,15 @@ def test_a_conflict_is_final_and_not_retried(qm: Client, api_url: str) -> None:
             client.submit(workload("taken"), namespace="team-a")
         assert len(proxy.requests("POST")) == 1
     assert exists.value.status == 409 and exists.value.problem_type == "already-exists"
+
+
+def test_the_servers_own_rate_limit_is_waited_out(database_url: str, engine: sa.Engine) -> None:
+    with (
+        serve(database_url, rate_limit_per_second=4, rate_limit_burst=2) as (url, _),
+        flaky_proxy(url) as proxy,
+        Client(proxy.url, ADMIN_TOKEN) as client,
+    ):
+        names = [client.whoami().name for _ in range(4)]
+        statuses = [s.status for s in proxy.requests("GET", "/v1/whoami")]
+    assert names == ["bootstrap"] * 4
+    assert statuses.count(200) == 4 and 429 in statuses  # waited Retry-After, then went on
