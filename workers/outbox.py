@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +140,13 @@ class Relay:
                 log.exception("outbox relay pass failed; retrying")
                 self.stop.wait(self._poll)
                 continue
-            if result.sent >= self._limit:
-                continue
-            for _ in listener.notifies(timeout=self._poll, stop_after=1):
-                pass
+            if result.sent < self._limit:
+                self._wait(listener)
+
+    def _wait(self, listener: psycopg.Connection[Any]) -> None:
+        """Until a commit is notified or ``poll_interval`` passes, looking
+        at ``stop`` every quarter second."""
+        deadline = time.monotonic() + self._poll
+        while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            for _ in listener.notifies(timeout=min(left, 0.25), stop_after=1):
+                return

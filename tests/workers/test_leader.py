@@ -151,3 +151,23 @@ def test_two_schedulers_with_a_failover_admit_every_workload_once(
     with services.engine.connect() as conn:
         epoch = conn.execute(sa.text("SELECT epoch FROM leader_epochs")).scalar_one()
     assert epoch >= 2
+
+
+def test_without_any_wake_up_the_leader_still_runs_every_interval(
+    services: Services, database_url: str, broker: str
+) -> None:
+    setup_fleet(services, gpu_quota=16)
+    settings = worker_settings(database_url, broker, cycle_interval=1.0)
+    noop_send: Any = lambda *args: None  # noqa: E731
+    runner = Scheduler(services.engine, settings, noop_send, holder="tick", relay=False)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: runner.cycles >= 1, 10)
+        services.submissions.submit(ADMIN, "team-a", workload("a"))  # no relay: no hint
+        started = time.monotonic()
+        wait_for(lambda: workload_status(services.engine, "team-a", "a")["state"] == "Admitted", 5)
+        assert time.monotonic() - started < 2.5
+    finally:
+        runner.stop.set()
+        thread.join(10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -17,7 +19,7 @@ from service.eventstore.port import OutboxMessage
 from tests.workers.conftest import celery_worker, wait_for
 from tests.workers.probe import TOPIC
 from workers.consumers import dead_letter_stream
-from workers.outbox import Send, pending_count, relay_once
+from workers.outbox import Relay, Send, pending_count, relay_once
 
 
 class Crash(Exception):
@@ -142,3 +144,20 @@ def test_messages_the_broker_lost_are_sent_again(
         wait_for(lambda: _processed(engine, message_id) == (1, "done"), 20)
         assert relay_once(engine, send, republish_after=0.0).republished == 0
     assert _effects(engine, message_id) == 1
+
+
+def test_the_relay_hears_a_commit_at_once_not_at_its_next_poll(engine: sa.Engine) -> None:
+    sent: list[UUID] = []
+    relay = Relay(engine, lambda m, t, p: sent.append(m), poll_interval=30.0)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        time.sleep(0.3)  # listening
+        started = time.monotonic()
+        (message_id,) = _publish(engine, {"n": 1})
+        wait_for(lambda: sent == [message_id], 5)
+        assert time.monotonic() - started < 2  # LISTEN/NOTIFY, not the 30 s poll
+    finally:
+        relay.stop.set()
+        thread.join(2)
+    assert not thread.is_alive()
