@@ -4,8 +4,10 @@ workers to exist live), and a server that is not there."""
 
 from __future__ import annotations
 
+import io
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from quartermaster_client.apply import differs, kueue_to_quartermaster
 from quartermaster_client.cli.render import Context, age, render_table
 from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage
 from quartermaster_client.kinds import lookup
+from quartermaster_client.manifests import ManifestError, load
 from quartermaster_client.models import Explanation
 
 from tests.clients.conftest import gpu_pod
@@ -207,3 +210,27 @@ def test_a_server_that_is_not_there_is_a_transport_error() -> None:
                 client.whoami()
             assert time.monotonic() - started >= 0.05  # it waited between attempts
     assert "ConnectError" in str(error.value)
+
+
+def test_manifests_from_a_directory_stdin_and_lists(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "kind: Cohort\nmetadata: {name: a}\n---\n---\nkind: Topology\n"
+    )
+    (tmp_path / "b.yml").write_text(
+        "kind: List\nitems:\n- {kind: ResourceFlavor, metadata: {name: b}}\n"
+    )
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.json").write_text('{"kind": "ClusterQueue", "metadata": {"name": "c"}}')
+    found = load([str(tmp_path)])
+    assert [(m.kind, m.source) for m in found] == [
+        ("Cohort", f"{tmp_path}/a.yaml#0"),
+        ("Topology", f"{tmp_path}/a.yaml#2"),
+        ("ResourceFlavor", f"{tmp_path}/b.yml"),
+    ]
+    assert [m.name for m in load([str(tmp_path)], recursive=True)][-1] == "c"
+    assert [m.kind for m in load(["-"], stdin=io.StringIO("kind: Cohort\n"))] == ["Cohort"]
+    with pytest.raises(ManifestError, match="no such file"):
+        load([str(tmp_path / "missing.yaml")])
+    with pytest.raises(ManifestError, match="expected an object"):
+        load(["-"], stdin=io.StringIO("- 1\n- 2\n"))
