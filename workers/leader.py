@@ -77,11 +77,14 @@ class LeaderLease:
         if not (got and got[0]):
             session.close()
             return None
+        try:
+            with self._engine.begin() as conn:
+                epoch = conn.execute(_BUMP, {"role": self.role, "holder": self.holder})
+                self.epoch = int(epoch.scalar_one())
+        except BaseException:
+            session.close()  # and with it the lock: no epoch, no leadership
+            raise
         self._session = session
-        with self._engine.begin() as conn:
-            self.epoch = int(
-                conn.execute(_BUMP, {"role": self.role, "holder": self.holder}).scalar_one()
-            )
         log.info("%s is the %s leader, epoch %d", self.holder, self.role, self.epoch)
         return self.epoch
 
