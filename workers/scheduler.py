@@ -89,7 +89,9 @@ class AdmissionLeader:
         holder: str | None = None,
     ) -> None:
         self.lease = LeaderLease(engine, "admission", holder)
-        self.cycle = AdmissionCycle(engine, lambda: SqlUnitOfWork(engine), config)
+        self.cycle = AdmissionCycle(
+            engine, lambda: SqlUnitOfWork(engine), config or settings.engine_config()
+        )
         self._engine = engine
         self._settings = settings
         self._usage: dict[str, LocalQueueUsage] = {}

@@ -7,6 +7,8 @@ from functools import lru_cache
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.engine import EngineConfig, FairSharingConfig, WaitForPodsReadyConfig
+
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -33,6 +35,23 @@ class WorkerSettings(BaseSettings):
     relay_poll_interval: float = Field(
         default=1.0, description="Outbox relay's fallback poll, besides LISTEN/NOTIFY."
     )
+    fair_sharing: bool = Field(
+        default=False, description="Kueue's fairSharing: DRS ordering and fair preemption."
+    )
+    pods_ready_timeout: float = Field(
+        default=0.0,
+        description="waitForPodsReady: evict and requeue a gang not fully running within "
+        "this many seconds of admission (0: off). Needs sync to report podsReady.",
+    )
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            fair_sharing=FairSharingConfig(enable=self.fair_sharing),
+            wait_for_pods_ready=WaitForPodsReadyConfig(
+                enable=self.pods_ready_timeout > 0,
+                timeout_seconds=self.pods_ready_timeout or 300.0,
+            ),
+        )
 
 
 @lru_cache(maxsize=1)
