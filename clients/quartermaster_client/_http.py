@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -19,8 +19,10 @@ from quartermaster_client.models import (
     Event,
     Explanation,
     IssuedToken,
+    LedgerEntry,
     Page,
     Resource,
+    UsageRow,
     WhoAmI,
     Workload,
 )
@@ -312,6 +314,49 @@ class Operations:
             params={"limit": 1},
         )
 
+    # -- ledger --------------------------------------------------------------------------
+
+    def ledger_page(
+        self, filters: Mapping[str, Any], after: int | None, limit: int
+    ) -> Call[tuple[list[LedgerEntry], int | None]]:
+        def decode(response: httpx.Response) -> tuple[list[LedgerEntry], int | None]:
+            body = response.json()
+            items = [LedgerEntry.model_validate(e) for e in body.get("items", [])]
+            return items, body.get("next")
+
+        params = {**ledger_params(filters), "after": after, "limit": limit}
+        return Call("GET", "/v1/ledger/entries", decode, params=params)
+
+    def usage(self, granularity: str, by: Sequence[str], as_of: str | None) -> Call[list[UsageRow]]:
+        return Call(
+            "GET",
+            "/v1/usage",
+            lambda r: [UsageRow.model_validate(row) for row in r.json()["items"]],
+            params={"granularity": granularity, "by": list(by), "asOf": as_of},
+        )
+
+    def latest_checkpoint(self) -> Call[str]:
+        return Call("GET", "/v1/ledger/checkpoints/latest", lambda r: r.text)
+
+    def publish_checkpoint(self) -> Call[str]:
+        return Call("POST", "/v1/ledger/checkpoints", lambda r: r.text)
+
+    def inclusion_proof(self, seq: int, size: int | None) -> Call[dict[str, Any]]:
+        return Call(
+            "GET",
+            "/v1/ledger/proofs/inclusion",
+            lambda r: dict(r.json()),
+            params={"seq": seq, "size": size},
+        )
+
+    def consistency_proof(self, old: int, new: int | None) -> Call[dict[str, Any]]:
+        return Call(
+            "GET",
+            "/v1/ledger/proofs/consistency",
+            lambda r: dict(r.json()),
+            params={"from": old, "to": new},
+        )
+
     def whoami(self) -> Call[WhoAmI]:
         return Call("GET", "/v1/whoami", lambda r: WhoAmI.model_validate(r.json()))
 
@@ -322,6 +367,33 @@ class Operations:
             lambda r: IssuedToken.model_validate(r.json()),
             json={"name": name, "role": role, "namespaces": namespaces or []},
         )
+
+
+#: Ledger filters: SDK keyword -> query parameter.
+LEDGER_FILTERS = {
+    "namespace": "namespace",
+    "local_queue": "localQueue",
+    "cluster_queue": "clusterQueue",
+    "cluster": "cluster",
+    "workload": "workload",
+    "actor": "actor",
+    "flavor": "flavor",
+    "kind": "kind",
+    "since": "since",
+    "until": "until",
+}
+
+
+def ledger_params(filters: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(filters) - set(LEDGER_FILTERS))
+    if unknown:
+        raise ValueError(f"unknown ledger filters {unknown}; known: {sorted(LEDGER_FILTERS)}")
+    params: dict[str, Any] = {}
+    for key, value in filters.items():
+        if value is None or value == []:
+            continue
+        params[LEDGER_FILTERS[key]] = value.isoformat() if hasattr(value, "isoformat") else value
+    return params
 
 
 def watch_params(

@@ -16,7 +16,7 @@ import asyncio
 import builtins
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -54,11 +54,13 @@ from quartermaster_client.models import (
     Cohort,
     Event,
     Explanation,
+    LedgerEntry,
     LocalQueue,
     Page,
     Resource,
     ResourceFlavor,
     Topology,
+    UsageRow,
     WhoAmI,
     Workload,
     WorkloadPriorityClass,
@@ -433,6 +435,50 @@ class AsyncClient:
                 if failures >= self.retry.attempts:
                     raise TransportError(f"the event stream keeps failing: {error}") from error
                 await asyncio.sleep(max(decoder.retry or 0.0, self.retry.delay(failures - 1)))
+
+    # -- ledger (auditors) -------------------------------------------------------------
+
+    async def ledger_entries(
+        self, after: int | None = None, page_size: int = 500, **filters: Any
+    ) -> AsyncIterator[LedgerEntry]:
+        while True:
+            items, after = await self.call(self.ops.ledger_page(filters, after, page_size))
+            for item in items:
+                yield item
+            if after is None or not items:
+                return
+
+    async def ledger_export(
+        self, format: str = "ndjson", filtered: bool = False, **filters: Any
+    ) -> AsyncIterator[bytes]:
+        params = {**_http.ledger_params(filters), "format": format, "filtered": filtered}
+        request = self._http.build_request("GET", "/v1/ledger/export", params=params)
+        response = await self.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise error_for(response)
+            async for chunk in response.aiter_bytes():
+                yield chunk
+        finally:
+            await response.aclose()
+
+    async def usage(
+        self,
+        granularity: str = "day",
+        by: Sequence[str] = ("namespace",),
+        as_of: str | None = None,
+    ) -> builtins.list[UsageRow]:
+        return await self.call(self.ops.usage(granularity, by, as_of))
+
+    async def latest_checkpoint(self) -> str:
+        return await self.call(self.ops.latest_checkpoint())
+
+    async def inclusion_proof(self, seq: int, size: int | None = None) -> dict[str, Any]:
+        return await self.call(self.ops.inclusion_proof(seq, size))
+
+    async def consistency_proof(self, old: int, new: int | None = None) -> dict[str, Any]:
+        return await self.call(self.ops.consistency_proof(old, new))
 
     async def whoami(self) -> WhoAmI:
         return await self.call(self.ops.whoami())

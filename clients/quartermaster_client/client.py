@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -54,11 +54,13 @@ from quartermaster_client.models import (
     Event,
     Explanation,
     IssuedToken,
+    LedgerEntry,
     LocalQueue,
     Page,
     Resource,
     ResourceFlavor,
     Topology,
+    UsageRow,
     WhoAmI,
     Workload,
     WorkloadPriorityClass,
@@ -463,6 +465,58 @@ class Client:
                     yield Event.model_validate(json.loads(decoded[2]))
         finally:
             response.close()
+
+    # -- ledger (auditors) -------------------------------------------------------------
+
+    def ledger_entries(
+        self, after: int | None = None, page_size: int = 500, **filters: Any
+    ) -> Iterator[LedgerEntry]:
+        """Ledger entries, oldest first, page after page. Filters: namespace,
+        local_queue, cluster_queue, cluster, workload, actor, flavor, kind
+        (a list), since, until."""
+        while True:
+            items, after = self.call(self.ops.ledger_page(filters, after, page_size))
+            yield from items
+            if after is None or not items:
+                return
+
+    def ledger_export(
+        self, format: str = "ndjson", filtered: bool = False, **filters: Any
+    ) -> Iterator[bytes]:
+        """The ledger as NDJSON (what ``quartermaster ledger verify`` checks
+        offline) or CSV, streamed; with ``filtered`` only the matching entries."""
+        params = {**_http.ledger_params(filters), "format": format, "filtered": filtered}
+        request = self._http.build_request("GET", "/v1/ledger/export", params=params)
+        response = self.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                response.read()
+                raise error_for(response)
+            yield from response.iter_bytes()
+        finally:
+            response.close()
+
+    def usage(
+        self,
+        granularity: str = "day",
+        by: Sequence[str] = ("namespace",),
+        as_of: str | None = None,
+    ) -> builtins.list[UsageRow]:
+        """GPU-, CPU- and memory-hours per period and group, from the ledger."""
+        return self.call(self.ops.usage(granularity, by, as_of))
+
+    def latest_checkpoint(self) -> str:
+        """The latest signed checkpoint (a C2SP tlog-checkpoint note)."""
+        return self.call(self.ops.latest_checkpoint())
+
+    def publish_checkpoint(self) -> str:
+        return self.call(self.ops.publish_checkpoint())
+
+    def inclusion_proof(self, seq: int, size: int | None = None) -> dict[str, Any]:
+        return self.call(self.ops.inclusion_proof(seq, size))
+
+    def consistency_proof(self, old: int, new: int | None = None) -> dict[str, Any]:
+        return self.call(self.ops.consistency_proof(old, new))
 
     # -- identity ----------------------------------------------------------------------
 

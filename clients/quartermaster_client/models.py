@@ -370,6 +370,30 @@ class IssuedToken(Model):
     created_at: str | None = None
 
 
+class LedgerEntry(Model):
+    """One hash-chained ledger entry: ``hash`` covers the entry and ``prev_hash``."""
+
+    seq: int
+    id: str
+    kind: str
+    recorded_at: str
+    body: dict[str, Any] = Field(default_factory=dict)
+    prev_hash: str
+    hash: str
+
+
+class UsageRow(Model):
+    """Resource-hours of one group in one period; the group's fields
+    (``namespace``, ``cluster_queue`` ...) are extra attributes."""
+
+    period: str
+    resource: str
+    hours: float
+
+    def group(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 T = TypeVar("T")
 
 
@@ -424,6 +448,7 @@ __all__ = [
     "Explanation",
     "FlavorQuotas",
     "IssuedToken",
+    "LedgerEntry",
     "LocalQueue",
     "LocalQueueSpec",
     "ObjectMeta",
@@ -438,6 +463,7 @@ __all__ = [
     "Topology",
     "TopologyLevel",
     "TopologySpec",
+    "UsageRow",
     "WhoAmI",
     "Workload",
     "WorkloadPriorityClass",

@@ -4,6 +4,7 @@ Kueue fleet, get in every output, describe, explain, submit (with and without
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -306,6 +307,10 @@ COMMANDS = [
     ["cancel"],
     ["watch"],
     ["whoami"],
+    ["usage"],
+    ["ledger", "query"],
+    ["ledger", "export"],
+    ["ledger", "checkpoint"],
     ["config", "set-context"],
     ["config", "use-context"],
     ["config", "get-contexts"],
@@ -411,3 +416,37 @@ def test_the_client_imports_nothing_of_the_server() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_ledger_query_export_and_usage(qmctl: Run, qm: Client, tmp_path: Path) -> None:
+    qmctl("apply", "-f", "-", stdin=FLEET)
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(job("audited")))
+    entries = list(qm.ledger_entries(page_size=2))  # paged by seq
+    assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    assert all(e.prev_hash == before.hash for before, e in itertools.pairwise(entries))
+
+    rows = _lines(qmctl("ledger", "query").stdout)
+    assert rows[0].split() == ["SEQ", "TIME", "KIND", "OBJECT", "ACTOR"]
+    assert rows[-1].split()[3:] == ["workload.submitted", "Workload/team-a/audited", "bootstrap"]
+    assert "LocalQueue/team-a/train" in rows[5]
+    picked = json.loads(
+        qmctl(
+            "ledger", "query", "-n", "team-a", "--kind", "workload.submitted", "-o", "json"
+        ).stdout
+    )
+    assert [(e["kind"], e["body"]["workload"]) for e in picked] == [
+        ("workload.submitted", "audited")
+    ]
+    assert picked[0]["body"]["requests"]["nvidia.com/gpu"] == 4
+
+    exported = tmp_path / "ledger.ndjson"
+    qmctl("ledger", "export", "--file", str(exported))
+    documents = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert [d["entry_hash"] for d in documents] == [e.hash for e in entries]
+    csv = qmctl("ledger", "export", "--format", "csv").stdout.splitlines()
+    assert csv[0].startswith("seq,recorded_at,kind") and len(csv) == len(entries) + 1
+
+    assert "No nvidia.com/gpu usage recorded yet." in qmctl("usage").stderr  # nothing admitted
+    assert json.loads(qmctl("usage", "--by", "cluster_queue", "-o", "json").stdout) == []
+    missing = qmctl("ledger", "checkpoint", code=1)
+    assert "no checkpoint has been published yet" in missing.stderr

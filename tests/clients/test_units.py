@@ -14,11 +14,12 @@ import pytest
 from quartermaster_client import Client, ClusterQueue, RetryPolicy, TransportError, Workload
 from quartermaster_client._http import SSEDecoder
 from quartermaster_client.apply import differs, kueue_to_quartermaster
+from quartermaster_client.cli.main import _chart
 from quartermaster_client.cli.render import Context, age, render_table
 from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage
 from quartermaster_client.kinds import lookup
 from quartermaster_client.manifests import ManifestError, load
-from quartermaster_client.models import Explanation
+from quartermaster_client.models import GPU, Explanation, UsageRow
 
 from tests.clients.conftest import gpu_pod
 
@@ -234,3 +235,13 @@ def test_manifests_from_a_directory_stdin_and_lists(tmp_path: Path) -> None:
         load([str(tmp_path / "missing.yaml")])
     with pytest.raises(ManifestError, match="expected an object"):
         load(["-"], stdin=io.StringIO("- 1\n- 2\n"))
+
+
+def test_usage_chart_bars_scale_to_the_largest_group() -> None:
+    rows = [
+        UsageRow.model_validate({"period": p, "namespace": ns, "resource": GPU, "hours": h})
+        for p, ns, h in (("d1", "team-a", 30.0), ("d2", "team-a", 10.0), ("d1", "team-b", 10.0))
+    ]
+    lines = _chart(rows, ["namespace"]).splitlines()
+    assert lines[0].startswith("team-a nvidia.com/gpu") and lines[0].endswith("40.00 h")
+    assert lines[0].count("█") == 40 and lines[1].count("█") == 10

@@ -38,7 +38,7 @@ from quartermaster_client.errors import (
 from quartermaster_client.explain import QueueUsage, in_words, queue_usage
 from quartermaster_client.kinds import APPLY_ORDER, Kind, lookup
 from quartermaster_client.manifests import Manifest, load
-from quartermaster_client.models import ClusterQueue, Event, Resource, Workload
+from quartermaster_client.models import ClusterQueue, Event, Resource, UsageRow, Workload
 from quartermaster_client.outcomes import Outcome, outcome
 
 EXIT_ERROR = 1
@@ -642,6 +642,233 @@ def whoami() -> None:
         me = client.whoami()
     typer.echo(
         f"{me.name}  roles={','.join(me.roles)}  namespaces={','.join(me.namespaces) or '-'}"
+    )
+
+
+# -- ledger, usage -----------------------------------------------------------------------
+
+ledger_app = typer.Typer(
+    help="The audit ledger: query entries, export them, read signed checkpoints.",
+    no_args_is_help=True,
+)
+app.add_typer(ledger_app, name="ledger")
+
+
+def _filters(
+    namespace: str | None,
+    cluster_queue: str | None,
+    local_queue: str | None,
+    cluster: str | None,
+    workload: str | None,
+    actor: str | None,
+    flavor: str | None,
+    kind: list[str] | None,
+    since: str | None,
+    until: str | None,
+) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "cluster_queue": cluster_queue,
+        "local_queue": local_queue,
+        "cluster": cluster,
+        "workload": workload,
+        "actor": actor,
+        "flavor": flavor,
+        "kind": kind or None,
+        "since": since,
+        "until": until,
+    }
+
+
+LNamespace = Annotated[str | None, typer.Option("-n", "--namespace", help="Namespace.")]
+LClusterQueue = Annotated[str | None, typer.Option("--cluster-queue", help="ClusterQueue.")]
+LLocalQueue = Annotated[str | None, typer.Option("--local-queue", help="LocalQueue.")]
+LCluster = Annotated[str | None, typer.Option("--cluster", help="Member cluster.")]
+LWorkload = Annotated[str | None, typer.Option("--workload", help="Workload name.")]
+LActor = Annotated[str | None, typer.Option("--actor", help="Who acted.")]
+LFlavor = Annotated[str | None, typer.Option("--flavor", help="ResourceFlavor.")]
+LKind = Annotated[
+    list[str] | None, typer.Option("--kind", help="Entry kind, e.g. workload.admitted; repeatable.")
+]
+LSince = Annotated[str | None, typer.Option("--since", help="From (ISO 8601 time).")]
+LUntil = Annotated[str | None, typer.Option("--until", help="Until (ISO 8601 time).")]
+
+
+def _subject(body: dict[str, Any]) -> str:
+    name = body.get("workload") or body.get("name") or "-"
+    kind = body.get("object_kind") or ("Workload" if body.get("workload") else "")
+    where = f"{body['namespace']}/{name}" if body.get("namespace") else str(name)
+    return f"{kind}/{where}" if kind else where
+
+
+@ledger_app.command(
+    "query",
+    epilog=examples(
+        "qmctl ledger query -n team-a --kind workload.admitted",
+        "qmctl ledger query --cluster-queue team-a --since 2026-01-01T00:00:00Z -o json",
+    ),
+)
+@handled
+def ledger_query(
+    namespace: LNamespace = None,
+    cluster_queue: LClusterQueue = None,
+    local_queue: LLocalQueue = None,
+    cluster: LCluster = None,
+    workload: LWorkload = None,
+    actor: LActor = None,
+    flavor: LFlavor = None,
+    kind: LKind = None,
+    since: LSince = None,
+    until: LUntil = None,
+    after: Annotated[int | None, typer.Option("--after", help="Entries after this seq.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="At most this many.")] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="table, json or yaml.")] = "table",
+) -> None:
+    """Ledger entries matching the filters, oldest first (auditors)."""
+    filters = _filters(
+        namespace, cluster_queue, local_queue, cluster, workload, actor, flavor, kind, since, until
+    )
+    with STATE.client() as client:
+        found = []
+        for entry in client.ledger_entries(after, **filters):
+            found.append(entry)
+            if limit is not None and len(found) >= limit:
+                break
+    if output in ("json", "yaml"):
+        data = [e.to_dict() for e in found]
+        typer.echo(to_json(data) if output == "json" else to_yaml({"items": data}))
+        return
+    rows = [
+        [
+            str(e.seq),
+            e.recorded_at[:19].replace("T", " "),
+            e.kind,
+            _subject(e.body),
+            str(e.body.get("actor", "-")),
+        ]
+        for e in found
+    ]
+    typer.echo(table(["SEQ", "TIME", "KIND", "OBJECT", "ACTOR"], rows))
+
+
+@ledger_app.command(
+    "export",
+    epilog=examples(
+        "qmctl ledger export > ledger.ndjson        # then: quartermaster ledger verify",
+        "qmctl ledger export --format csv --filtered -n team-a --file team-a.csv",
+    ),
+)
+@handled
+def ledger_export(
+    format: Annotated[str, typer.Option("--format", help="ndjson or csv.")] = "ndjson",
+    file: Annotated[Path | None, typer.Option("--file", help="Write here, not stdout.")] = None,
+    filtered: Annotated[
+        bool, typer.Option("--filtered", help="Only the entries matching the filters.")
+    ] = False,
+    namespace: LNamespace = None,
+    cluster_queue: LClusterQueue = None,
+    local_queue: LLocalQueue = None,
+    cluster: LCluster = None,
+    workload: LWorkload = None,
+    actor: LActor = None,
+    flavor: LFlavor = None,
+    kind: LKind = None,
+    since: LSince = None,
+    until: LUntil = None,
+) -> None:
+    """Export the ledger, streamed, as NDJSON (verifiable offline) or CSV."""
+    filters = _filters(
+        namespace, cluster_queue, local_queue, cluster, workload, actor, flavor, kind, since, until
+    )
+    with STATE.client() as client:
+        chunks = client.ledger_export(format, filtered, **filters)
+        if file is None:
+            for chunk in chunks:
+                sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            return
+        with file.open("wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+    typer.echo(f"wrote {file}", err=True)
+
+
+@ledger_app.command(
+    "checkpoint",
+    epilog=examples("qmctl ledger checkpoint", "qmctl ledger checkpoint --publish   # admin"),
+)
+@handled
+def ledger_checkpoint(
+    publish: Annotated[bool, typer.Option("--publish", help="Sign one now (admin).")] = False,
+) -> None:
+    """The latest signed checkpoint of the ledger (tree size and root hash)."""
+    with STATE.client() as client:
+        note = client.publish_checkpoint() if publish else client.latest_checkpoint()
+    typer.echo(note.rstrip("\n"))
+
+
+@app.command(
+    epilog=examples(
+        "qmctl usage                                   # GPU-hours per namespace and day",
+        "qmctl usage --by cluster_queue --granularity month --chart",
+        "qmctl usage --by namespace --by flavor --resource all -o json",
+    )
+)
+@handled
+def usage(
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by", help="namespace, local_queue, cluster_queue, cluster, flavor; repeatable."
+        ),
+    ] = None,
+    granularity: Annotated[str, typer.Option("--granularity", help="hour, day, month.")] = "day",
+    resource: Annotated[
+        str, typer.Option("--resource", help="nvidia.com/gpu, cpu, memory ... or all.")
+    ] = "nvidia.com/gpu",
+    as_of: Annotated[str | None, typer.Option("--as-of", help="ISO 8601 time.")] = None,
+    chart: Annotated[bool, typer.Option("--chart", help="Bars of the total per group.")] = False,
+    output: Annotated[str, typer.Option("-o", "--output", help="table, json or yaml.")] = "table",
+) -> None:
+    """Resource-hours per team and queue from the ledger, as a table or a chart."""
+    groups = by or ["namespace"]
+    with STATE.client() as client:
+        rows = client.usage(granularity, groups, as_of)
+    rows = [r for r in rows if resource in ("all", r.resource)]
+    if output in ("json", "yaml"):
+        data = [r.to_dict() for r in rows]
+        typer.echo(to_json(data) if output == "json" else to_yaml({"items": data}))
+        return
+    if not rows:
+        what = "" if resource == "all" else f"{resource} "
+        typer.echo(f"No {what}usage recorded yet.", err=True)
+        return
+    if chart:
+        typer.echo(_chart(rows, groups))
+        return
+    header = ["PERIOD", *(g.upper() for g in groups), "RESOURCE", "HOURS"]
+    body = [
+        [
+            r.period[:16].replace("T", " "),
+            *(str(r.group().get(g, "-")) for g in groups),
+            r.resource,
+            f"{r.hours:,.2f}",
+        ]
+        for r in rows
+    ]
+    typer.echo(table(header, body))
+
+
+def _chart(rows: list[UsageRow], groups: list[str]) -> str:
+    totals: dict[str, float] = {}
+    for row in rows:
+        key = "/".join(str(row.group().get(g, "-")) for g in groups) + f" {row.resource}"
+        totals[key] = totals.get(key, 0.0) + row.hours
+    width, top = 40, max(totals.values()) or 1.0
+    label = max(len(k) for k in totals)
+    return "\n".join(
+        f"{key.ljust(label)}  {'█' * max(1, round(width * hours / top)):<{width}}  {hours:,.2f} h"
+        for key, hours in sorted(totals.items(), key=lambda kv: -kv[1])
     )
 
 
