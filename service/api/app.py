@@ -20,6 +20,7 @@ from service.api.middleware import (
     Metrics,
     MetricsMiddleware,
     RateLimitMiddleware,
+    TextGuardMiddleware,
     TokenBuckets,
 )
 from service.api.problems import problem
@@ -114,5 +115,6 @@ def create_app(services: Services) -> FastAPI:
         RateLimitMiddleware,
         buckets=TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst),
     )
+    app.add_middleware(TextGuardMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

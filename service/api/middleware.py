@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -60,6 +61,41 @@ async def _send_problem(
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+# -- text the database cannot store ---------------------------------------------------
+
+
+def _bad_query(raw: bytes) -> str | None:
+    """Why a query string cannot reach SQL as text, or None: Postgres text
+    holds neither NUL nor invalid UTF-8 (lone surrogates included)."""
+    for pair in raw.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            data = unquote_to_bytes(part.replace(b"+", b" "))
+            if b"\x00" in data:
+                return f"{name.decode('latin-1')!r} contains a NUL character"
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"{name.decode('latin-1')!r} is not valid UTF-8"
+    return None
+
+
+class TextGuardMiddleware:
+    """Refuses a query string that no handler could store or compare, with
+    a problem naming the parameter, before it reaches a handler."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("query_string"):
+            why = _bad_query(scope["query_string"])
+            if why is not None:
+                await _send_problem(send, 422, "invalid-request", "Invalid request", why)
+                return
+        await self.app(scope, receive, send)
 
 
 # -- metrics -----------------------------------------------------------------------------
@@ -258,38 +294,40 @@ class IdempotencyMiddleware:
     async def _run(
         self, scope: Scope, messages: list[Message], send: Send, principal: str, key: str
     ) -> None:
-        status, headers, chunks = 500, [], []
+        """Run the request, store its response, then send it: a client that
+        retries as soon as it has the answer finds it stored, not in flight."""
         queue = list(messages)
+        held: list[Message] = []
 
         async def replay_receive() -> Message:
             if queue:
                 return queue.pop(0)
             return {"type": "http.disconnect"}
 
-        async def capture(message: Message) -> None:
-            nonlocal status, headers
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                headers = [
-                    (k.decode("latin-1"), v.decode("latin-1"))
-                    for k, v in message.get("headers", [])
-                    if k.lower() in _KEEP_HEADERS
-                ]
-            elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
-            await send(message)
+        async def hold(message: Message) -> None:
+            held.append(message)
 
         try:
-            await self.app(scope, replay_receive, capture)
+            await self.app(scope, replay_receive, hold)
         except BaseException:
             await anyio.to_thread.run_sync(self.store.release, principal, key)
             raise
+        start = next((m for m in held if m["type"] == "http.response.start"), None)
+        status = int(start["status"]) if start else 500
         if status in (401, 429):
             await anyio.to_thread.run_sync(self.store.release, principal, key)
-            return
-        await anyio.to_thread.run_sync(
-            self.store.finish, principal, key, status, headers, b"".join(chunks)
-        )
+        else:
+            headers = [
+                (k.decode("latin-1"), v.decode("latin-1"))
+                for k, v in (start or {}).get("headers", [])
+                if k.lower() in _KEEP_HEADERS
+            ]
+            body = b"".join(
+                bytes(m.get("body", b"")) for m in held if m["type"] == "http.response.body"
+            )
+            await anyio.to_thread.run_sync(self.store.finish, principal, key, status, headers, body)
+        for message in held:
+            await send(message)
 
 
 def _fingerprint(scope: Scope, body: bytes) -> bytes:

@@ -10,7 +10,7 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
@@ -103,6 +103,13 @@ def install(app: FastAPI) -> None:
             "the database cannot be reached; nothing was changed, retry shortly",
             headers={"Retry-After": "2"},
         )
+
+    @app.exception_handler(DataError)
+    async def unstorable(request: Request, error: DataError) -> JSONResponse:
+        # Input that validation let through but Postgres cannot hold or
+        # compare (a value out of a column's range, say): the client's to fix.
+        log.warning("data refused by the database on %s: %s", request.url.path, error.orig)
+        return problem(422, "invalid-request", "Invalid request", f"refused: {error.orig}")
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -49,11 +49,24 @@ def _row_to_entry(row: Sequence[Any]) -> LedgerEntry:
     )
 
 
-class PostgresLedgerWriter:
-    """Appends to the chain inside the caller's transaction."""
+Defer = Callable[[str, Sequence[Mapping[str, Any]]], None]
 
-    def __init__(self, conn: Connection) -> None:
+
+class PostgresLedgerWriter:
+    """Appends to the chain inside the caller's transaction.
+
+    With ``defer`` (the unit of work's commit pipeline), the sealed entries and
+    the tip's move are sent together with the COMMIT instead of in a round trip
+    of their own, so the tip's lock is held for one round trip less.
+    """
+
+    def __init__(self, conn: Connection, defer: Defer | None = None) -> None:
         self._conn = conn
+        self._defer = defer
+        # Entries sealed in this transaction but not yet sent (deferred): a
+        # later append in the same transaction chains onto them.
+        self._tip: tuple[int, bytes] | None = None
+        self._sealed: dict[Any, LedgerEntry] = {}
 
     def append(self, entries: Sequence[NewLedgerEntry]) -> list[LedgerEntry]:
         """Seal and store ``entries`` after the tip; an ``entry_id`` already in
@@ -62,14 +75,20 @@ class PostgresLedgerWriter:
         if not entries:
             return []
         raw = self._psycopg()
-        with raw.pipeline():
-            tip_cursor = raw.execute(_LOCK_TIP)
-            found = raw.execute(_FIND, {"ids": list({e.entry_id: e for e in entries})})
-        head = tip_cursor.fetchone()
-        if head is None:
-            raise RuntimeError("ledger_head has no row: is the database migrated?")
-        seq, tip = head
+        ids = list({e.entry_id: e for e in entries})
+        if self._tip is None:
+            with raw.pipeline():
+                tip_cursor = raw.execute(_LOCK_TIP)
+                found = raw.execute(_FIND, {"ids": ids})
+            head = tip_cursor.fetchone()
+            if head is None:
+                raise RuntimeError("ledger_head has no row: is the database migrated?")
+            seq, tip = head
+        else:  # the lock is ours already; the tip is our own last entry
+            found = raw.execute(_FIND, {"ids": ids})
+            seq, tip = self._tip
         known = {entry.entry_id: entry for entry in map(_row_to_entry, found.fetchall())}
+        known.update({i: self._sealed[i] for i in ids if i in self._sealed})
         fresh = list({e.entry_id: e for e in entries if e.entry_id not in known}.values())
         sealed = self._seal(fresh, int(seq), bytes(tip)) if fresh else []
         by_id = {**known, **{s.entry_id: s for s in sealed}}
@@ -83,6 +102,12 @@ class PostgresLedgerWriter:
             sealed.append(entry)
             previous, next_seq = entry.entry_hash, next_seq + 1
         last = sealed[-1]
+        if self._defer is not None:
+            self._tip = (last.seq, last.entry_hash)
+            self._sealed.update({e.entry_id: e for e in sealed})
+            self._defer(_INSERT, [_params(e) for e in sealed])
+            self._defer(_MOVE_TIP, [{"seq": last.seq, "entry_hash": last.entry_hash}])
+            return sealed
         raw = self._psycopg()
         with raw.pipeline(), raw.cursor() as cursor:
             cursor.executemany(_INSERT, [_params(e) for e in sealed])

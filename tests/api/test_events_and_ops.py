@@ -177,3 +177,12 @@ def test_a_database_that_cannot_be_reached_is_503_never_500() -> None:
             assert response.headers["content-type"].startswith("application/problem+json")
             assert response.headers["retry-after"] == "2"
         assert httpx.get(base_url + "/readyz").status_code == 503
+
+
+def test_query_text_the_database_cannot_hold_is_refused_by_name(api: Api) -> None:
+    for query in ("namespace=a%00b", "kind=%ED%A6%96", "labelSelector=%FF"):
+        response = api.admin.get(f"/v1/events?{query}")
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith(repr(query.split("=")[0]))
+    auditor = api.as_role("auditor")
+    assert auditor.get("/v1/ledger/entries?kind=a%00").status_code == 422
