@@ -18,6 +18,7 @@ from quartermaster_client.cli.main import _chart
 from quartermaster_client.cli.render import Context, age, render_table
 from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage
 from quartermaster_client.kinds import lookup
+from quartermaster_client.ledger import MerkleRoot, canonical_json
 from quartermaster_client.manifests import ManifestError, load
 from quartermaster_client.models import GPU, Explanation, UsageRow
 
@@ -245,3 +246,53 @@ def test_usage_chart_bars_scale_to_the_largest_group() -> None:
     lines = _chart(rows, ["namespace"]).splitlines()
     assert lines[0].startswith("team-a nvidia.com/gpu") and lines[0].endswith("40.00 h")
     assert lines[0].count("█") == 40 and lines[1].count("█") == 10
+
+
+@pytest.mark.parametrize(
+    ("number", "text"),
+    [
+        (0.0, "0"),
+        (-0.0, "0"),
+        (1.0, "1"),
+        (123.0, "123"),
+        (0.1, "0.1"),
+        (-2.5, "-2.5"),
+        (1e20, "100000000000000000000"),
+        (1e21, "1e+21"),
+        (1.5e22, "1.5e+22"),
+        (1e-6, "0.000001"),
+        (1e-7, "1e-7"),
+        (1.2345e-9, "1.2345e-9"),
+        (123456789.125, "123456789.125"),
+        (5e-324, "5e-324"),
+    ],
+)
+def test_numbers_are_written_as_ecmascript_does(number: float, text: str) -> None:
+    assert canonical_json([number]) == f"[{text}]".encode()
+
+
+DOCUMENTS: list[Any] = [
+    {"b": 1, "a": [True, False, None], "c": {"z": 'ü\n\t"\\', "y": 0.25}},
+    {"é": 1, "e": 2, "\U0001f600": 3, "\ufb33": 4, "Z": 5},
+    {"consumed": {"h100": {"nvidia.com/gpu": 28800.0, "cpu": 1.5e-7, "memory": 3.2e21}}},
+    {"seq": 2**53 - 1, "neg": -17, "s": "\x01\x1f\u2028"},
+]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_canonical_json_is_the_services(document: dict[str, Any]) -> None:
+    from service.ledger.canonical import canonical_json as services
+
+    assert canonical_json(document) == services(document)
+
+
+def test_merkle_roots_are_the_services() -> None:
+    from service.ledger.merkle import CompactRange, leaf_hash
+
+    ours, theirs = MerkleRoot(), CompactRange()
+    assert ours.root() == theirs.root()
+    for index in range(1, 40):
+        leaf = f"leaf {index}".encode()
+        ours.append(leaf)
+        theirs.append(leaf_hash(leaf))
+        assert ours.root() == theirs.root(), index

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import re
 import sys
@@ -32,11 +33,13 @@ from quartermaster_client.errors import (
     AlreadyExists,
     ApiError,
     ConfigError,
+    NotFound,
     QuartermasterError,
     WatchTimeout,
 )
 from quartermaster_client.explain import QueueUsage, in_words, queue_usage
 from quartermaster_client.kinds import APPLY_ORDER, Kind, lookup
+from quartermaster_client.ledger import verify_export
 from quartermaster_client.manifests import Manifest, load
 from quartermaster_client.models import ClusterQueue, Event, Resource, UsageRow, Workload
 from quartermaster_client.outcomes import Outcome, outcome
@@ -46,6 +49,7 @@ EXIT_FAILED = 3
 EXIT_PREEMPTED = 4
 EXIT_TIMEOUT = 5
 EXIT_CANCELLED = 6
+EXIT_LEDGER_BROKEN = 8
 EXIT_CODES = {
     Outcome.SUCCEEDED: 0,
     Outcome.FAILED: EXIT_FAILED,
@@ -648,7 +652,7 @@ def whoami() -> None:
 # -- ledger, usage -----------------------------------------------------------------------
 
 ledger_app = typer.Typer(
-    help="The audit ledger: query entries, export them, read signed checkpoints.",
+    help="The audit ledger: query, export and verify entries; signed checkpoints.",
     no_args_is_help=True,
 )
 app.add_typer(ledger_app, name="ledger")
@@ -805,6 +809,77 @@ def ledger_checkpoint(
     with STATE.client() as client:
         note = client.publish_checkpoint() if publish else client.latest_checkpoint()
     typer.echo(note.rstrip("\n"))
+
+
+@ledger_app.command(
+    "verify",
+    epilog=examples(
+        "qmctl ledger verify --key $LEDGER_KEY        # the live ledger and its latest checkpoint",
+        "qmctl ledger verify -f ledger.ndjson --checkpoint cp.txt --key $LEDGER_KEY   # offline",
+        "",
+        "Exit codes: 0 verified, 8 the ledger does not verify, 1 any other error.",
+    ),
+)
+@handled
+def ledger_verify(
+    file: Annotated[
+        str | None, typer.Option("-f", "--file", help="NDJSON export, or - (default: the server).")
+    ] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="Signed checkpoint note (default: the server's latest)."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", envvar="QMCTL_LEDGER_KEY", help="Verifier key name+id+key."),
+    ] = None,
+) -> None:
+    """Check the ledger: every hash, every link, the Merkle root against a signed checkpoint."""
+    note = checkpoint.read_text() if checkpoint else None
+    if file is not None:
+        if file == "-":
+            report = verify_export(sys.stdin, note, key)
+        else:
+            with Path(file).open() as lines:
+                report = verify_export(lines, note, key)
+    else:
+        with STATE.client() as client:
+            if note is None:
+                try:
+                    note = client.latest_checkpoint()
+                except NotFound:
+                    note = None
+            report = verify_export(_lines_of(client.ledger_export()), note, key)
+    typer.echo(
+        f"{report.entries} entries; head {report.head_hash[:16]}…; "
+        f"root {base64.b64encode(report.root_hash).decode()}"
+    )
+    for seq, reason in report.breaks[:20]:
+        typer.echo(f"  seq {seq}: {reason}", err=True)
+    if report.checkpoint is None:
+        typer.echo("checkpoint: none checked")
+    else:
+        cp = report.checkpoint
+        verdict = "matches" if report.checkpoint_matches else "DOES NOT MATCH"
+        typer.echo(f"checkpoint: {cp.origin} size {cp.size}: root {verdict}")
+        if report.signature is None:
+            typer.echo("signature: not checked (give --key)")
+        else:
+            typer.echo(f"signature: {'valid' if report.signature else 'INVALID'}")
+    if not report.ok:
+        typer.echo("the ledger does NOT verify", err=True)
+        raise typer.Exit(EXIT_LEDGER_BROKEN)
+    typer.echo("verified")
+
+
+def _lines_of(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        yield from complete
+    if buffer:
+        yield buffer
 
 
 @app.command(
