@@ -42,9 +42,13 @@ class QueueUsage:
     admitted: int
     used: int
     nominal: int
+    reported_borrowed: int | None = None
+    """What the admission cycle recorded as borrowed, when it did."""
 
     @property
     def borrowed(self) -> int:
+        if self.reported_borrowed is not None:
+            return self.reported_borrowed
         return max(0, self.used - self.nominal)
 
 
@@ -63,6 +67,7 @@ def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
     """From the ClusterQueue's status when the workers fill it in, else
     counted from its workloads."""
     pending = admitted = used = 0
+    borrowed: int | None = None
     for workload in workloads:
         if workload.status.cluster_queue != cq.name:
             continue
@@ -71,6 +76,11 @@ def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
         elif workload.status.state in ADMITTED_STATES:
             admitted += 1
             used += workload_gpus(workload)
+            admission = workload.status.admission
+            if admission is not None and admission.borrowed:
+                borrowed = (borrowed or 0) + int(
+                    sum(quantity_value(f.get(GPU, 0)) for f in admission.borrowed.values())
+                )
     status = cq.status
     nominal = int(sum(quantity_value(v) for v in cq.spec.nominal(GPU).values()))
     return QueueUsage(
@@ -78,6 +88,7 @@ def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
         status.admitted_workloads if status.admitted_workloads is not None else admitted,
         used,
         nominal,
+        borrowed,
     )
 
 

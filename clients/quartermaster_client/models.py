@@ -243,9 +243,17 @@ class PodSetAssignment(Model):
 
 
 class Admission(Model):
+    """Where a gang runs: set by the admission cycle (see service/app/admission.py)."""
+
     cluster_queue: str | None = None
     cluster: str | None = None
+    island: str | None = None
     pod_set_assignments: list[PodSetAssignment] = Field(default_factory=list)
+    borrowed: dict[str, dict[str, Quantity]] = Field(
+        default_factory=dict, description="{flavor: {resource: quantity}} beyond nominal quota"
+    )
+    preempted: list[str] = Field(default_factory=list)
+    admitted_at: str | None = None
 
     @property
     def islands(self) -> list[str]:
@@ -254,9 +262,8 @@ class Admission(Model):
             for island in assignment.islands:
                 if island not in found:
                     found.append(island)
-        flat = getattr(self, "island", None)  # a flat field, should the server add one
-        if isinstance(flat, str) and flat not in found:
-            found.append(flat)
+        if self.island and self.island not in found:
+            found.append(self.island)
         return found
 
     @property

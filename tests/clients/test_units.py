@@ -24,18 +24,23 @@ from quartermaster_client.models import GPU, Explanation, UsageRow
 
 from tests.clients.conftest import gpu_pod
 
-ADMISSION = {
+ADMISSION = {  # as the admission cycle writes it (service/app/admission.py)
     "clusterQueue": "team-a",
     "cluster": "east-1",
+    "island": "block-3",
     "podSetAssignments": [
         {
             "name": "workers",
             "count": 4,
             "flavors": {"nvidia.com/gpu": "h100", "cpu": "h100"},
-            "resourceUsage": {"nvidia.com/gpu": 32},
+            "resourceUsage": {"nvidia.com/gpu": "32", "cpu": "32"},
+            "placement": [{"node": "n1", "count": 4}],
             "islands": ["block-3"],
         }
     ],
+    "borrowed": {"h100": {"nvidia.com/gpu": "8"}},
+    "preempted": [],
+    "admittedAt": "2026-01-01T00:01:00Z",
 }
 
 
@@ -157,7 +162,7 @@ def test_admitted_workloads_show_cluster_island_and_gpus() -> None:
         }
     )
     usage = queue_usage(cq, [admitted, pending])
-    assert usage == QueueUsage(pending=1, admitted=1, used=32, nominal=24)
+    assert usage == QueueUsage(pending=1, admitted=1, used=32, nominal=24, reported_borrowed=8)
     assert usage.borrowed == 8
     row = render_table(lookup("cq"), [cq], False, False, Context(lambda: [admitted, pending]))
     assert row.splitlines()[1].split()[:6] == ["team-a", "research", "1", "1", "32/24", "8"]
