@@ -6,7 +6,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quartermaster_client.models import GPU, ClusterQueue, Explanation, Quantity, Workload
+from quartermaster_client.models import (
+    GPU,
+    ClusterQueue,
+    Explanation,
+    PodSetAssignment,
+    Quantity,
+    Workload,
+)
 
 ADMITTED_STATES = ("Admitted", "Running", "Cancelling")
 _BINARY = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
@@ -105,6 +112,17 @@ def _waiting_for(value: Any) -> str | None:
     return None
 
 
+def _pod_set_line(assignment: PodSetAssignment) -> str:
+    count = f"{assignment.count} pods" if assignment.count is not None else "pods"
+    flavors = sorted(set(assignment.flavors.values()))
+    if len(flavors) == 1:
+        where = f"flavor {flavors[0]}"
+    else:
+        where = ", ".join(f"{r}={f}" for r, f in sorted(assignment.flavors.items())) or "-"
+    nodes = ", ".join(f"{p.get('node')} ({p.get('count')})" for p in assignment.placement)
+    return f"pod set {assignment.name}: {count}, {where}" + (f", on {nodes}" if nodes else "")
+
+
 def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[str]:
     """Sentences, one per line."""
     e = explanation
@@ -121,8 +139,10 @@ def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[
                 f"pending in {e.cluster_queue}."
             )
         waiting = _waiting_for(e.waiting_for)
-        if waiting:
-            lines.append(f"Waiting for {waiting}.".replace("..", "."))
+        if waiting and waiting.startswith("the next admission cycle"):
+            lines.append("Waiting for the next admission cycle: no decision has been made yet.")
+        elif waiting:
+            lines.append(f"Why it waits: {waiting}".rstrip(".") + ".")
     if e.admission is not None and e.admission.cluster:
         islands = e.admission.islands
         flavors = e.admission.flavors
@@ -133,10 +153,9 @@ def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[
             text += f", flavor{'s' if len(flavors) > 1 else ''} {', '.join(flavors)}"
         lines.append(text + ".")
         for assignment in e.admission.pod_set_assignments:
-            resources = ", ".join(f"{r}={f}" for r, f in sorted(assignment.flavors.items()))
-            count = f"{assignment.count} pods" if assignment.count is not None else "pods"
-            lines.append(f"  pod set {assignment.name}: {count} on {resources or '-'}")
-    if e.reason or e.message:
+            lines.append("  " + _pod_set_line(assignment))
+    waiting = _waiting_for(e.waiting_for) if e.state == "Pending" else None
+    if (e.reason or e.message) and not (waiting and e.message and waiting in e.message):
         lines.append(f"Latest condition: {e.reason or ''}{': ' if e.message else ''}{e.message}")
     if usage is not None and e.cluster_queue:
         text = f"{e.cluster_queue} uses {usage.used} of {usage.nominal} nominal GPUs"

@@ -240,6 +240,9 @@ class PodSetAssignment(Model):
     flavors: dict[str, str] = Field(default_factory=dict)
     resource_usage: dict[str, Quantity] = Field(default_factory=dict)
     islands: list[str] = Field(default_factory=list)
+    placement: list[dict[str, Any]] = Field(
+        default_factory=list, description="[{node, count}]: pods per node"
+    )
 
 
 class Admission(Model):

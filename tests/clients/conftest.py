@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from quartermaster_client import Client, RetryPolicy
 
+from service.app.bootstrap import Services
 from tests.api.conftest import ADMIN_TOKEN, serve
 
 FAST_RETRIES = RetryPolicy(attempts=5, backoff=0.01, max_backoff=0.05)
@@ -18,9 +19,14 @@ DIGEST_IMAGE = "registry.example/train@sha256:" + "a" * 64
 
 
 @pytest.fixture(scope="session")
-def api_url(database_url: str) -> Iterator[str]:
-    with serve(database_url) as (url, _services):
-        yield url
+def served(database_url: str) -> Iterator[tuple[str, Services]]:
+    with serve(database_url) as (url, services):
+        yield url, services
+
+
+@pytest.fixture(scope="session")
+def api_url(served: tuple[str, Services]) -> str:
+    return served[0]
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from quartermaster_client.cli import app
 from quartermaster_client.cli.main import EXIT_CODES
 from typer.testing import CliRunner
 
+from service.app.bootstrap import Services
 from tests.api.conftest import ADMIN_TOKEN, serve
 from tests.clients.conftest import job
 
@@ -208,6 +209,7 @@ def test_submit_get_explain_cancel_and_wait(qmctl: Run, tmp_path: Path, qm: Clie
     )
     assert "It asks for 8 nvidia.com/gpu, 32 cpu, 256Gi memory in all." in explained
     assert "Position 2 of 2 pending in team-a." in explained
+    assert "Waiting for the next admission cycle: no decision has been made yet." in explained
     assert "team-a uses 0 of 64 nominal GPUs; 2 pending, 0 admitted." in explained
     assert "Explain:" in qmctl("describe", "workload", "train-1").stdout
 
@@ -509,3 +511,39 @@ def test_ledger_verify_checks_hashes_links_and_a_signed_checkpoint(
     gap = verify("-f", str(removed))
     assert gap.returncode == 8 and "seq 3: expected seq 2: missing or reordered" in gap.stderr
     assert "seq 3: prev_hash does not match the entry before" in gap.stderr
+
+
+def test_an_admitted_gang_as_qmctl_shows_and_explains_it(
+    qmctl: Run, served: tuple[str, Services], tmp_path: Path
+) -> None:
+    """The admission cycle (run in process, as the scheduler runs it) admits
+    a gang onto one island; qmctl shows where, and why the next one waits."""
+    from service.app.admission import AdmissionCycle
+    from tests.workers.conftest import setup_fleet
+    from tests.workers.conftest import workload as island_workload
+
+    _, services = served
+    setup_fleet(services, gpu_quota=16)
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(island_workload("gang", count=2, island=True)))
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(island_workload("next", count=2)))
+    AdmissionCycle(services.engine, services.unit_of_work).run(lambda uow: None)
+
+    rows = {line.split()[0]: line.split() for line in _lines(qmctl("get", "wl").stdout)[1:]}
+    gang, waiting = rows["gang"], rows["next"]
+    assert gang[2:4] == ["Admitted", "c1"] and gang[4] in ("c1-i0", "c1-i1") and gang[5] == "16"
+    assert waiting[2:6] == ["Pending", "-", "-", "16"]
+    explained = _lines(qmctl("explain", "gang").stdout)
+    assert explained[0].startswith("Workload team-a/gang is Admitted in LocalQueue train")
+    assert f"Admitted to cluster c1, island {gang[4]}, flavor h100." in explained
+    assert "cq uses 16 of 16 nominal GPUs; 1 pending, 1 admitted." in explained
+    why = qmctl("explain", "next").stdout
+    assert "Position 1 of 1 pending in cq." in why
+    assert (
+        "Why it waits: couldn't assign flavors to pod set workers: insufficient unused quota"
+        in (why)
+    )
+    assert "16 more needed." in why
+    cq = _lines(qmctl("get", "cq").stdout)[1].split()
+    assert cq[:6] == ["cq", "-", "1", "1", "16/16", "0"]
+    admitted = _lines(qmctl("ledger", "query", "--kind", "workload.admitted").stdout)
+    assert len(admitted) == 2 and "Workload/team-a/gang" in admitted[1]

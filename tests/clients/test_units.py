@@ -187,7 +187,7 @@ def test_an_admitted_workload_explained_in_words() -> None:
         "Workload team-a/w is Admitted in LocalQueue train (ClusterQueue team-a), priority 100.",
         "It asks for 32 nvidia.com/gpu, 32500m cpu, 256Gi memory in all.",
         "Admitted to cluster east-1, island block-3, flavor h100.",
-        "  pod set workers: 4 pods on cpu=h100, nvidia.com/gpu=h100",
+        "  pod set workers: 4 pods, flavor h100, on n1 (4)",
         "Latest condition: Admitted: admitted to east-1",
         "team-a uses 32 of 24 nominal GPUs and is borrowing 8 GPUs from its cohort; "
         "3 pending, 1 admitted.",
