@@ -15,6 +15,19 @@ from service.app.errors import Invalid
 from service.ledger.query import LedgerQuery
 
 Text = Annotated[str | None, Query(max_length=253)]
+RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
+Moment = Annotated[
+    str | None, Query(pattern=RFC3339, description="RFC 3339, e.g. 2026-11-30T00:00:00Z")
+]
+
+
+def _moment(value: str | None, field: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as error:
+        raise Invalid(f"{field} is not a date-time", [(field, str(error))]) from None
 
 
 def _query(
@@ -26,8 +39,8 @@ def _query(
     actor: Text = None,
     flavor: Text = None,
     kind: Annotated[list[str] | None, Query(max_length=20)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Moment = None,
+    until: Moment = None,
     after: Annotated[int | None, Query(ge=0, description="Entries after this seq")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> LedgerQuery:
@@ -41,8 +54,8 @@ def _query(
             actor=actor,
             flavor=flavor,
             kinds=tuple(kind or ()),
-            since=since,
-            until=until,
+            since=_moment(since, "since"),
+            until=_moment(until, "until"),
             after_seq=after,
             limit=limit,
         )
@@ -62,7 +75,16 @@ def ledger_router() -> APIRouter:
         workload and time, oldest first; ``next`` is the cursor for ``after``."""
         return await run(deps.audit.entries, principal, query)
 
-    @router.get("/v1/ledger/export")
+    @router.get(
+        "/v1/ledger/export",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "description": "NDJSON (one entry per line) or CSV",
+                "content": {"application/x-ndjson": {}, "text/csv": {}},
+            }
+        },
+    )
     async def export(
         principal: CurrentPrincipal,
         deps: Deps,
@@ -115,10 +137,13 @@ def ledger_router() -> APIRouter:
         deps: Deps,
         granularity: Literal["hour", "day", "month"] = "day",
         by: Annotated[list[str] | None, Query(max_length=5)] = None,
-        as_of: Annotated[datetime | None, Query(alias="asOf")] = None,
+        as_of: Annotated[
+            str | None, Query(alias="asOf", pattern=RFC3339, description="RFC 3339")
+        ] = None,
     ) -> Any:
         """GPU-, CPU- and memory-hours per period and group, from the ledger."""
-        rows = await run(deps.audit.usage, principal, granularity, by or ["namespace"], as_of)
+        moment = _moment(as_of, "asOf")
+        rows = await run(deps.audit.usage, principal, granularity, by or ["namespace"], moment)
         return {"items": rows}
 
     return router

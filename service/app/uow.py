@@ -38,7 +38,8 @@ class SqlUnitOfWork:
         self._conn = self._engine.connect()
         self._tx = self._conn.begin()
         self.events = PostgresEventRecorder(self._conn)
-        self._ledger = PostgresLedgerWriter(self._conn)
+        # The sealed entries ride in the commit pipeline with the events.
+        self._ledger = PostgresLedgerWriter(self._conn, defer=self.events.defer)
         return self
 
     def __exit__(

@@ -33,7 +33,10 @@ def test_schemathesis_finds_no_server_error_and_no_nonconformance(
         'expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", '
         '"415", "422", "428", "429"]\n'
     )
-    with serve(database_url, server_options=options) as (base_url, _):
+    from service.ledger.checkpoint import DEFAULT_ORIGIN, NoteSigner
+
+    _, seed = NoteSigner.generate(DEFAULT_ORIGIN)
+    with serve(database_url, server_options=options, ledger_signing_key=seed) as (base_url, _):
         command = [
             str(Path(sys.executable).with_name("st")),
             "run",
