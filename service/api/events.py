@@ -24,6 +24,13 @@ POLL_SECONDS = 0.2
 def events_router() -> APIRouter:
     router = APIRouter(tags=["Event"])
 
+    @router.get("/v1/events/head")
+    async def head(principal: CurrentPrincipal, deps: Deps) -> Any:
+        """The position of the newest event: where a watch that wants only
+        what happens from now on starts."""
+        require(principal, EVERYONE)
+        return {"position": await anyio.to_thread.run_sync(deps.event_queries.head)}
+
     @router.get("/v1/events")
     async def events(
         request: Request,

@@ -186,3 +186,10 @@ def test_query_text_the_database_cannot_hold_is_refused_by_name(api: Api) -> Non
         assert response.json()["detail"].startswith(repr(query.split("=")[0]))
     auditor = api.as_role("auditor")
     assert auditor.get("/v1/ledger/entries?kind=a%00").status_code == 422
+
+
+def test_events_head_is_the_newest_position(api: Api) -> None:
+    setup_quota(api.admin)
+    newest = api.admin.get("/v1/events", params={"limit": 1000}).json()["items"][-1]["position"]
+    assert api.admin.get("/v1/events/head").json() == {"position": newest}
+    assert api.client(None).get("/v1/events/head").status_code == 401
