@@ -57,7 +57,7 @@ def _page(kind: str, page: Page) -> Response:
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
-def _etag(obj: dict[str, Any], response: Response, status: int = 200) -> Response:
+def _etag(obj: dict[str, Any], status: int = 200) -> Response:
     """The object as JSON with its version as ETag. Serialised here, not by
     FastAPI's encoder: objects are plain JSON already, and the encoder's walk
     over pod templates costs more than the rest of a submission."""
@@ -114,12 +114,11 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         request: Request,
         actor: CurrentActor,
         deps: Deps,
-        response: Response,
         namespace: str = "",
     ) -> Any:
         body = await read_body(request, deps.settings.max_body_bytes)
         obj = await run(deps.resources.create, actor, kind.plural, namespace, body)
-        return _etag(obj, response, 201)
+        return _etag(obj, 201)
 
     async def list_(
         principal: CurrentPrincipal,
@@ -146,38 +145,33 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         principal: CurrentPrincipal,
         deps: Deps,
         name: str,
-        response: Response,
         namespace: str = "",
     ) -> Any:
-        return _etag(
-            await run(deps.resources.get, principal, kind.plural, namespace, name), response
-        )
+        return _etag(await run(deps.resources.get, principal, kind.plural, namespace, name))
 
     async def replace(
         request: Request,
         actor: CurrentActor,
         deps: Deps,
         name: str,
-        response: Response,
         if_match: IfMatch = None,
         namespace: str = "",
     ) -> Any:
         body = await read_body(request, deps.settings.max_body_bytes)
         obj = await run(deps.resources.replace, actor, kind.plural, namespace, name, body, if_match)
-        return _etag(obj, response)
+        return _etag(obj)
 
     async def patch(
         request: Request,
         actor: CurrentActor,
         deps: Deps,
         name: str,
-        response: Response,
         if_match: IfMatch = None,
         namespace: str = "",
     ) -> Any:
         body = await read_body(request, deps.settings.max_body_bytes)
         obj = await run(deps.resources.patch, actor, kind.plural, namespace, name, body, if_match)
-        return _etag(obj, response)
+        return _etag(obj)
 
     async def delete(
         actor: CurrentActor, deps: Deps, name: str, if_match: IfMatch = None, namespace: str = ""
@@ -285,12 +279,10 @@ def workload_router() -> APIRouter:
         openapi_extra=body_schema(kind, submission=True),
         responses={201: object_schema(kind)},
     )
-    async def submit(
-        namespace: str, request: Request, actor: CurrentActor, deps: Deps, response: Response
-    ) -> Any:
+    async def submit(namespace: str, request: Request, actor: CurrentActor, deps: Deps) -> Any:
         """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
         body = await read_body(request, deps.settings.max_body_bytes)
-        return _etag(await run(deps.submissions.submit, actor, namespace, body), response, 201)
+        return _etag(await run(deps.submissions.submit, actor, namespace, body), 201)
 
     @router.get(base, responses={200: list_schema(kind)})
     async def list_workloads(
@@ -337,11 +329,9 @@ def workload_router() -> APIRouter:
 
     @router.get(base + "/{name}", responses={200: object_schema(kind)})
     async def get_workload(
-        namespace: str, name: str, principal: CurrentPrincipal, deps: Deps, response: Response
+        namespace: str, name: str, principal: CurrentPrincipal, deps: Deps
     ) -> Any:
-        return _etag(
-            await run(deps.resources.get, principal, "workloads", namespace, name), response
-        )
+        return _etag(await run(deps.resources.get, principal, "workloads", namespace, name))
 
     @router.delete(base + "/{name}", responses={200: object_schema(kind)})
     async def cancel_workload(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
