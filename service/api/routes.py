@@ -279,14 +279,16 @@ def workload_router() -> APIRouter:
         openapi_extra=body_schema(kind, submission=True),
         responses={201: object_schema(kind)},
     )
-    async def submit(namespace: str, request: Request, actor: CurrentActor, deps: Deps) -> Any:
+    async def submit(
+        namespace: NamespacePath, request: Request, actor: CurrentActor, deps: Deps
+    ) -> Any:
         """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
         body = await read_body(request, deps.settings.max_body_bytes)
         return _etag(await run(deps.submissions.submit, actor, namespace, body), 201)
 
     @router.get(base, responses={200: list_schema(kind)})
     async def list_workloads(
-        namespace: str,
+        namespace: NamespacePath,
         principal: CurrentPrincipal,
         deps: Deps,
         limit: Limit = None,
@@ -329,24 +331,28 @@ def workload_router() -> APIRouter:
 
     @router.get(base + "/{name}", responses={200: object_schema(kind)})
     async def get_workload(
-        namespace: str, name: str, principal: CurrentPrincipal, deps: Deps
+        namespace: NamespacePath, name: NamePath, principal: CurrentPrincipal, deps: Deps
     ) -> Any:
         return _etag(await run(deps.resources.get, principal, "workloads", namespace, name))
 
     @router.delete(base + "/{name}", responses={200: object_schema(kind)})
-    async def cancel_workload(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
+    async def cancel_workload(
+        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
+    ) -> Any:
         """Cancel: a pending workload is dropped; an admitted one is evicted."""
         return await run(deps.submissions.cancel, actor, namespace, name)
 
     @router.post(base + "/{name}/cancel", responses={200: object_schema(kind)})
     async def cancel_workload_post(
-        namespace: str, name: str, actor: CurrentActor, deps: Deps
+        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
     ) -> Any:
         """The same as DELETE, for clients that prefer a verb."""
         return await run(deps.submissions.cancel, actor, namespace, name)
 
     @router.get(base + "/{name}/explain")
-    async def explain(namespace: str, name: str, actor: CurrentActor, deps: Deps) -> Any:
+    async def explain(
+        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
+    ) -> Any:
         """State, reason, message, position in the queue, and what it waits for."""
         return await run(deps.submissions.explain, actor, namespace, name)
 
@@ -376,7 +382,9 @@ def workload_router() -> APIRouter:
             }
         },
     )
-    async def bulk(namespace: str, request: Request, actor: CurrentActor, deps: Deps) -> Any:
+    async def bulk(
+        namespace: NamespacePath, request: Request, actor: CurrentActor, deps: Deps
+    ) -> Any:
         """Up to 5,000 submissions; each is all-or-nothing, with its own result."""
         body = await read_body(request, deps.settings.max_bulk_body_bytes)
         items = body.get("items") if isinstance(body, dict) else None

@@ -311,3 +311,12 @@ def test_pod_requests_count_init_containers_and_limits(api: Api) -> None:
     assert api.admin.post("/v1/namespaces/team-a/workloads", json=body).status_code == 201
     explained = api.admin.get("/v1/namespaces/team-a/workloads/w/explain").json()
     assert explained["requests"]["cpu"] == 32000  # max(init 32, 8 + 0.5) in millicores
+
+
+def test_namespace_and_name_in_the_path_are_validated(api: Api) -> None:
+    body = _problem(api.admin.get("/v1/namespaces/Team_A/workloads"), 422, "invalid-request")
+    assert _fields(body) == ["namespace"]
+    body = _problem(
+        api.admin.get("/v1/namespaces/team-a/workloads/Bad_Name"), 422, "invalid-request"
+    )
+    assert _fields(body) == ["name"]
