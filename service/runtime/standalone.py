@@ -42,6 +42,7 @@ from service.runtime.supervisor import Child, Supervisor
 FLEETS = Path(__file__).resolve().parents[2] / "sim" / "fleets"
 DEMO_FLEET = FLEETS / "demo.yaml"
 DEMO_QUOTAS = FLEETS / "demo-quotas.yaml"
+DEMO_JOB = FLEETS / "demo-job.yaml"
 QMCTL_CONTEXT = "standalone"
 
 
@@ -203,16 +204,43 @@ class Standalone:
         self.console.print(f"[green]✓[/green] stopped {names}")
 
     def _watch(self, supervisor: Supervisor) -> int:
+        """Until a signal: report a child that dies, and the member clusters'
+        first sync (their heartbeat and inventory) once the workers report it."""
+        synced = self.options.clusters <= 0
+        next_look = time.monotonic()
         while True:
             dead = supervisor.dead()
             if dead is not None:
                 code = dead.process.returncode
                 self.console.print(
                     f"[red]✗ {dead.name} exited ({code}); its log ({dead.log}) ends:[/red]\n"
-                    + dead.tail()
+                    + dead.tail(),
+                    highlight=False,
                 )
                 return 1
+            if not synced and time.monotonic() >= next_look:
+                synced, next_look = self._synced(), time.monotonic() + 2.0
             time.sleep(0.5)
+
+    def _synced(self) -> bool:
+        """Whether every Cluster reports Ready with nodes; says so once they do."""
+        headers = {"Authorization": f"Bearer {self.settings.bootstrap_token}"}
+        response = _get(f"{self.api_url}/v1/clusters", headers=headers)
+        if response is None or response.status_code != 200:
+            return False
+        items = response.json().get("items") or []
+        ready = {
+            c["metadata"]["name"]: len(
+                ((c.get("status") or {}).get("inventory") or {}).get("nodes") or ()
+            )
+            for c in items
+            if (c.get("status") or {}).get("state") == "Ready"
+        }
+        if not items or len(ready) < len(items):
+            return False
+        nodes = ", ".join(f"{name} ({count} nodes)" for name, count in sorted(ready.items()))
+        self._line("member clusters", f"synced, Ready: {nodes}")
+        return True
 
     # -- the parts -------------------------------------------------------------------
 
@@ -368,6 +396,7 @@ class Standalone:
             out.print(f"  qmctl context  {context}")
         out.print(f"  data and logs  {self.data}  (logs in {self.data / 'logs'})")
         out.print("Try:  qmctl get clusterqueues   qmctl get clusters   qmctl get workloads -A")
+        out.print(f"      qmctl submit -n vision -f {_shown(DEMO_JOB)} --wait")
         out.print("Ctrl-C stops everything.")
 
     def _write_context(self) -> str | None:
@@ -394,6 +423,14 @@ class Standalone:
 def _loopback(host: str) -> str:
     """Where a local client reaches a server listening on ``host``."""
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _redacted(url: str) -> str:
