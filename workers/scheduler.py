@@ -23,6 +23,7 @@ from service.app.admission import AdmissionCycle, CycleReport
 from service.app.uow import SqlUnitOfWork
 from service.engine import CycleResult, EngineConfig, LocalQueueUsage
 from service.eventstore.port import ConcurrencyConflict
+from workers.fleet import FleetLoop
 from workers.leader import Deposed, LeaderLease
 from workers.metrics import SchedulerMetrics
 from workers.outbox import Relay, Send, pending_count
@@ -151,12 +152,17 @@ class Scheduler:
         config: EngineConfig | None = None,
         holder: str | None = None,
         relay: bool = True,
+        fleet: bool = True,
     ) -> None:
         self.leader = AdmissionLeader(engine, settings, config, holder)
         self.relay = (
             Relay(engine, send, poll_interval=settings.relay_poll_interval) if relay else None
         )
         self.waker = Waker(settings.broker_url)
+        # The periodic resync of member clusters, run by the admission leader
+        # only (one writer of heartbeats and requeues at a time, by design;
+        # a second would only fail its expected versions).
+        self.fleet = FleetLoop(engine, settings) if fleet else None
         self._interval = settings.cycle_interval
         self.stop = threading.Event()
         self.cycles = 0
@@ -169,14 +175,28 @@ class Scheduler:
         if self.relay is not None:
             relay_thread = threading.Thread(target=self.relay.run, name="outbox-relay", daemon=True)
             relay_thread.start()
+        fleet_thread = None
+        if self.fleet is not None:
+            fleet = self.fleet
+            fleet_thread = threading.Thread(
+                target=fleet.run,
+                args=(lambda: self.leader.lease.leading,),
+                name="fleet",
+                daemon=True,
+            )
+            fleet_thread.start()
         try:
             while not self.stop.is_set():
                 self._tick()
         finally:
             if self.relay is not None:
                 self.relay.stop.set()
+            if self.fleet is not None:
+                self.fleet.stop.set()
             if relay_thread is not None:
                 relay_thread.join(5)
+            if fleet_thread is not None:
+                fleet_thread.join(10)
             self.leader.lease.release()
             self.waker.close()
 

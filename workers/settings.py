@@ -44,6 +44,35 @@ class WorkerSettings(BaseSettings):
         "this many seconds of admission (0: off). Needs sync to report podsReady.",
     )
 
+    cluster_lease: float = Field(
+        default=900.0,
+        description="A member cluster silent this long (seconds) is Lost and its gangs are "
+        "requeued (Kueue MultiKueue's default: 15 minutes).",
+    )
+    heartbeat_interval: float = Field(
+        default=30.0, description="Write a cluster's heartbeat at least this often (seconds)."
+    )
+    resync_interval: float = Field(
+        default=5.0, description="Sync and reconcile every member cluster this often (seconds)."
+    )
+    member_qps: float = Field(
+        default=50.0,
+        description="Client-side rate limit per member cluster (requests/s); client-go's 5 "
+        "capped MultiKueue at 1.3 workloads/s (kueue#8564).",
+    )
+    member_burst: int = Field(default=100, description="Requests a member client may burst.")
+    member_connect_timeout: float = Field(default=5.0, description="Seconds to connect.")
+    member_read_timeout: float = Field(default=30.0, description="Seconds to read a response.")
+    delete_wait: float = Field(
+        default=30.0,
+        description="How long a reconcile waits for deleted jobs to be gone before it "
+        "dispatches (else the next pass does).",
+    )
+    secret_key: str = Field(
+        default="dev-insecure-secret-key-change-me",
+        description="QM_SECRET_KEY, the service's: decrypts member-cluster credentials.",
+    )
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             fair_sharing=FairSharingConfig(enable=self.fair_sharing),

@@ -3,6 +3,7 @@ is the message id; the consumers (workers/consumers.py) make it exactly-once."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from functools import cache
@@ -18,9 +19,15 @@ from sqlalchemy.exc import DBAPIError
 from service.app.bootstrap import make_engine
 from service.app.uow import SqlUnitOfWork
 from workers.celery_app import app
+from workers.clusters import MemberError
 from workers.consumers import Delivery, Outcome, RetryLater, consumer, deliver
+from workers.fleet import Connector
 from workers.outbox import Send
+from workers.reconcile import TOPIC as RECONCILE_TOPIC
+from workers.reconcile import reconcile
 from workers.settings import get_worker_settings
+
+log = logging.getLogger(__name__)
 
 DELIVER = "quartermaster.deliver"
 WAKE_TOPIC = "admission.wake"
@@ -84,3 +91,28 @@ def wake_admission(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
     leader now rather than at its next tick."""
     client = _redis(os.getpid())
     return lambda: client.publish(WAKE_CHANNEL, str(delivery.message_id))
+
+
+@cache
+def _connector(pid: int) -> Connector:
+    return Connector(get_worker_settings())
+
+
+@consumer(RECONCILE_TOPIC)
+def reconcile_cluster(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
+    """The admission cycle decided something for this cluster: carry it out
+    now. Its records commit with the message's; an unreachable cluster is
+    left to the fleet loop (sync marks it Lost past its lease)."""
+    settings = get_worker_settings()
+    cluster = str(delivery.payload["cluster"])
+    try:
+        reconcile(
+            engine(),
+            uow,
+            cluster,
+            _connector(os.getpid()),
+            delete_wait=settings.delete_wait,
+        )
+    except MemberError as error:
+        log.warning("reconcile of %s left to the next resync: %s", cluster, error)
+    return None

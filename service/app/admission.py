@@ -79,7 +79,7 @@ from service.engine import (
     Snapshot,
     admission_cycle,
 )
-from service.eventstore.port import EventMetadata, NewEvent
+from service.eventstore.port import EventMetadata, NewEvent, OutboxMessage
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import UPSERT_SQL, resource_row, upsert_params
@@ -100,6 +100,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ACTOR = "system:admission"
+#: The outbox topic that has a member cluster reconciled (workers/reconcile.py).
+RECONCILE_TOPIC = "reconcile.cluster"
 PENDING, ADMITTED, EVICTED = "Pending", "Admitted", "Evicted"
 #: Workload states that hold quota and capacity.
 HOLDS_QUOTA = frozenset({ADMITTED, "Running", "Cancelling"})
@@ -739,6 +741,19 @@ def cluster_queue_usage(snapshot: Snapshot, result: CycleResult) -> dict[tuple[s
     return usage
 
 
+def reconcile_clusters(writes: Plan) -> list[str]:
+    """The member clusters whose jobs this cycle's decisions change: where
+    gangs were admitted, and where victims and evicted gangs were running."""
+    clusters = set()
+    for _, _, _, data in writes.appends:
+        status = data.get("status") or {}
+        for part in ("admission", "eviction"):
+            cluster = (status.get(part) or {}).get("cluster")
+            if cluster and status.get("state") in (ADMITTED, EVICTED):
+                clusters.add(str(cluster))
+    return sorted(clusters)
+
+
 Guard = Callable[[SqlUnitOfWork], None]
 AfterPlan = Callable[[SqlUnitOfWork, CycleResult], None]
 
@@ -803,6 +818,10 @@ class AdmissionCycle:
             uow.events.defer(UPSERT_SQL, rows)
             if writes.ledger:
                 uow.record(writes.ledger)
+            if touched := reconcile_clusters(writes):
+                uow.publish(
+                    [OutboxMessage(uuid4(), RECONCILE_TOPIC, {"cluster": c}) for c in touched]
+                )
             if before_commit is not None:
                 before_commit(uow, result)
             uow.commit()

@@ -34,6 +34,12 @@ RESOURCE_EVENTS = frozenset(
         "WorkloadPreempted",
         "WorkloadEvicted",
         "WorkloadPending",
+        # reconcile and sync (workers/): member clusters' state back in the centre
+        "WorkloadRequeued",
+        "WorkloadRunning",
+        "WorkloadFinished",
+        "ClusterSynced",
+        "ClusterLost",
     }
 )
 TOKEN_EVENTS = frozenset({"TokenIssued", "TokenRevoked"})

@@ -1,0 +1,105 @@
+"""Reconcile and sync against stand-in member clusters over HTTPS through the
+official client: real Postgres, the admission leader and the fleet loop in
+process (the consumer path is tested with a Celery worker in test_sync.py)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from service.app.bootstrap import Services
+from tests.workers.conftest import ADMIN, wait_for, workload_status
+from tests.workers.members import (
+    ISLAND,
+    gang,
+    job,
+    jobs,
+    ledger,
+    members,
+    scheduling,
+    settings,
+    setup_central,
+    watch_jobs,
+)
+from workers.outbox import Send
+
+
+def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        with scheduling(engine, settings(database_url, broker), send):
+            # the first sync writes c1's inventory; only then can anything be admitted
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="300s"))
+            services.submissions.submit(ADMIN, "team-a", gang("b", duration="300s"))
+            created = wait_for(lambda: job(c1, "a"), 20)
+            status = workload_status(engine, "team-a", "a")
+            assert status["state"] in ("Admitted", "Running")
+            island = status["admission"]["island"]
+            template = created["spec"]["template"]
+            assert template["spec"]["nodeSelector"][ISLAND] == island
+            assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "qm-train"
+            assert created["metadata"]["labels"]["quartermaster.dev/managed"] == "true"
+            assert workload_status(engine, "team-a", "b")["state"] == "Pending"  # no quota
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 30)
+            # quota released: b is admitted, runs on c1, and a's job is collected
+            wait_for(lambda: job(c1, "b"), 20)
+            wait_for(lambda: job(c1, "a") is None, 20)
+            wait_for(lambda: workload_status(engine, "team-a", "b")["state"] == "Finished", 30)
+            wait_for(lambda: not jobs(c1), 20)
+            wait_for(
+                lambda: c1.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "qm-cq") is None, 10
+            )
+    finished = ledger(engine, "workload.finished")
+    assert [f["workload"] for f in finished] == ["a", "b"]
+    assert finished[0]["outcome"] == "succeeded"
+    assert finished[0]["cluster"] == "c1"
+    assert finished[0]["gpu_seconds"] >= 0
+    cluster = services.resources.get(ADMIN.principal, "clusters", "", "c1")
+    assert cluster["status"]["state"] == "Ready"
+    nodes = cluster["status"]["inventory"]["nodes"]
+    assert len(nodes) == 4 and {n["flavor"] for n in nodes} == {"h100"}
+
+
+def test_preemption_deletes_the_victims_job_before_the_preemptor_is_dispatched(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    with members(tmp_path) as (c1,):
+        setup_central(
+            services, [c1], gpu_quota=16, preemption={"withinClusterQueue": "LowerPriority"}
+        )
+        services.resources.create(
+            ADMIN, "workloadpriorityclasses", "", {"metadata": {"name": "urgent"}, "value": 1000}
+        )
+        stop = threading.Event()
+        samples = watch_jobs(c1, stop)
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", gang("low", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Running", 20)
+            services.submissions.submit(
+                ADMIN, "team-a", gang("high", duration="100000s", priorityClassName="urgent")
+            )
+            wait_for(lambda: workload_status(engine, "team-a", "high")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Pending", 10)
+            stop.set()
+            assert job(c1, "low") is None
+    seen = samples()
+    assert any("low" in s for s in seen) and any("high" in s for s in seen)
+    assert not any({"low", "high"} <= s for s in seen), "victim and preemptor ran together"
+    low = workload_status(engine, "team-a", "low")
+    assert "admission" not in low and low["queuedAt"]
+    assert [p["workload"] for p in ledger(engine, "workload.preempted")] == ["low"]

@@ -1,0 +1,161 @@
+"""Reconcile one member cluster with the centre's decisions: load, plan
+(workers/plan.py, pure), carry out, record.
+
+Order matters and is the point of this module:
+
+1. delete jobs no longer desired (finished, evicted, preempted, cancelled,
+   stale after a cluster loss) and wait until they are gone — a preemptor
+   never starts beside its victims;
+2. apply queue objects (Namespace, ResourceFlavors, ClusterQueue with the
+   quota the centre admitted, LocalQueue) before the jobs that need them;
+3. dispatch new jobs;
+4. collect queue objects nothing uses;
+5. record: an evicted workload whose job is gone goes back to ``Pending``
+   (``WorkloadRequeued``) so the cycle can admit it again; a cancelling one
+   becomes ``Cancelled``.
+
+Every member write is a server-side apply or a delete, idempotent, so a crash
+anywhere repeats nothing harmful; the records are appended with the version
+read, so a concurrent change makes the commit fail and the next pass redo it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine
+
+from service.app.admission import _set_condition
+from service.app.uow import SqlUnitOfWork
+from workers.clusters import KINDS, Member, Ref
+from workers.plan import ADMISSION_LABEL, JOB_KINDS, MANAGED, Actions, plan
+from workers.records import ClusterRow, append_workload, load, rfc3339
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:reconcile"
+TOPIC = "reconcile.cluster"
+REQUEUED = "WorkloadRequeued"
+CANCELLED = "WorkloadCancelled"
+_LISTED = ("Namespace", "ResourceFlavor", "ClusterQueue", "LocalQueue", *JOB_KINDS)
+
+Connect = Callable[[ClusterRow], Member]
+
+
+@dataclass
+class Report:
+    cluster: str
+    deleted: list[str] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)
+    dispatched: list[str] = field(default_factory=list)
+    collected: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    #: Deletions still in progress: dispatch waits for the next pass.
+    waiting: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
+    """Every object of ours on the member cluster."""
+    out: list[dict[str, Any]] = []
+    for kind in kinds:
+        out += member.list_objects(kind, MANAGED)
+    return out
+
+
+def reconcile(
+    engine: Engine,
+    uow: SqlUnitOfWork,
+    cluster: str,
+    connect: Connect,
+    *,
+    delete_wait: float = 30.0,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Report:
+    """One pass over ``cluster``; its records are written in ``uow`` (the
+    caller commits)."""
+    report = Report(cluster)
+    row, rows, view = load(engine, cluster)
+    if row is None or row.deleted:
+        report.skipped = "no such cluster"
+        return report
+    if row.state == "Lost":
+        report.skipped = "lost"  # sync brings it back first
+        return report
+    member = connect(row)
+    actual = managed(member)
+    actions = plan(view, actual)
+    if actions.draining:
+        for ref in actions.delete:
+            member.delete(ref)
+        report.deleted = [str(r) for r in actions.delete]
+        jobs = [Ref.of(o) for o in actual if o.get("kind") in JOB_KINDS]
+        gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
+        pods = f"{ADMISSION_LABEL} in ({','.join(sorted(set(actions.draining)))})"
+        left = member.wait_gone(gone, pods, delete_wait)
+        if left:
+            report.waiting = left
+            log.info("%s: waiting for %d deletions", cluster, len(left))
+            return report
+        actions = plan(view, managed(member))
+        if actions.draining:  # deleted by someone else meanwhile: next pass
+            report.waiting = [f"admission {a}" for a in actions.draining]
+            return report
+    _carry_out(member, actions, report)
+    _record(uow, actions, {r.key: r for r in rows}, report, clock())
+    return report
+
+
+def _terminating(actual: list[dict[str, Any]], ref: Ref) -> bool:
+    return any(
+        Ref.of(o) == ref and (o.get("metadata") or {}).get("deletionTimestamp") for o in actual
+    )
+
+
+def _carry_out(member: Member, actions: Actions, report: Report) -> None:
+    for obj in actions.apply:
+        member.apply(obj)
+        report.applied.append(str(Ref.of(obj)))
+    for obj in actions.dispatch:
+        member.apply(obj)
+        report.dispatched.append(str(Ref.of(obj)))
+    for ref in actions.collect:
+        member.delete(ref)
+        report.collected.append(str(ref))
+
+
+def _record(
+    uow: SqlUnitOfWork,
+    actions: Actions,
+    rows: dict[str, Any],
+    report: Report,
+    now: datetime,
+) -> None:
+    for key in actions.requeue:
+        row = rows[key]
+        status = {k: v for k, v in row.status.items() if k not in ("admission", "pendingReason")}
+        eviction = dict(row.status.get("eviction") or {})
+        message = f"Requeued after its job was removed from cluster {eviction.get('cluster')}"
+        status.update(
+            state="Pending",
+            queuedAt=rfc3339(now),
+            conditions=_set_condition(
+                row.status.get("conditions") or (), "Requeued", "True", "Requeued", message, now
+            ),
+        )
+        append_workload(uow, row, REQUEUED, status, ACTOR, now)
+        report.requeued.append(key)
+    for key in actions.cancelled:
+        row = rows[key]
+        status = dict(row.status)
+        status["state"] = "Cancelled"
+        append_workload(uow, row, CANCELLED, status, ACTOR, now)
+        report.cancelled.append(key)
+
+
+__all__ = ["ACTOR", "KINDS", "REQUEUED", "TOPIC", "Report", "managed", "reconcile"]

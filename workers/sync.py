@@ -1,0 +1,402 @@
+"""Sync one member cluster back into the centre: Nodes → the Cluster's
+inventory and heartbeat; our jobs → workload events (Running, Finished with
+its ledger entry, Evicted by the member); silence past the lease → Lost, its
+gangs requeued whole.
+
+Shapes are those documented in service/app/admission.py. Each change is one
+event carrying the object's whole new state, with its read-model row, in the
+caller's unit of work (workers/records.py).
+
+A job is only ever read back for the admission that created it (its
+``quartermaster.dev/admission`` label): a job left behind on a cluster that
+was lost, whose gang has since run elsewhere, reports nothing — reconcile
+removes it — so nothing is counted or finished twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+from uuid import uuid4
+
+from sqlalchemy import Engine
+
+from service.app.admission import HOLDS_QUOTA, WorkloadRow, _amounts, _set_condition
+from service.app.uow import SqlUnitOfWork
+from service.ledger import entries as ledger
+from service.ledger.chain import NewLedgerEntry
+from workers.clusters import Member, MemberError
+from workers.plan import (
+    ADMISSION_LABEL,
+    JOB_KINDS,
+    RUNS_HERE,
+    WORKLOAD_ANNOTATION,
+    ClusterView,
+    WorkloadView,
+    admission_id,
+    member_status,
+)
+from workers.reconcile import REQUEUED, managed
+from workers.records import ClusterRow, append_cluster, append_workload, load, parse_time, rfc3339
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:sync"
+SYNCED, LOST = "ClusterSynced", "ClusterLost"
+RUNNING, FINISHED, EVICTED = "WorkloadRunning", "WorkloadFinished", "WorkloadEvicted"
+GPU_SUFFIX = "gpu"
+
+Connect = Callable[[ClusterRow], Member]
+
+
+@dataclass
+class SyncReport:
+    cluster: str
+    reachable: bool = True
+    heartbeat: bool = False
+    lost: bool = False
+    returned: bool = False
+    events: list[tuple[str, str]] = field(default_factory=list)  # (workload, event type)
+
+
+# -- nodes → inventory -----------------------------------------------------------------------
+
+
+def _flavor_of(labels: Mapping[str, str], flavors: Mapping[str, Mapping[str, Any]]) -> str | None:
+    for name, spec in sorted(flavors.items()):
+        wanted = spec.get("nodeLabels") or {}
+        if wanted and all(labels.get(k) == str(v) for k, v in wanted.items()):
+            return name
+    return None
+
+
+def inventory(cluster: str, nodes: Iterable[Mapping[str, Any]], view: ClusterView) -> list[Any]:
+    """The inventory nodes (admission.py's shape) of the nodes that carry a
+    flavor's labels; the rest are not ours to schedule on."""
+    out = []
+    for node in nodes:
+        meta, spec, status = (
+            node.get("metadata") or {},
+            node.get("spec") or {},
+            node.get("status") or {},
+        )
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        flavor = _flavor_of(labels, view.flavors)
+        if flavor is None:
+            continue
+        topology = view.topologies.get(str(view.flavors[flavor].get("topologyName") or "")) or {}
+        levels = topology.get("levels") or ()
+        island = labels.get(str(levels[0]["nodeLabel"])) if levels else None
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or ()
+        )
+        out.append(
+            {
+                "name": meta["name"],
+                "flavor": flavor,
+                "island": island or f"{cluster}-{flavor}",
+                "allocatable": {
+                    k: v for k, v in (status.get("allocatable") or {}).items() if k != "pods"
+                },
+                "reserved": {},
+                "labels": labels,
+                "taints": [
+                    {k: t[k] for k in ("key", "value", "effect") if k in t}
+                    for t in spec.get("taints") or ()
+                ],
+                "ready": ready,
+                "unschedulable": bool(spec.get("unschedulable", False)),
+            }
+        )
+    return sorted(out, key=lambda n: n["name"])
+
+
+# -- the pass --------------------------------------------------------------------------------
+
+
+def sync(
+    engine: Engine,
+    uow: SqlUnitOfWork,
+    cluster: str,
+    connect: Connect,
+    *,
+    lease: float,
+    heartbeat_interval: float,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> SyncReport:
+    """One list pass over ``cluster``; writes go into ``uow`` (the caller commits)."""
+    report = SyncReport(cluster)
+    row, rows, view = load(engine, cluster)
+    if row is None or row.deleted:
+        return report
+    try:
+        member = connect(row)
+        nodes = member.nodes()
+        jobs = managed(member, JOB_KINDS)
+        owners = _owners(member.list_objects("Workload"))
+    except MemberError as error:
+        report.reachable = False
+        log.info("%s unreachable: %s", cluster, error)
+        _check_lease(uow, row, rows, lease, clock(), report)
+        return report
+    now = clock()
+    _heartbeat(uow, row, inventory(cluster, nodes, view), heartbeat_interval, now, report)
+    by_key = {r.key: r for r in rows}
+    for job in jobs:
+        _job(uow, cluster, job, owners, by_key, now, report)
+    return report
+
+
+def _owners(workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], Any]:
+    """Member Kueue Workloads by the (namespace, kind, name) of the job owning them."""
+    out = {}
+    for w in workloads:
+        meta = w.get("metadata") or {}
+        for owner in meta.get("ownerReferences") or ():
+            out[(str(meta.get("namespace")), str(owner.get("kind")), str(owner.get("name")))] = w
+    return out
+
+
+def _heartbeat(
+    uow: SqlUnitOfWork,
+    row: ClusterRow,
+    nodes: list[Any],
+    interval: float,
+    now: datetime,
+    report: SyncReport,
+) -> None:
+    status = dict(row.status)
+    last = parse_time(status.get("lastHeartbeat"))
+    changed = row.state != "Ready" or (status.get("inventory") or {}).get("nodes") != nodes
+    if not changed and last is not None and (now - last).total_seconds() < interval:
+        return
+    entries: list[NewLedgerEntry] = []
+    if row.state == "Lost":
+        lost_at = parse_time((status.get("lost") or {}).get("at"))
+        body = ledger.ClusterReturned(cluster=row.name, lost_at=lost_at)
+        entries.append(ledger.new_entry(body, uuid4(), now))
+        report.returned = True
+    status.update(state="Ready", inventory={"nodes": nodes}, lastHeartbeat=rfc3339(now))
+    append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
+    report.heartbeat = True
+
+
+def _job(
+    uow: SqlUnitOfWork,
+    cluster: str,
+    job: Mapping[str, Any],
+    owners: Mapping[tuple[str, str, str], Any],
+    rows: Mapping[str, WorkloadRow],
+    now: datetime,
+    report: SyncReport,
+) -> None:
+    meta = job.get("metadata") or {}
+    key = str((meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION, ""))
+    row = rows.get(key)
+    if row is None:
+        return
+    state = str(row.status.get("state", "Pending"))
+    workload = WorkloadView(row.namespace, row.name, row.uid, row.spec, row.status)
+    if state not in RUNS_HERE or workload.admission.get("cluster") != cluster:
+        return
+    if (meta.get("labels") or {}).get(ADMISSION_LABEL) != admission_id(workload):
+        return  # a job of an earlier admission: stale, reconcile removes it
+    owner = owners.get((str(meta.get("namespace")), str(job.get("kind")), str(meta.get("name"))))
+    seen = member_status(job, owner)
+    phase = seen["phase"]
+    if phase == "Running" and state == "Admitted":
+        status = dict(row.status)
+        status.update(
+            state="Running",
+            podsReady=True,
+            startedAt=seen.get("at") or rfc3339(now),
+            conditions=_set_condition(
+                row.status.get("conditions") or (),
+                "PodsReady",
+                "True",
+                "PodsReady",
+                "All pods are ready",
+                now,
+            ),
+        )
+        append_workload(uow, row, RUNNING, status, ACTOR, now)
+        report.events.append((key, RUNNING))
+    elif phase in ("Succeeded", "Failed"):
+        _finish(uow, row, cluster, seen, now)
+        report.events.append((key, FINISHED))
+    elif phase == "Evicted":
+        _evicted(uow, row, cluster, seen, now)
+        report.events.append((key, EVICTED))
+
+
+def _seconds(
+    amounts: Mapping[str, Mapping[str, int]], seconds: float
+) -> dict[str, dict[str, float]]:
+    return {
+        flavor: {r: float(a) * seconds for r, a in resources.items()}
+        for flavor, resources in amounts.items()
+    }
+
+
+def _finish(
+    uow: SqlUnitOfWork, row: WorkloadRow, cluster: str, seen: Mapping[str, Any], now: datetime
+) -> None:
+    admission = row.status.get("admission") or {}
+    started = parse_time(row.status.get("startedAt")) or parse_time(admission.get("admittedAt"))
+    finished = parse_time(seen.get("at")) or now
+    started = started or finished
+    seconds = max(0.0, (finished - started).total_seconds())
+    amounts = _amounts(admission)
+    consumed = _seconds(amounts, seconds)
+    gpu = sum(a for f in consumed.values() for r, a in f.items() if r.endswith(GPU_SUFFIX))
+    cpu = sum(a for f in consumed.values() for r, a in f.items() if r == "cpu") / 1000.0
+    memory = sum(a for f in consumed.values() for r, a in f.items() if r == "memory") / 2**30
+    outcome: Literal["succeeded", "failed"] = (
+        "succeeded" if seen["phase"] == "Succeeded" else "failed"
+    )
+    status = dict(row.status)
+    status.update(
+        state="Finished",
+        outcome=outcome,
+        finishedAt=rfc3339(finished),
+        startedAt=rfc3339(started),
+        conditions=_set_condition(
+            row.status.get("conditions") or (),
+            "Finished",
+            "True",
+            seen["reason"],
+            f"Job {outcome} on cluster {cluster}",
+            now,
+        ),
+    )
+    body = ledger.WorkloadFinished(
+        namespace=row.namespace,
+        workload=row.name,
+        local_queue=str(row.spec.get("queueName")),
+        cluster_queue=str(admission.get("clusterQueue") or row.status.get("clusterQueue")),
+        cluster=cluster,
+        outcome=outcome,
+        started_at=started,
+        finished_at=finished,
+        consumed=consumed,
+        gpu_seconds=gpu,
+        cpu_seconds=cpu,
+        memory_gib_seconds=memory,
+    )
+    append_workload(uow, row, FINISHED, status, ACTOR, now, [ledger.new_entry(body, uuid4(), now)])
+
+
+def _evicted(
+    uow: SqlUnitOfWork, row: WorkloadRow, cluster: str, seen: Mapping[str, Any], now: datetime
+) -> None:
+    """Evicted by the member (node failure and the like): quota released at
+    once; reconcile deletes the job and then requeues the gang whole."""
+    admission = row.status.get("admission") or {}
+    reason, message = str(seen["reason"]), str(seen.get("message") or "evicted by the member")
+    status = {k: v for k, v in row.status.items() if k != "admission"}
+    conditions = row.status.get("conditions") or ()
+    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
+        conditions = _set_condition(conditions, kind, value, reason, message, now)
+    status.update(
+        state="Evicted",
+        conditions=conditions,
+        eviction={"reason": reason, "message": message, "cluster": cluster, "at": rfc3339(now)},
+    )
+    body = ledger.WorkloadEvicted(
+        namespace=row.namespace,
+        workload=row.name,
+        local_queue=str(row.spec.get("queueName")),
+        cluster_queue=str(admission.get("clusterQueue")),
+        cluster=cluster,
+        reason=reason,
+        message=message,
+        requeued=True,
+        released=_amounts(admission),
+    )
+    append_workload(uow, row, EVICTED, status, ACTOR, now, [ledger.new_entry(body, uuid4(), now)])
+
+
+# -- cluster loss ----------------------------------------------------------------------------
+
+
+def _check_lease(
+    uow: SqlUnitOfWork,
+    row: ClusterRow,
+    rows: Sequence[WorkloadRow],
+    lease: float,
+    now: datetime,
+    report: SyncReport,
+) -> None:
+    if row.state == "Lost":
+        return
+    last = parse_time(row.status.get("lastHeartbeat")) or row.created_at
+    if (now - last).total_seconds() <= lease:
+        return
+    requeued = lose(uow, row, rows, last, now)
+    report.lost = True
+    log.warning("cluster %s lost (silent since %s); requeued %s", row.name, last, requeued)
+
+
+def lose(
+    uow: SqlUnitOfWork,
+    row: ClusterRow,
+    rows: Sequence[WorkloadRow],
+    last: datetime | None,
+    now: datetime,
+) -> list[str]:
+    """Mark ``row`` Lost and requeue its gangs whole (their quota released
+    now: the centre cannot reach the jobs, and when the cluster returns the
+    stale ones are removed before anything new runs there)."""
+    requeued: list[str] = []
+    entries: list[NewLedgerEntry] = []
+    message = f"Cluster {row.name} lost: no heartbeat since {last and rfc3339(last)}"
+    for w in rows:
+        state = str(w.status.get("state", "Pending"))
+        admission = w.status.get("admission") or {}
+        here = admission.get("cluster") == row.name
+        evicted_here = (
+            state == "Evicted" and (w.status.get("eviction") or {}).get("cluster") == row.name
+        )
+        if not (here and state in HOLDS_QUOTA) and not evicted_here:
+            continue
+        if state == "Cancelling":
+            append_workload(
+                uow, w, "WorkloadCancelled", {**w.status, "state": "Cancelled"}, ACTOR, now
+            )
+            continue
+        status = {k: v for k, v in w.status.items() if k not in ("admission", "podsReady")}
+        status.update(
+            state="Pending",
+            queuedAt=rfc3339(now),
+            conditions=_set_condition(
+                w.status.get("conditions") or (), "Requeued", "True", "ClusterLost", message, now
+            ),
+        )
+        if here:
+            body = ledger.WorkloadEvicted(
+                namespace=w.namespace,
+                workload=w.name,
+                local_queue=str(w.spec.get("queueName")),
+                cluster_queue=str(admission.get("clusterQueue")),
+                cluster=row.name,
+                reason="ClusterLost",
+                message=message,
+                requeued=True,
+                released=_amounts(admission),
+            )
+            entries.append(ledger.new_entry(body, uuid4(), now))
+        append_workload(uow, w, REQUEUED, status, ACTOR, now)
+        requeued.append(w.key)
+    lost = ledger.ClusterLost(cluster=row.name, last_heartbeat=last, requeued=sorted(requeued))
+    entries.append(ledger.new_entry(lost, uuid4(), now))
+    status = dict(row.status)
+    status.update(state="Lost", lost={"at": rfc3339(now), "requeued": sorted(requeued)})
+    append_cluster(uow, row, LOST, status, ACTOR, now, entries)
+    return requeued
+
+
+__all__ = ["ACTOR", "LOST", "SYNCED", "SyncReport", "inventory", "lose", "sync"]
