@@ -307,10 +307,15 @@ class PostgresEventRecorder:
                 raw.execute(_STAGE_TABLE)
                 _STAGED.add(raw)
             ordinal = 0
+            metas: dict[int, str] = {}  # a batch usually shares one metadata object
             with raw.cursor().copy(_STAGE_COPY) as copy:
                 for item in pending:
                     for index, event in enumerate(item.events, start=1):
                         ordinal += 1
+                        meta = metas.get(id(event.metadata))
+                        if meta is None:
+                            meta = json.dumps(event.metadata.to_json(), separators=(",", ":"))
+                            metas[id(event.metadata)] = meta
                         copy.write_row(
                             (
                                 ordinal,
@@ -320,7 +325,7 @@ class PostgresEventRecorder:
                                 event.event_id,
                                 event.type,
                                 json.dumps(event.data, allow_nan=False, separators=(",", ":")),
-                                json.dumps(event.metadata.to_json(), separators=(",", ":")),
+                                meta,
                             )
                         )
             with raw.pipeline():
