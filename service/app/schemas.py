@@ -304,6 +304,13 @@ class CohortSpec(Strict):
         return self
 
 
+UNSUPPORTED_KUEUE_FIELDS = {
+    "admissionChecksStrategy": "admission checks are not run by the central service",
+    "admissionScope": "admission fair sharing is configured per LocalQueue's fairSharing",
+    "concurrentAdmissionPolicy": "a workload is admitted once, into one cluster and flavor",
+}
+
+
 class ClusterQueueSpec(Strict):
     cohortName: Name | None = None
     resourceGroups: list[ResourceGroup] = Field(default_factory=list, max_length=16)
@@ -318,9 +325,19 @@ class ClusterQueueSpec(Strict):
         description="Quartermaster's own: the one class of workload this queue serves.",
     )
     securityPolicy: SecurityPolicy = Field(default_factory=SecurityPolicy)
+    # Kueue fields Quartermaster does not implement: named, so that a Kueue
+    # manifest gets a clear refusal instead of "unknown field".
+    admissionChecksStrategy: dict[str, Any] | None = Field(default=None, exclude=True)
+    admissionScope: dict[str, Any] | None = Field(default=None, exclude=True)
+    concurrentAdmissionPolicy: dict[str, Any] | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def _rules(self) -> ClusterQueueSpec:
+        for field, why in UNSUPPORTED_KUEUE_FIELDS.items():
+            if getattr(self, field) is not None:
+                raise ValueError(
+                    f"{field} is a Kueue field Quartermaster does not support: {why}; remove it"
+                )
         check_groups(self.resourceGroups)
         if not self.cohortName:
             for group in self.resourceGroups:

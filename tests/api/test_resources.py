@@ -368,3 +368,23 @@ def test_priority_classes_are_flat_like_kueue(api: Api) -> None:
         422,
         "invalid",
     )
+
+
+def test_kueue_fields_quartermaster_does_not_support_are_refused_by_name(api: Api) -> None:
+    assert (
+        api.admin.post(
+            "/v1/resourceflavors", json={"metadata": {"name": "h100"}, "spec": {}}
+        ).status_code
+        == 201
+    )
+    body = _problem(
+        api.admin.post(
+            "/v1/clusterqueues", json=_cq("a", admissionChecksStrategy={"admissionChecks": []})
+        ),
+        422,
+        "invalid",
+    )
+    assert (
+        "admissionChecksStrategy is a Kueue field Quartermaster does not support"
+        in body["errors"][0]["message"]
+    )
