@@ -337,17 +337,25 @@ def workload_router() -> APIRouter:
 
     @router.delete(base + "/{name}", responses={200: object_schema(kind)})
     async def cancel_workload(
-        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
+        namespace: NamespacePath,
+        name: NamePath,
+        actor: CurrentActor,
+        deps: Deps,
+        if_match: IfMatch = None,
     ) -> Any:
         """Cancel: a pending workload is dropped; an admitted one is evicted."""
-        return await run(deps.submissions.cancel, actor, namespace, name)
+        return await run(deps.submissions.cancel, actor, namespace, name, if_match)
 
     @router.post(base + "/{name}/cancel", responses={200: object_schema(kind)})
     async def cancel_workload_post(
-        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
+        namespace: NamespacePath,
+        name: NamePath,
+        actor: CurrentActor,
+        deps: Deps,
+        if_match: IfMatch = None,
     ) -> Any:
         """The same as DELETE, for clients that prefer a verb."""
-        return await run(deps.submissions.cancel, actor, namespace, name)
+        return await run(deps.submissions.cancel, actor, namespace, name, if_match)
 
     @router.get(base + "/{name}/explain")
     async def explain(

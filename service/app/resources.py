@@ -291,7 +291,7 @@ class ResourceService:
             current = self._row(conn, kind, ns, name, lock="UPDATE")
             if current is None or current.deleted:
                 raise NotFound(f'{kind.plural} "{name}" not found')
-            _check_version(if_match, current)
+            check_version(if_match, current)
             users = dependents(conn, kind, ns, name)
             if users:
                 raise InUse(
@@ -319,7 +319,7 @@ class ResourceService:
             current = self._row(conn, kind, ns, meta.name, lock="UPDATE")
             if current is None or current.deleted:
                 raise NotFound(f'{kind.plural} "{meta.name}" not found')
-            _check_version(wanted_version, current)
+            check_version(wanted_version, current)
             self._check_references(conn, kind, ns, meta.name, spec, current)
             generation = current.generation + (dump(spec) != _public_spec(kind, current))
             data = self._state(kind, ns, meta, spec, current, generation=generation)
@@ -441,7 +441,7 @@ def config_entry(
     return ledger.new_entry(body, uuid4(), at)
 
 
-def _check_version(wanted: str | None, current: Row[Any]) -> None:
+def check_version(wanted: str | None, current: Row[Any]) -> None:
     if wanted is None:
         return
     wanted = wanted.strip('"').removeprefix("W/").strip('"')

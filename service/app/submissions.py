@@ -24,7 +24,14 @@ from service.app.errors import (
     UnsupportedKind,
 )
 from service.app.kinds import KINDS
-from service.app.resources import Actor, ResourceService, _exists, stream_name, to_object
+from service.app.resources import (
+    Actor,
+    ResourceService,
+    _exists,
+    check_version,
+    stream_name,
+    to_object,
+)
 from service.app.schemas import SecurityPolicy, dump
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import (
@@ -276,7 +283,7 @@ class SubmissionService:
 
     # -- cancel --------------------------------------------------------------------------
 
-    def cancel(self, actor: Actor, namespace: str, name: str) -> Obj:
+    def cancel(self, actor: Actor, namespace: str, name: str, if_match: str | None = None) -> Obj:
         require(actor.principal, WORKLOADS.write, namespace)
         with self._uow() as uow:
             conn = uow.connection
@@ -292,6 +299,7 @@ class SubmissionService:
             ).first()
             if row is None:
                 raise NotFound(f'workloads "{name}" not found')
+            check_version(if_match, row)
             state = row.status.get("state", "Pending")
             if state in ("Finished", "Cancelled", "Cancelling"):
                 return to_object(WORKLOADS, row)

@@ -320,3 +320,13 @@ def test_namespace_and_name_in_the_path_are_validated(api: Api) -> None:
         api.admin.get("/v1/namespaces/team-a/workloads/Bad_Name"), 422, "invalid-request"
     )
     assert _fields(body) == ["name"]
+
+
+def test_cancel_honours_if_match(api: Api) -> None:
+    setup_quota(api.admin)
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=workload("w")).json()
+    version = created["metadata"]["resourceVersion"]
+    stale = api.admin.delete("/v1/namespaces/team-a/workloads/w", headers={"If-Match": '"99"'})
+    _problem(stale, 409, "stale-version")
+    ok = api.admin.delete("/v1/namespaces/team-a/workloads/w", headers={"If-Match": f'"{version}"'})
+    assert ok.status_code == 200 and ok.json()["status"]["state"] == "Cancelled"
