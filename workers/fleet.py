@@ -137,8 +137,10 @@ class FleetLoop:
 
     def run(self, active: Callable[[], bool] = lambda: True) -> None:
         while not self.stop.is_set():
-            if active():
-                self.step()
+            if not active():  # not the leader (yet): look again soon
+                self.stop.wait(min(self.settings.resync_interval, 0.25))
+                continue
+            self.step()
             self.stop.wait(self.settings.resync_interval)
         self.connect.close()
 

@@ -1,0 +1,161 @@
+"""Sync and cluster loss against stand-in member clusters; the
+``reconcile.cluster`` consumer in a real Celery worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import sqlalchemy as sa
+
+from service.app.bootstrap import Services
+from tests.workers.conftest import ADMIN, celery_worker, wait_for, workload_status
+from tests.workers.members import (
+    gang,
+    job,
+    jobs,
+    ledger,
+    members,
+    scheduling,
+    settings,
+    setup_central,
+)
+from workers.outbox import Send
+
+
+def _stray_job() -> dict[str, Any]:
+    """A job with our label that no workload wants (left by a crash, say)."""
+    template = {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "i", "resources": {"requests": {"cpu": "1"}}}],
+        }
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "stray",
+            "labels": {"quartermaster.dev/managed": "true"},
+            "annotations": {"quartermaster.dev/workload": "team-a/gone"},
+        },
+        "spec": {"parallelism": 1, "completions": 1, "template": template},
+    }
+
+
+def _cluster(services: Services, name: str) -> dict[str, Any]:
+    return services.resources.get(ADMIN.principal, "clusters", "", name)
+
+
+def test_a_partitioned_cluster_past_its_lease_is_lost_its_gangs_run_elsewhere_and_heal_removes_them(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    with members(tmp_path, ("c1", "c2")) as clusters:
+        by_name = {c.name: c for c in clusters}
+        setup_central(services, clusters, gpu_quota=32)
+        config = settings(database_url, broker, cluster_lease=2.0)
+        with scheduling(engine, config, send):
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            first = workload_status(engine, "team-a", "a")["admission"]["cluster"]
+            other = "c2" if first == "c1" else "c1"
+            wait_for(lambda: _cluster(services, other)["status"].get("inventory"), 10)
+            by_name[first].partition()
+            wait_for(lambda: _cluster(services, first)["status"]["state"] == "Lost", 15)
+            wait_for(
+                lambda: (
+                    (workload_status(engine, "team-a", "a").get("admission") or {}).get("cluster")
+                    == other
+                ),
+                15,
+            )
+            wait_for(lambda: job(by_name[other], "a"), 10)
+            assert job(by_name[first], "a") is not None  # unreachable: still there
+            by_name[first].heal()
+            wait_for(lambda: _cluster(services, first)["status"]["state"] == "Ready", 15)
+            wait_for(lambda: job(by_name[first], "a") is None, 15)
+            assert job(by_name[other], "a") is not None
+            assert workload_status(engine, "team-a", "a")["admission"]["cluster"] == other
+            assert not [j for j in jobs(by_name[first])]
+    (lost,) = ledger(engine, "cluster.lost")
+    assert lost["cluster"] == first and lost["requeued"] == ["team-a/a"]
+    assert [r["cluster"] for r in ledger(engine, "cluster.returned")] == [first]
+    assert [e["reason"] for e in ledger(engine, "workload.evicted")] == ["ClusterLost"]
+    assert [a["cluster"] for a in ledger(engine, "workload.admitted")] == [first, other]
+    assert ledger(engine, "workload.finished") == []
+
+
+def test_the_cycles_reconcile_message_dispatches_through_a_celery_worker(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """The fleet loop's resync is set long: after its first pass (the
+    inventory), only the outbox consumer can put the job on the member."""
+    with members(tmp_path) as (c1,), celery_worker(database_url, broker):
+        setup_central(services, [c1], gpu_quota=16)
+        config = settings(database_url, broker, resync_interval=60.0)
+        with scheduling(engine, config, send, relay=True) as scheduler:
+            assert scheduler.fleet is not None
+            fleet = scheduler.fleet
+            wait_for(lambda: fleet.passes >= 1, 10)
+            services.submissions.submit(ADMIN, "team-a", gang("a"))
+            wait_for(lambda: job(c1, "a"), 10)
+            assert fleet.passes == 1
+    with engine.connect() as conn:
+        done = conn.exec_driver_sql(
+            "SELECT count(*) FROM processed_messages "
+            "WHERE consumer = 'reconcile.cluster' AND outcome = 'done'"
+        ).scalar_one()
+    assert done >= 1
+
+
+def test_stray_objects_are_collected_and_a_cancelled_gang_is_removed(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            managed = {"quartermaster.dev/managed": "true"}
+            with c1.api_client() as api:
+                custom = kubernetes.client.CustomObjectsApi(api)
+                custom.create_namespaced_custom_object(
+                    "kueue.x-k8s.io",
+                    "v1beta2",
+                    "team-a",
+                    "localqueues",
+                    {
+                        "apiVersion": "kueue.x-k8s.io/v1beta2",
+                        "kind": "LocalQueue",
+                        "metadata": {"name": "qm-stray", "labels": managed},
+                        "spec": {"clusterQueue": "qm-cq"},
+                    },
+                )
+                kubernetes.client.BatchV1Api(api).create_namespaced_job("team-a", _stray_job())
+            wait_for(lambda: job(c1, "stray") is None, 10)
+            wait_for(
+                lambda: (
+                    c1.get("kueue.x-k8s.io/v1beta2", "LocalQueue", "team-a", "qm-stray") is None
+                ),
+                10,
+            )
+            assert job(c1, "a") is not None
+            services.submissions.cancel(ADMIN, "team-a", "a")
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Cancelled", 15)
+            assert job(c1, "a") is None
