@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     db_pool_size: int = Field(default=10, description="Connections per API process.")
+    api_threads: int = Field(
+        default=8, ge=1, description="Threads per API process that run blocking handlers."
+    )
     max_body_bytes: int = Field(
         default=1 << 20, description="Largest request body, except bulk submissions."
     )

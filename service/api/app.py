@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -60,10 +63,21 @@ class QueueDepths(Collector):
 
 
 def create_app(services: Services) -> FastAPI:
+    threads = services.settings.api_threads
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Fewer threads than anyio's default 40: a request that holds the
+        # event store's or the ledger's lock must not queue for the GIL behind
+        # dozens of threads validating other requests.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        yield
+
     app = FastAPI(
         title="Quartermaster",
         version="1.0.0",
         description="Fleet-wide admission for GPU gangs: quotas, submissions, events.",
+        lifespan=lifespan,
     )
     app.state.container = services
     expected_revision = head_revision()
