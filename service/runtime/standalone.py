@@ -16,7 +16,6 @@ restart with the same directory resumes with the same credentials and data.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import re
@@ -34,12 +33,13 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+import sim
 from service.config import Settings
 from service.runtime.demo import load_manifests, register_clusters, seed_quotas, stand_ins
-from service.runtime.embedded import embedded_postgres, embedded_redis, free_port
+from service.runtime.embedded import embedded_postgres, embedded_redis, free_port, reachable
 from service.runtime.supervisor import Child, Supervisor
 
-FLEETS = Path(__file__).resolve().parents[2] / "sim" / "fleets"
+FLEETS = Path(sim.__file__).resolve().parent / "fleets"
 DEMO_FLEET = FLEETS / "demo.yaml"
 DEMO_QUOTAS = FLEETS / "demo-quotas.yaml"
 DEMO_JOB = FLEETS / "demo-job.yaml"
@@ -61,6 +61,10 @@ class Options:
 
 class StartupFailed(Exception):
     """A part did not come up; the message says which and why."""
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM: stop everything that was started."""
 
 
 # --- credentials kept per data directory -------------------------------------------
@@ -145,13 +149,19 @@ class Standalone:
         self.settings = credentials(settings, self.data)
         self.console = console
         self.api_url = f"http://{_loopback(options.host)}:{options.port}"
-        self._stopping = False
+        self._signalled = False
 
     # -- the whole run ---------------------------------------------------------------
 
     def run(self) -> int:
         """Start everything, wait for a signal or a dead child, stop everything."""
         began = time.monotonic()
+        if reachable(_loopback(self.options.host), self.options.port):
+            self.console.print(
+                f"[red]✗ something already listens on port {self.options.port}[/red] "
+                "(--port chooses another)"
+            )
+            return 1
         previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             with _exclusive(self.data), ExitStack() as stack:
@@ -162,6 +172,7 @@ class Standalone:
                 clusters = self._start_clusters(supervisor)
                 database, broker = self._servers(stack)
                 self._migrate(database)
+                self._check()
                 env = {"QM_DATABASE_URL": database, "QM_BROKER_URL": broker}
                 # …and stops every child before the databases they use (the
                 # stack unwinds in reverse; a second stop finds nothing to do).
@@ -169,6 +180,7 @@ class Standalone:
                 try:
                     self._wait([*clusters, *self._start_processes(supervisor, env)])
                     self._seed()
+                    self._check()
                 except StartupFailed as error:
                     self.console.print(f"[red]✗ {error}[/red]", highlight=False)
                     return 1
@@ -177,25 +189,27 @@ class Standalone:
         except StartupFailed as error:
             self.console.print(f"[red]✗ {error}[/red]", highlight=False)
             return 1
-        except KeyboardInterrupt:
-            return 130 if not self._stopping else 0
+        except Interrupted:
+            return 0
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
     def _interrupt(self, signum: int, frame: FrameType | None) -> None:
-        # Once: a second Ctrl-C must not cut the clean-up short (the grace
-        # period ends in SIGKILL anyway).
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        self._stopping = True
-        raise KeyboardInterrupt
+        # Only a flag, which the start-up steps and the watch loop look at: an
+        # exception raised from a signal handler lands wherever the main
+        # thread happens to be, and a weakref callback or a lock's bookkeeping
+        # swallows or half-does it. (Again during clean-up: no effect, the
+        # grace period ends in SIGKILL anyway.)
+        self._signalled = True
+
+    def _check(self) -> None:
+        if self._signalled:
+            raise Interrupted
 
     def _stop(self, supervisor: Supervisor) -> None:
         if not supervisor.children:
             return
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
         names = ", ".join(c.name for c in supervisor.children)
         with self.console.status(f"stopping {names}…"):
             killed = supervisor.stop(self.options.grace)
@@ -208,7 +222,7 @@ class Standalone:
         first sync (their heartbeat and inventory) once the workers report it."""
         synced = self.options.clusters <= 0
         next_look = time.monotonic()
-        while True:
+        while not self._signalled:
             dead = supervisor.dead()
             if dead is not None:
                 code = dead.process.returncode
@@ -220,7 +234,8 @@ class Standalone:
                 return 1
             if not synced and time.monotonic() >= next_look:
                 synced, next_look = self._synced(), time.monotonic() + 2.0
-            time.sleep(0.5)
+            time.sleep(0.2)
+        return 0
 
     def _synced(self) -> bool:
         """Whether every Cluster reports Ready with nodes; says so once they do."""
@@ -264,6 +279,7 @@ class Standalone:
             self._line("postgres", f"embedded, data in {self.data / 'postgres'}", began)
         else:
             self._line("postgres", _redacted(database))
+        self._check()
         if not broker:
             began = time.monotonic()
             with self.console.status("starting embedded Redis…"):
@@ -342,6 +358,7 @@ class Standalone:
         pending = list(parts)
         with self.console.status("") as status:
             while pending:
+                self._check()
                 status.update("waiting for " + ", ".join(p.name for p in pending) + "…")
                 for part in list(pending):
                     detail = part.check()
@@ -447,6 +464,4 @@ def _workers_command() -> list[str]:
 
 
 def run(options: Options, settings: Settings, console: Console) -> int:
-    with contextlib.suppress(KeyboardInterrupt):
-        return Standalone(options, settings, console).run()
-    return 130
+    return Standalone(options, settings, console).run()

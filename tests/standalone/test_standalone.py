@@ -4,12 +4,16 @@ group, as a terminal sends it), started again on the same data directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -47,7 +51,9 @@ class Standalone:
     """One run of ``quartermaster standalone``, its output collected by threads."""
 
     def __init__(self, data: Path, port: int, env: dict[str, str]) -> None:
-        self.data, self.port, self.env = data, port, env
+        # QM_DATA_DIR as well as --data-dir: every process started, even the
+        # daemonized embedded servers, then carries it in its environment.
+        self.data, self.port, self.env = data, port, {**env, "QM_DATA_DIR": str(data)}
         self.url = f"http://127.0.0.1:{port}"
         self.out: list[str] = []
         self.err: list[str] = []
@@ -58,7 +64,7 @@ class Standalone:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
+            env=self.env,
             start_new_session=True,
         )
         for stream, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err)):
@@ -109,9 +115,7 @@ class Standalone:
         their descendants, and the embedded servers (which daemonize)."""
         found = [psutil.Process(self.process.pid)]
         found += found[0].children(recursive=True)
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(str(self.data) in part for part in proc.info["cmdline"] or ()):
-                found.append(proc)
+        found += ours(self.data)
         for conn in psutil.net_connections("tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr.port in self.ports() and conn.pid:
                 found.append(psutil.Process(conn.pid))
@@ -134,7 +138,28 @@ class Standalone:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+            _kill(ours(self.data))
             raise
+
+
+def ours(data: Path) -> list[psutil.Process]:
+    """Processes that name the data directory in their command line
+    (Postgres, the stand-ins) or their environment (every child)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            named = any(str(data) in part for part in proc.info["cmdline"] or ())
+            if named or proc.environ().get("QM_DATA_DIR") == str(data):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for proc in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -181,9 +206,18 @@ def _inventory(api: httpx.Client) -> dict[str, list[str]]:
 
 
 @pytest.fixture
-def environment(tmp_path: Path) -> dict[str, str]:
+def scratch() -> Iterator[Path]:
+    """A directory removed afterwards (pytest's tmp_path would keep the
+    embedded databases of the last runs)."""
+    path = Path(tempfile.mkdtemp(prefix="qm-standalone-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def environment(scratch: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in OURS}
-    env["QMCTL_CONFIG"] = str(tmp_path / "qmctl" / "config")
+    env["QMCTL_CONFIG"] = str(scratch / "qmctl" / "config")
     return env
 
 
@@ -198,9 +232,9 @@ def runs() -> Iterator[list[Standalone]]:
 
 
 def test_embedded_start_use_stop_and_resume(
-    tmp_path: Path, environment: dict[str, str], runs: list[Standalone]
+    scratch: Path, environment: dict[str, str], runs: list[Standalone]
 ) -> None:
-    data, port = tmp_path / "data", free_port()
+    data, port = scratch / "data", free_port()
     first = Standalone(data, port, environment)
     runs.append(first)
     print(f"\nstandalone (embedded Postgres and Redis, fresh data) ready in {first.startup:.1f} s")
@@ -259,7 +293,7 @@ def test_embedded_start_use_stop_and_resume(
 
 
 def test_configured_database_and_broker(
-    tmp_path: Path,
+    scratch: Path,
     environment: dict[str, str],
     runs: list[Standalone],
     postgres_server_url: str,
@@ -268,13 +302,67 @@ def test_configured_database_and_broker(
     with ExitStack() as stack:
         database = stack.enter_context(scratch_database(postgres_server_url, "standalone"))
         env = {**environment, "QM_DATABASE_URL": database, "QM_BROKER_URL": redis_url}
-        run = Standalone(tmp_path / "data", free_port(), env)
+        run = Standalone(scratch / "data", free_port(), env)
         runs.append(run)
         print(f"\nstandalone (configured Postgres and Redis) ready in {run.startup:.1f} s")
-        assert not (tmp_path / "data" / "postgres").exists()
+        assert not (scratch / "data" / "postgres").exists()
         assert not any("embedded" in line for line in run.err), run.transcript()
         with run.api() as api:
             assert _names(api, "/v1/clusters") == ["east-1", "eu-1", "west-1"]
             status = json.loads(run.qmctl("get", "clusters", "-o", "json").stdout)
             assert len(status["items"]) == 3
         assert run.interrupt() == 0, run.transcript()
+
+
+def test_ctrl_c_while_starting_leaves_nothing(scratch: Path, environment: dict[str, str]) -> None:
+    data, port, err = scratch / "data", free_port(), scratch / "stderr"
+    command = [str(BIN / "quartermaster"), "standalone", "--data-dir", str(data)]
+    with err.open("w") as stderr:
+        process = subprocess.Popen(
+            [*command, "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**environment, "QM_DATA_DIR": str(data)},
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        # The API, worker and scheduler start right after the migrations.
+        while "✓ migrations" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(30) == 0, err.read_text()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        left = ours(data)
+        psutil.wait_procs(left, timeout=5)
+        stray = [p for p in left if _running(p)]
+        _kill(stray)
+    assert not [p.cmdline() for p in stray]
+    assert "✓ stopped clusters, api, worker, scheduler" in err.read_text()
+    assert not reachable("127.0.0.1", port, timeout=0.2)
+
+
+def test_a_taken_port_is_named(scratch: Path, environment: dict[str, str]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                str(BIN / "quartermaster"),
+                "standalone",
+                "--data-dir",
+                str(scratch),
+                "--port",
+                str(port),
+            ],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"already listens on port {port}" in result.stderr
