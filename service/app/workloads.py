@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from service.app.schemas import (
     LabelName,
@@ -98,6 +98,7 @@ class WorkloadSpec(Strict):
     job: dict[str, Any] | None = Field(
         default=None, description="The job manifest to run on the member cluster."
     )
+    _totals: dict[str, int] | None = PrivateAttr(default=None)
 
     @field_validator("podSets")
     @classmethod
@@ -292,10 +293,14 @@ def parse_submission(body: Any) -> WorkloadObject:
     except ValidationError as error:
         raise SubmissionError("invalid", validation_problems(error)) from None
     problems = Problems()
+    totals: dict[str, int] = {}
     for index, pod_set in enumerate(workload.spec.podSets):
-        pod_requests(pod_set.template, f"spec.podSets[{index}].template", problems)
+        per_pod = pod_requests(pod_set.template, f"spec.podSets[{index}].template", problems)
+        for resource, amount in per_pod.items():
+            totals[resource] = totals.get(resource, 0) + amount * pod_set.count
     if problems:
         raise SubmissionError("invalid", problems.items)
+    workload.spec._totals = totals
     return workload
 
 
@@ -445,10 +450,13 @@ def _check_container(
 
 
 def total_requests(spec: WorkloadSpec) -> dict[str, int]:
-    """The whole gang's requests, per resource (canonical units)."""
-    total: dict[str, int] = {}
-    for pod_set in spec.podSets:
-        per_pod = pod_requests(pod_set.template, "", Problems())
-        for resource, amount in per_pod.items():
-            total[resource] = total.get(resource, 0) + amount * pod_set.count
-    return total
+    """The whole gang's requests, per resource (canonical units); worked out
+    once per parsed spec."""
+    if spec._totals is None:
+        total: dict[str, int] = {}
+        for pod_set in spec.podSets:
+            per_pod = pod_requests(pod_set.template, "", Problems())
+            for resource, amount in per_pod.items():
+                total[resource] = total.get(resource, 0) + amount * pod_set.count
+        spec._totals = total
+    return dict(spec._totals)
