@@ -149,7 +149,7 @@ class Standalone:
         self.settings = credentials(settings, self.data)
         self.console = console
         self.api_url = f"http://{_loopback(options.host)}:{options.port}"
-        self._signalled = False
+        self._signals = 0
 
     # -- the whole run ---------------------------------------------------------------
 
@@ -199,22 +199,23 @@ class Standalone:
         # Only a flag, which the start-up steps and the watch loop look at: an
         # exception raised from a signal handler lands wherever the main
         # thread happens to be, and a weakref callback or a lock's bookkeeping
-        # swallows or half-does it. (Again during clean-up: no effect, the
-        # grace period ends in SIGKILL anyway.)
-        self._signalled = True
+        # swallows or half-does it. A signal during the clean-up cuts the
+        # children's grace period short.
+        self._signals += 1
 
     def _check(self) -> None:
-        if self._signalled:
+        if self._signals:
             raise Interrupted
 
     def _stop(self, supervisor: Supervisor) -> None:
         if not supervisor.children:
             return
         names = ", ".join(c.name for c in supervisor.children)
-        with self.console.status(f"stopping {names}…"):
-            killed = supervisor.stop(self.options.grace)
+        signals = self._signals
+        with self.console.status(f"stopping {names}… (Ctrl-C again kills them)"):
+            killed = supervisor.stop(self.options.grace, lambda: self._signals > signals)
         for name in killed:
-            self.console.print(f"[yellow]! {name} was killed after {self.options.grace:g} s[/]")
+            self.console.print(f"[yellow]! {name} was killed[/]")
         self.console.print(f"[green]✓[/green] stopped {names}")
 
     def _watch(self, supervisor: Supervisor) -> int:
@@ -222,7 +223,7 @@ class Standalone:
         first sync (their heartbeat and inventory) once the workers report it."""
         synced = self.options.clusters <= 0
         next_look = time.monotonic()
-        while not self._signalled:
+        while not self._signals:
             dead = supervisor.dead()
             if dead is not None:
                 code = dead.process.returncode

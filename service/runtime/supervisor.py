@@ -121,14 +121,15 @@ class Supervisor:
         """The first child that has exited, if any."""
         return next((c for c in self.children if not c.alive), None)
 
-    def stop(self, grace: float = 10.0) -> list[str]:
-        """SIGTERM every group, wait up to ``grace`` seconds, SIGKILL what is
-        left; return the names of the children that had to be killed."""
+    def stop(self, grace: float = 10.0, hurry: Callable[[], bool] = lambda: False) -> list[str]:
+        """SIGTERM every group, wait up to ``grace`` seconds (or until
+        ``hurry()``), SIGKILL what is left; return the names of the children
+        that had to be killed."""
         for child in self.children:
             child.snapshot()
             self._signal(child, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self._remaining():
+        while time.monotonic() < deadline and not hurry() and self._remaining():
             time.sleep(0.05)
         killed = []
         for child in self._remaining():
