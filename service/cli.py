@@ -93,17 +93,23 @@ def standalone(
     port: Annotated[int, typer.Option(help="Port the API listens on.")] = 8080,
     data_dir: Annotated[
         Path | None,
-        typer.Option(help="Where databases, credentials and logs are kept [default: QM_DATA_DIR]."),
+        typer.Option(
+            help="Where databases, credentials and logs are kept.",
+            show_default="$QM_DATA_DIR or .qm-data",
+        ),
     ] = None,
     clusters: Annotated[
         int, typer.Option(help="Stand-in member clusters to serve from the fleet (0: none).")
     ] = 3,
     fleet: Annotated[
-        Path | None, typer.Option(help="Fleet file of the stand-ins [default: the demo fleet].")
+        Path | None,
+        typer.Option(help="Fleet file of the stand-ins.", show_default="sim/fleets/demo.yaml"),
     ] = None,
     quotas: Annotated[
         Path | None,
-        typer.Option(help="Manifests to create when missing [default: the demo quotas]."),
+        typer.Option(
+            help="Manifests to create when missing.", show_default="sim/fleets/demo-quotas.yaml"
+        ),
     ] = None,
     demo: Annotated[bool, typer.Option(help="Create the demo quotas.")] = True,
     qmctl_context: Annotated[
