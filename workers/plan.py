@@ -276,26 +276,33 @@ def _job_spec(count: int, template: Obj) -> Obj:
     }
 
 
-def _templates(job: Obj) -> Iterable[Obj]:
-    """The pod templates of a job manifest of any supported kind."""
+def _templates(job: Obj) -> Iterable[tuple[str, Obj]]:
+    """The pod templates of a job manifest of any supported kind, each with
+    the name of its pod set (as service/app/workloads.py names them)."""
     spec = job.get("spec") or {}
     kind = job.get("kind")
     if kind == "Job":
-        yield spec.setdefault("template", {})
+        yield "main", spec.setdefault("template", {})
     elif kind == "JobSet":
-        for replicated in spec.get("replicatedJobs") or ():
-            yield (
-                replicated.setdefault("template", {})
-                .setdefault("spec", {})
-                .setdefault("template", {})
-            )
+        for i, replicated in enumerate(spec.get("replicatedJobs") or ()):
+            name = str(replicated.get("name") or f"job-{i}")
+            template = replicated.setdefault("template", {}).setdefault("spec", {})
+            yield name, template.setdefault("template", {})
     else:
         field_name = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"
-        for replica in (spec.get(field_name) or {}).values():
-            yield replica.setdefault("template", {})
+        for replica_type, replica in (spec.get(field_name) or {}).items():
+            yield str(replica_type).lower(), replica.setdefault("template", {})
 
 
-def _job(workload: WorkloadView, queue: str, selector: Mapping[str, str], admission: str) -> Obj:
+def _job(
+    workload: WorkloadView,
+    queue: str,
+    selectors: Mapping[str, Mapping[str, str]],
+    admission: str,
+) -> Obj:
+    """The member job of ``workload``, each pod set pinned by its own
+    selector (pod sets of one gang may sit in different islands)."""
+    first = next(iter(selectors.values()), {})
     meta: Obj = {
         "name": job_name(workload),
         "namespace": workload.namespace,
@@ -322,8 +329,8 @@ def _job(workload: WorkloadView, queue: str, selector: Mapping[str, str], admiss
         meta["annotations"] = {**(original.get("annotations") or {}), **meta["annotations"]}
         job["metadata"] = meta
         job.pop("status", None)
-        for template in _templates(job):
-            template.update(_pin(template, selector, sim, pods))
+        for name, template in _templates(job):
+            template.update(_pin(template, selectors.get(name, first), sim, pods))
         return job
     pod_sets = list(workload.spec.get("podSets") or ())
     if len(pod_sets) == 1:
@@ -333,7 +340,10 @@ def _job(workload: WorkloadView, queue: str, selector: Mapping[str, str], admiss
             "kind": "Job",
             "metadata": meta,
             "spec": _job_spec(
-                int(ps["count"]), _pin(ps.get("template") or {}, selector, sim, pods)
+                int(ps["count"]),
+                _pin(
+                    ps.get("template") or {}, selectors.get(str(ps.get("name")), first), sim, pods
+                ),
             ),
         }
     return {
@@ -347,7 +357,13 @@ def _job(workload: WorkloadView, queue: str, selector: Mapping[str, str], admiss
                     "replicas": 1,
                     "template": {
                         "spec": _job_spec(
-                            int(ps["count"]), _pin(ps.get("template") or {}, selector, sim, pods)
+                            int(ps["count"]),
+                            _pin(
+                                ps.get("template") or {},
+                                selectors.get(str(ps.get("name")), first),
+                                sim,
+                                pods,
+                            ),
                         )
                     },
                 }
@@ -366,9 +382,10 @@ def desired(view: ClusterView) -> _Desired:
             continue
         cq = f"qm-{_dns(str(workload.admission['clusterQueue']))}"
         queue = _short(f"qm-{_dns(str(workload.spec.get('queueName', 'default')))}")
-        selector: dict[str, str] = {}
+        selectors: dict[str, dict[str, str]] = {}
         quota = quotas.setdefault(cq, {})
         for assignment in workload.admission.get("podSetAssignments") or ():
+            selector = selectors.setdefault(str(assignment.get("name")), {})
             usage = canonical_resources(dict(assignment.get("resourceUsage") or {}))
             member = _pod_set_flavors(view, assignment)
             for resource, (name, labels) in member.items():
@@ -388,7 +405,7 @@ def desired(view: ClusterView) -> _Desired:
         )
         local_queues[(workload.namespace, queue)] = cq
         admission = admission_id(workload)
-        out.jobs[(workload.key, admission)] = _job(workload, queue, selector, admission)
+        out.jobs[(workload.key, admission)] = _job(workload, queue, selectors, admission)
     for cq, quota in quotas.items():
         out.queues[Ref("ClusterQueue", "", cq)] = _cluster_queue(cq, quota)
     for (namespace, queue), cq in local_queues.items():

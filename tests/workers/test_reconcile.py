@@ -103,3 +103,29 @@ def test_preemption_deletes_the_victims_job_before_the_preemptor_is_dispatched(
     low = workload_status(engine, "team-a", "low")
     assert "admission" not in low and low["queuedAt"]
     assert [p["workload"] for p in ledger(engine, "workload.preempted")] == ["low"]
+
+
+def test_a_gang_of_two_pod_sets_runs_as_a_jobset_and_finishes(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    body = gang("js", count=1, duration="100s")
+    driver = dict(body["spec"]["podSets"][0], name="driver")
+    body["spec"]["podSets"].append(dict(driver, name="workers", count=2))
+    body["spec"]["podSets"][0] = driver
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=32)
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", body)
+            created = wait_for(
+                lambda: c1.get("jobset.x-k8s.io/v1alpha2", "JobSet", "team-a", "js"), 20
+            )
+            wait_for(lambda: workload_status(engine, "team-a", "js")["state"] == "Finished", 30)
+    names = [r["name"] for r in created["spec"]["replicatedJobs"]]
+    assert names == ["driver", "workers"]
+    (finished,) = ledger(engine, "workload.finished")
+    assert finished["workload"] == "js" and finished["outcome"] == "succeeded"
