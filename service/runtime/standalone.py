@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 import httpx
+import yaml
 from rich.console import Console
 
 import sim
@@ -384,7 +385,11 @@ class Standalone:
         with httpx.Client(base_url=self.api_url, headers=headers, timeout=30) as api:
             if self.options.quotas is not None:
                 began = time.monotonic()
-                seeded = seed_quotas(api, load_manifests(self.options.quotas))
+                try:
+                    manifests = load_manifests(self.options.quotas)
+                except (OSError, ValueError, yaml.YAMLError) as error:
+                    raise StartupFailed(f"cannot read {self.options.quotas}: {error}") from None
+                seeded = seed_quotas(api, manifests)
                 self._line("demo quotas", f"{self.options.quotas.name}: {seeded.summary()}", began)
                 self._failures(seeded.failed)
             if self.options.clusters > 0:
