@@ -90,6 +90,7 @@ def sync_once(
             connect,
             lease=settings.cluster_lease,
             heartbeat_interval=settings.heartbeat_interval,
+            pods_ready=settings.pods_ready_timeout > 0,
             clock=clock,
         )
         uow.commit()

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 ACTOR = "system:sync"
 SYNCED, LOST = "ClusterSynced", "ClusterLost"
 RUNNING, FINISHED, EVICTED = "WorkloadRunning", "WorkloadFinished", "WorkloadEvicted"
+DISPATCHED = "WorkloadDispatched"
 GPU_SUFFIX = "gpu"
 
 Connect = Callable[[ClusterRow], Member]
@@ -126,9 +127,12 @@ def sync(
     *,
     lease: float,
     heartbeat_interval: float,
+    pods_ready: bool = False,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> SyncReport:
-    """One list pass over ``cluster``; writes go into ``uow`` (the caller commits)."""
+    """One list pass over ``cluster``; writes go into ``uow`` (the caller
+    commits). ``pods_ready``: record ``podsReady: false`` on a dispatched gang
+    not yet running, so that waitForPodsReady can time it out."""
     report = SyncReport(cluster)
     row, rows, view = load(engine, cluster)
     if row is None or row.deleted:
@@ -147,7 +151,7 @@ def sync(
     _heartbeat(uow, row, inventory(cluster, nodes, view), heartbeat_interval, now, report)
     by_key = {r.key: r for r in rows}
     for job in jobs:
-        _job(uow, cluster, job, owners, by_key, now, report)
+        _job(uow, cluster, job, owners, by_key, now, report, pods_ready)
     return report
 
 
@@ -193,6 +197,7 @@ def _job(
     rows: Mapping[str, WorkloadRow],
     now: datetime,
     report: SyncReport,
+    pods_ready: bool,
 ) -> None:
     meta = job.get("metadata") or {}
     key = str((meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION, ""))
@@ -225,6 +230,13 @@ def _job(
         )
         append_workload(uow, row, RUNNING, status, ACTOR, now)
         report.events.append((key, RUNNING))
+    elif (
+        phase == "Pending" and state == "Admitted" and pods_ready and "podsReady" not in row.status
+    ):
+        status = dict(row.status)
+        status.update(podsReady=False, dispatchedAt=meta.get("creationTimestamp") or rfc3339(now))
+        append_workload(uow, row, DISPATCHED, status, ACTOR, now)
+        report.events.append((key, DISPATCHED))
     elif phase in ("Succeeded", "Failed"):
         _finish(uow, row, cluster, seen, now)
         report.events.append((key, FINISHED))

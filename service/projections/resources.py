@@ -36,6 +36,7 @@ RESOURCE_EVENTS = frozenset(
         "WorkloadPending",
         # reconcile and sync (workers/): member clusters' state back in the centre
         "WorkloadRequeued",
+        "WorkloadDispatched",
         "WorkloadRunning",
         "WorkloadFinished",
         "ClusterSynced",

@@ -159,3 +159,52 @@ def test_stray_objects_are_collected_and_a_cancelled_gang_is_removed(
             services.submissions.cancel(ADMIN, "team-a", "a")
             wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Cancelled", 15)
             assert job(c1, "a") is None
+
+
+def _foreign_pod(node: str) -> dict[str, Any]:
+    """A pod Quartermaster does not manage, holding a node's GPUs."""
+    return {
+        "metadata": {
+            "name": f"squatter-{node}",
+            "annotations": {"quartermaster.dev/sim-duration": "100000s"},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "m", "image": "i", "resources": {"requests": {"nvidia.com/gpu": "8"}}}
+            ],
+        },
+    }
+
+
+def test_a_gang_not_ready_within_its_timeout_is_evicted_whole_and_requeued(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """Pods the centre does not know of hold a node in each island: the gang
+    is admitted, dispatched, and never fully runs."""
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        with c1.api_client() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            for node in ("c1-h100-i0-n0", "c1-h100-i1-n0"):
+                core.create_namespaced_pod("default", _foreign_pod(node))
+        config = settings(database_url, broker, pods_ready_timeout=1.5)
+        with scheduling(engine, config, send):
+            services.submissions.submit(ADMIN, "team-a", gang("a"))
+            wait_for(lambda: ledger(engine, "workload.evicted"), 20)
+            wait_for(
+                lambda: (workload_status(engine, "team-a", "a").get("requeueState") or {}).get(
+                    "count"
+                ),
+                10,
+            )
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] != "Evicted", 10)
+    (evicted, *_) = ledger(engine, "workload.evicted")
+    assert evicted["reason"] == "PodsReadyTimeout" and evicted["requeued"]
+    assert ledger(engine, "workload.finished") == []
