@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from typing import Any
 import httpx
 import yaml
 from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
 
 import sim
 from service.config import Settings
@@ -170,19 +172,20 @@ class Standalone:
                 # The stand-in clusters start first (they need no database), so
                 # the supervisor stops them should the databases fail to start…
                 stack.callback(self._stop, supervisor)
-                clusters = self._start_clusters(supervisor)
-                database, broker = self._servers(stack)
-                self._migrate(database)
-                self._check()
-                env = {"QM_DATABASE_URL": database, "QM_BROKER_URL": broker}
-                # …and stops every child before the databases they use (the
-                # stack unwinds in reverse; a second stop finds nothing to do).
-                stack.callback(self._stop, supervisor)
                 try:
+                    clusters = self._start_clusters(supervisor)
+                    database, broker = self._servers(stack)
+                    self._migrate(database)
+                    self._check()
+                    env = {"QM_DATABASE_URL": database, "QM_BROKER_URL": broker}
+                    # …and stops every child before the databases they use (the
+                    # stack unwinds in reverse; a second stop finds nothing to do).
+                    stack.callback(self._stop, supervisor)
                     self._wait([*clusters, *self._start_processes(supervisor, env)])
                     self._seed()
                     self._check()
                 except StartupFailed as error:
+                    # Said before the clean-up, which says what it stops.
                     self.console.print(f"[red]✗ {error}[/red]", highlight=False)
                     return 1
                 self._ready(time.monotonic() - began)
@@ -277,7 +280,11 @@ class Standalone:
         if not database:
             began = time.monotonic()
             with self.console.status("starting embedded Postgres…"):
-                database = stack.enter_context(embedded_postgres(self.data / "postgres"))
+                try:
+                    database = stack.enter_context(embedded_postgres(self.data / "postgres"))
+                except (OSError, subprocess.SubprocessError) as error:
+                    log = self.data / "postgres" / "log"
+                    raise StartupFailed(f"embedded Postgres: {error} (see {log})") from None
             self._line("postgres", f"embedded, data in {self.data / 'postgres'}", began)
         else:
             self._line("postgres", _redacted(database))
@@ -296,7 +303,10 @@ class Standalone:
 
         began = time.monotonic()
         with self.console.status("migrating…"):
-            upgrade(database)
+            try:
+                upgrade(database)
+            except SQLAlchemyError as error:
+                raise StartupFailed(f"cannot migrate {_redacted(database)}: {error}") from None
         self._line("migrations", "the schema is at the newest migration", began)
 
     def _start_clusters(self, supervisor: Supervisor) -> list[Part]:
