@@ -26,6 +26,8 @@ from sqlalchemy import Engine
 
 from service.app.admission import HOLDS_QUOTA, WorkloadRow, _amounts, _set_condition
 from service.app.uow import SqlUnitOfWork
+from service.app.workloads import Problems, pod_requests
+from service.domain.quantity import format_amount
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from workers.clusters import Member, MemberError
@@ -74,9 +76,33 @@ def _flavor_of(labels: Mapping[str, str], flavors: Mapping[str, Mapping[str, Any
     return None
 
 
-def inventory(cluster: str, nodes: Iterable[Mapping[str, Any]], view: ClusterView) -> list[Any]:
+def reserved(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """What pods we do not manage take, per node: ``{node: {resource: quantity}}``
+    (bound and not terminated; requests as the scheduler counts them)."""
+    totals: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        bucket = totals.setdefault(str(node), {})
+        for resource, amount in pod_requests(pod, "", Problems()).items():
+            bucket[resource] = bucket.get(resource, 0) + amount
+    return {
+        node: {r: format_amount(r, a) for r, a in sorted(amounts.items()) if a}
+        for node, amounts in totals.items()
+    }
+
+
+def inventory(
+    cluster: str,
+    nodes: Iterable[Mapping[str, Any]],
+    view: ClusterView,
+    taken: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[Any]:
     """The inventory nodes (admission.py's shape) of the nodes that carry a
-    flavor's labels; the rest are not ours to schedule on."""
+    flavor's labels; the rest are not ours to schedule on. ``taken``: what
+    pods we do not manage reserve per node."""
+    taken = taken or {}
     out = []
     for node in nodes:
         meta, spec, status = (
@@ -103,7 +129,7 @@ def inventory(cluster: str, nodes: Iterable[Mapping[str, Any]], view: ClusterVie
                 "allocatable": {
                     k: v for k, v in (status.get("allocatable") or {}).items() if k != "pods"
                 },
-                "reserved": {},
+                "reserved": dict(taken.get(str(meta["name"])) or {}),
                 "labels": labels,
                 "taints": [
                     {k: t[k] for k in ("key", "value", "effect") if k in t}
@@ -140,6 +166,7 @@ def sync(
     try:
         member = connect(row)
         nodes = member.nodes()
+        foreign = member.pods(f"!{ADMISSION_LABEL}")
         jobs = managed(member, JOB_KINDS)
         owners = _owners(member.list_objects("Workload"))
     except MemberError as error:
@@ -148,7 +175,8 @@ def sync(
         _check_lease(uow, row, rows, lease, clock(), report)
         return report
     now = clock()
-    _heartbeat(uow, row, inventory(cluster, nodes, view), heartbeat_interval, now, report)
+    nodes_now = inventory(cluster, nodes, view, reserved(foreign))
+    _heartbeat(uow, row, nodes_now, heartbeat_interval, now, report)
     by_key = {r.key: r for r in rows}
     for job in jobs:
         _job(uow, cluster, job, owners, by_key, now, report, pods_ready)

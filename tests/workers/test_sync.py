@@ -161,11 +161,12 @@ def test_stray_objects_are_collected_and_a_cancelled_gang_is_removed(
             assert job(c1, "a") is None
 
 
-def _foreign_pod(node: str) -> dict[str, Any]:
-    """A pod Quartermaster does not manage, holding a node's GPUs."""
+def _foreign_pod(node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod holding a node's GPUs."""
     return {
         "metadata": {
             "name": f"squatter-{node}",
+            "labels": labels or {},
             "annotations": {"quartermaster.dev/sim-duration": "100000s"},
         },
         "spec": {
@@ -186,14 +187,16 @@ def test_a_gang_not_ready_within_its_timeout_is_evicted_whole_and_requeued(
     send: Send,
     tmp_path: Path,
 ) -> None:
-    """Pods the centre does not know of hold a node in each island: the gang
-    is admitted, dispatched, and never fully runs."""
+    """Pods the centre counts as gone (left over from an earlier admission of
+    ours, say) hold a node in each island: the gang is admitted, dispatched,
+    and never fully runs."""
     with members(tmp_path) as (c1,):
         setup_central(services, [c1], gpu_quota=16)
         with c1.api_client() as api:
             core = kubernetes.client.CoreV1Api(api)
             for node in ("c1-h100-i0-n0", "c1-h100-i1-n0"):
-                core.create_namespaced_pod("default", _foreign_pod(node))
+                leftover = {"quartermaster.dev/admission": "0123456789abcdef"}
+                core.create_namespaced_pod("default", _foreign_pod(node, leftover))
         config = settings(database_url, broker, pods_ready_timeout=1.5)
         with scheduling(engine, config, send):
             services.submissions.submit(ADMIN, "team-a", gang("a"))
@@ -208,3 +211,31 @@ def test_a_gang_not_ready_within_its_timeout_is_evicted_whole_and_requeued(
     (evicted, *_) = ledger(engine, "workload.evicted")
     assert evicted["reason"] == "PodsReadyTimeout" and evicted["requeued"]
     assert ledger(engine, "workload.finished") == []
+
+
+def test_pods_we_do_not_manage_are_reserved_in_the_inventory(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=32)
+        with c1.api_client() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            for node in ("c1-h100-i0-n0", "c1-h100-i1-n0"):
+                core.create_namespaced_pod("default", _foreign_pod(node))
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", gang("two-nodes"))
+            services.submissions.submit(ADMIN, "team-a", gang("one-node", count=1))
+            wait_for(lambda: job(c1, "one-node"), 20)
+            wait_for(
+                lambda: workload_status(engine, "team-a", "two-nodes").get("pendingReason"), 10
+            )
+            nodes = _cluster(services, "c1")["status"]["inventory"]["nodes"]
+            assert workload_status(engine, "team-a", "two-nodes")["state"] == "Pending"
+    reserved = {n["name"]: n["reserved"] for n in nodes}
+    assert reserved["c1-h100-i0-n0"] == {"nvidia.com/gpu": "8"}
+    assert reserved["c1-h100-i0-n1"] == {}
