@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import Connection, Engine, and_, func, or_, select, text, tuple_
+from sqlalchemy import Connection, Engine, and_, or_, select, text, tuple_
 from sqlalchemy.engine import Row
 
 from service.app.auth import Principal, Role, require
@@ -34,7 +34,7 @@ from service.app.errors import (
     StaleVersion,
     UnknownReference,
 )
-from service.app.kinds import BY_KIND, KINDS, Kind
+from service.app.kinds import KINDS, Kind
 from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, dump
 from service.app.selectors import FieldSelector, LabelSelector
 from service.app.uow import SqlUnitOfWork
@@ -321,7 +321,7 @@ class ResourceService:
                 raise NotFound(f'{kind.plural} "{meta.name}" not found')
             check_version(wanted_version, current)
             self._check_references(conn, kind, ns, meta.name, spec, current)
-            generation = current.generation + (dump(spec) != _public_spec(kind, current))
+            generation = current.generation + (dump(spec) != dict(current.spec))
             data = self._state(kind, ns, meta, spec, current, generation=generation)
             obj = self._write(uow, actor, kind, data, current, "ResourceChanged")
         return obj
@@ -451,10 +451,6 @@ def check_version(wanted: str | None, current: Row[Any]) -> None:
             f"current is {current.resource_version}; read it again and retry",
             [("metadata.resourceVersion", "stale")],
         )
-
-
-def _public_spec(kind: Kind, row: Row[Any]) -> Obj:
-    return dict(row.spec)
 
 
 def _row_state(row: Row[Any]) -> Obj:
@@ -598,12 +594,4 @@ def dependents(conn: Connection, kind: Kind, namespace: str, name: str) -> list[
     return []
 
 
-def count_live(conn: Connection, kind: str) -> int:
-    return int(
-        conn.execute(
-            select(func.count()).where(resources.c.kind == kind, resources.c.deleted.is_(False))
-        ).scalar_one()
-    )
-
-
-__all__ = ["BY_KIND", "UUID", "Actor", "Page", "ResourceService"]
+__all__ = ["Actor", "Page", "ResourceService", "check_version", "stream_name", "to_object"]

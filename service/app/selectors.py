@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, not_, or_
+from sqlalchemy import ColumnElement, Select, not_, or_
 
 from service.app.errors import Invalid
 from service.projections.schema import resources
@@ -118,4 +118,4 @@ class FieldSelector:
         return query
 
 
-__all__ = ["FieldSelector", "LabelSelector", "and_"]
+__all__ = ["FieldSelector", "LabelSelector"]
