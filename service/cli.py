@@ -46,10 +46,17 @@ def api(
     workers: Annotated[int, typer.Option(help="API worker processes.")] = 1,
 ) -> None:
     """Serve the REST API (QM_DATABASE_URL must point at a migrated database)."""
+    import tempfile
+
     import uvicorn
 
     _database_url()
-    uvicorn.run("service.api.main:create", factory=True, host=host, port=port, workers=workers)
+    with tempfile.TemporaryDirectory(prefix="qm-metrics-") as shared:
+        if workers > 1:
+            # Every worker process writes its samples here and /metrics sums
+            # them, whichever process answers the scrape.
+            os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", shared)
+        uvicorn.run("service.api.main:create", factory=True, host=host, port=port, workers=workers)
 
 
 @projections_app.command("rebuild")

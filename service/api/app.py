@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -9,8 +10,9 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -111,7 +113,13 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/metrics", tags=["health"], response_class=Response)
     def prometheus(request: Request) -> Response:
         """Prometheus metrics: requests, latencies, workloads per ClusterQueue."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        registry = metrics.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Several API processes: add up what every one of them wrote.
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped library
+            registry.register(QueueDepths(services))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(admin_router())
     app.include_router(workload_router())

@@ -69,6 +69,14 @@ def test_migrate_then_api_with_a_bootstrap_token(blank_database: str) -> None:
                 httpx.get(f"{base}/v1/resourceflavors/h100", headers=queue_admin).status_code == 200
             )
         assert httpx.get(f"{base}/v1/resourceflavors", headers={}).status_code == 401
+        # /metrics adds up every worker process's samples, whichever answers.
+        route = 'route="/v1/resourceflavors/{name}",status="200"'
+        for _ in range(3):
+            text = httpx.get(f"{base}/metrics").text
+            line = next(
+                x for x in text.splitlines() if "qm_http_requests_total" in x and route in x
+            )
+            assert line.endswith(" 6.0"), line
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
