@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from service.api import openapi, problems
-from service.api.events import events_router
+from service.api.events import EventHead, events_router
 from service.api.ledger import ledger_router
 from service.api.middleware import (
     IdempotencyMiddleware,
@@ -82,6 +82,7 @@ def create_app(services: Services) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.container = services
+    app.state.event_head = EventHead(services.event_queries.head)
     expected_revision = head_revision()
     metrics = Metrics()
     metrics.registry.register(QueueDepths(services))

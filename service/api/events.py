@@ -3,9 +3,10 @@ that resumes from ``Last-Event-ID``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
@@ -19,6 +20,47 @@ from service.app.events import EventFilter
 EVERYONE = frozenset(Role)
 HEARTBEAT_SECONDS = 15.0
 POLL_SECONDS = 0.2
+
+
+class EventHead:
+    """One poller per process of the log's head position, however many
+    watchers: a watcher queries its filtered events only after the head has
+    moved, instead of every watcher polling the database on its own."""
+
+    def __init__(self, read_head: Callable[[], int]) -> None:
+        self._read_head = read_head
+        self._position = -1
+        self._moved = asyncio.Event()
+        self._running = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    async def wait_beyond(self, position: int, timeout: float) -> None:
+        """Return once the head is past ``position``, or after ``timeout``."""
+        if not self._running:
+            self._running = True
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+        with anyio.move_on_after(timeout):
+            while self._position <= position:
+                await self._moved.wait()
+
+    async def _poll(self) -> None:
+        try:
+            while True:
+                try:
+                    head = await anyio.to_thread.run_sync(self._read_head)
+                except Exception:  # the database is away: watchers wait, then retry
+                    head = self._position
+                if head != self._position:
+                    self._position = head
+                    moved, self._moved = self._moved, asyncio.Event()
+                    moved.set()
+                await anyio.sleep(POLL_SECONDS)
+        finally:
+            self._running = False
 
 
 def events_router() -> APIRouter:
@@ -60,9 +102,12 @@ def events_router() -> APIRouter:
         if last_event_id and last_event_id.isdigit():
             start = max(start, int(last_event_id))
 
+        tail: EventHead = request.app.state.event_head
+
         async def stream() -> AsyncIterator[bytes]:
             position, deadline = start, time.monotonic() + timeout_seconds
             beat = time.monotonic() + HEARTBEAT_SECONDS
+            seen = position
             yield b"retry: 1000\n\n"
             while time.monotonic() < deadline:
                 if await request.is_disconnected():
@@ -78,7 +123,10 @@ def events_router() -> APIRouter:
                     if time.monotonic() > beat:
                         beat = time.monotonic() + HEARTBEAT_SECONDS
                         yield b": heartbeat\n\n"
-                    await anyio.sleep(POLL_SECONDS)
+                    # Until the log grows past what this watcher has seen (the
+                    # new events may all be filtered out: then it waits again).
+                    await tail.wait_beyond(max(position, seen), 1.0)
+                    seen = max(seen, tail.position)
 
         return StreamingResponse(
             stream(),
