@@ -20,6 +20,7 @@ from service.app.events import EventFilter
 EVERYONE = frozenset(Role)
 HEARTBEAT_SECONDS = 15.0
 POLL_SECONDS = 0.2
+IDLE_SECONDS = 60.0
 
 
 class EventHead:
@@ -33,6 +34,7 @@ class EventHead:
         self._moved = asyncio.Event()
         self._running = False
         self._task: asyncio.Task[None] | None = None
+        self._last_wait = 0.0
 
     @property
     def position(self) -> int:
@@ -40,6 +42,7 @@ class EventHead:
 
     async def wait_beyond(self, position: int, timeout: float) -> None:
         """Return once the head is past ``position``, or after ``timeout``."""
+        self._last_wait = time.monotonic()
         if not self._running:
             self._running = True
             self._task = asyncio.get_running_loop().create_task(self._poll())
@@ -49,7 +52,8 @@ class EventHead:
 
     async def _poll(self) -> None:
         try:
-            while True:
+            # Stops a minute after the last watcher asked; the next one restarts it.
+            while time.monotonic() - self._last_wait < IDLE_SECONDS:
                 try:
                     head = await anyio.to_thread.run_sync(self._read_head)
                 except Exception:  # the database is away: watchers wait, then retry
