@@ -10,9 +10,11 @@ soon as an admission cycle commits decisions for it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -26,6 +28,7 @@ from workers.reconcile import Report, reconcile
 from workers.records import ClusterRow, clusters
 from workers.settings import WorkerSettings
 from workers.sync import SyncReport, sync
+from workers.watch import ClusterWatch
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +101,8 @@ def sync_once(
 
 
 class FleetLoop:
-    """Sync then reconcile every cluster, every ``resync_interval``."""
+    """Sync then reconcile every cluster, every ``resync_interval``; and a
+    cluster at once when a watch on it reports a change (workers/watch.py)."""
 
     def __init__(
         self,
@@ -106,6 +110,7 @@ class FleetLoop:
         settings: WorkerSettings,
         connect: Connector | None = None,
         clock: Clock = lambda: datetime.now(UTC),
+        watch: bool = True,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -113,15 +118,57 @@ class FleetLoop:
         self.clock = clock
         self.stop = threading.Event()
         self.passes = 0
+        #: Passes of one cluster that a watch event caused.
+        self.woken = 0
+        self.watch = watch
+        self.watches: dict[str, tuple[Member, ClusterWatch]] = {}
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self._wake.set()
+
+    def wake(self, cluster: str) -> None:
+        with self._lock:
+            self._dirty.add(cluster)
+        self._wake.set()
 
     def step(self) -> None:
+        """A full pass: every cluster (and its watches started or renewed)."""
         with self.engine.connect() as conn:
-            names = [c.name for c in clusters(conn) if not c.deleted]
-        for name in names:
+            rows = [c for c in clusters(conn) if not c.deleted]
+        if self.watch:
+            self._watch(rows)
+        for row in rows:
             if self.stop.is_set():
                 return
-            self._one(name)
+            self._one(row.name)
         self.passes += 1
+
+    def _watch(self, rows: list[ClusterRow]) -> None:
+        names = {row.name for row in rows}
+        for name in [n for n in self.watches if n not in names]:
+            self.watches.pop(name)[1].close()
+        for row in rows:
+            try:
+                member = self.connect(row)
+            except Exception:
+                log.exception("cannot connect to %s", row.name)
+                continue
+            current = self.watches.get(row.name)
+            if current is not None and current[0] is member:
+                continue
+            if current is not None:
+                current[1].close()
+            watch = ClusterWatch(member, functools.partial(self.wake, row.name))
+            self.watches[row.name] = (member, watch)
+
+    def _take(self) -> list[str]:
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        return sorted(dirty)
 
     def _one(self, name: str) -> None:
         try:
@@ -137,13 +184,35 @@ class FleetLoop:
             log.exception("fleet pass of %s failed", name)
 
     def run(self, active: Callable[[], bool] = lambda: True) -> None:
-        while not self.stop.is_set():
-            if not active():  # not the leader (yet): look again soon
-                self.stop.wait(min(self.settings.resync_interval, 0.25))
-                continue
-            self.step()
-            self.stop.wait(self.settings.resync_interval)
-        self.connect.close()
+        due = 0.0
+        try:
+            while not self.stop.is_set():
+                if not active():  # not the leader (yet): look again soon
+                    self._close_watches()
+                    self.stop.wait(min(self.settings.resync_interval, 0.25))
+                    due = 0.0
+                    continue
+                self._wake.clear()
+                if time.monotonic() >= due:
+                    self._take()
+                    self.step()
+                    due = time.monotonic() + self.settings.resync_interval
+                else:
+                    for name in self._take():
+                        self._one(name)
+                        self.woken += 1
+                self._wake.wait(max(0.0, due - time.monotonic()))
+        finally:
+            self._close_watches()
+            self.connect.close()
+
+    def _close_watches(self) -> None:
+        for name, (_, watch) in self.watches.items():
+            try:
+                watch.close()
+            except Exception:
+                log.warning("closing the watches of %s failed", name, exc_info=True)
+        self.watches.clear()
 
 
 __all__ = ["Connector", "FleetLoop", "reconcile_once", "sync_once"]

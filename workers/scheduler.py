@@ -192,7 +192,7 @@ class Scheduler:
             if self.relay is not None:
                 self.relay.stop.set()
             if self.fleet is not None:
-                self.fleet.stop.set()
+                self.fleet.halt()
             if relay_thread is not None:
                 relay_thread.join(5)
             if fleet_thread is not None:

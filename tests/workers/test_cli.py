@@ -30,7 +30,10 @@ def _wakes_processed(services: Services) -> int:
     with services.engine.connect() as conn:
         return int(
             conn.execute(
-                sa.text("SELECT count(*) FROM processed_messages WHERE outcome = 'done'")
+                sa.text(
+                    "SELECT count(*) FROM processed_messages "
+                    "WHERE consumer = 'admission.wake' AND outcome = 'done'"
+                )
             ).scalar_one()
         )
 
@@ -79,5 +82,6 @@ def test_worker_and_scheduler_processes_admit_and_stop_on_sigterm(
         assert "qm_admission_leader 1.0" in metrics
         for proc in (scheduler, worker):
             proc.send_signal(signal.SIGTERM)
-        assert scheduler.wait(15) == 0
+        code = scheduler.wait(15)
+        assert code == 0, scheduler.stderr.read().decode()[-3000:] if scheduler.stderr else code
         assert worker.wait(15) == 0

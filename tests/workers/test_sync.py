@@ -91,7 +91,7 @@ def test_a_partitioned_cluster_past_its_lease_is_lost_its_gangs_run_elsewhere_an
     assert ledger(engine, "workload.finished") == []
 
 
-def test_the_cycles_reconcile_message_dispatches_through_a_celery_worker(
+def test_dispatch_through_the_outbox_and_a_celery_worker_progress_through_watches(
     engine: sa.Engine,
     services: Services,
     database_url: str,
@@ -99,8 +99,10 @@ def test_the_cycles_reconcile_message_dispatches_through_a_celery_worker(
     send: Send,
     tmp_path: Path,
 ) -> None:
-    """The fleet loop's resync is set long: after its first pass (the
-    inventory), only the outbox consumer can put the job on the member."""
+    """The fleet loop's periodic resync is set long: after its first pass
+    (the inventory), only the cycle's reconcile message (through a Celery
+    worker) can put the job on the member, and only watch events can have
+    the centre see it run, finish and be collected."""
     with members(tmp_path) as (c1,), celery_worker(database_url, broker):
         setup_central(services, [c1], gpu_quota=16)
         config = settings(database_url, broker, resync_interval=60.0)
@@ -108,9 +110,13 @@ def test_the_cycles_reconcile_message_dispatches_through_a_celery_worker(
             assert scheduler.fleet is not None
             fleet = scheduler.fleet
             wait_for(lambda: fleet.passes >= 1, 10)
-            services.submissions.submit(ADMIN, "team-a", gang("a"))
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100s"))
             wait_for(lambda: job(c1, "a"), 10)
-            assert fleet.passes == 1
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 15)
+            wait_for(lambda: job(c1, "a") is None, 10)
+            assert fleet.passes == 1 and fleet.woken >= 1
+            streams = fleet.watches["c1"][1].streams
+            assert all(s.version for s in streams)
     with engine.connect() as conn:
         done = conn.exec_driver_sql(
             "SELECT count(*) FROM processed_messages "
