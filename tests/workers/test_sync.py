@@ -245,3 +245,39 @@ def test_pods_we_do_not_manage_are_reserved_in_the_inventory(
     reserved = {n["name"]: n["reserved"] for n in nodes}
     assert reserved["c1-h100-i0-n0"] == {"nvidia.com/gpu": "8"}
     assert reserved["c1-h100-i0-n1"] == {}
+
+
+def test_a_gang_the_member_evicts_releases_its_quota_and_is_requeued(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """A member operator deactivates the running gang's Kueue Workload: the
+    member evicts it, and the centre hears it as an eviction."""
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            with c1.api_client() as api:
+                custom = kubernetes.client.CustomObjectsApi(api)
+                (member,) = custom.list_namespaced_custom_object(
+                    "kueue.x-k8s.io", "v1beta2", "team-a", "workloads"
+                )["items"]
+                custom.patch_namespaced_custom_object(
+                    "kueue.x-k8s.io",
+                    "v1beta2",
+                    "team-a",
+                    "workloads",
+                    member["metadata"]["name"],
+                    {"spec": {"active": False}},
+                    _content_type="application/merge-patch+json",
+                )
+            wait_for(lambda: ledger(engine, "workload.evicted"), 15)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] != "Evicted", 15)
+    (evicted, *_) = ledger(engine, "workload.evicted")
+    assert evicted["reason"] == "Deactivated" and evicted["cluster"] == "c1"
+    assert evicted["released"]["h100"]["nvidia.com/gpu"] == 16
