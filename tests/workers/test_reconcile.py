@@ -5,6 +5,7 @@ process (the consumer path is tested with a Celery worker in test_sync.py)."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -23,6 +24,7 @@ from tests.workers.members import (
     setup_central,
     watch_jobs,
 )
+from workers.fleet import Connector, reconcile_once
 from workers.outbox import Send
 
 
@@ -129,3 +131,28 @@ def test_a_gang_of_two_pod_sets_runs_as_a_jobset_and_finishes(
     assert names == ["driver", "workers"]
     (finished,) = ledger(engine, "workload.finished")
     assert finished["workload"] == "js" and finished["outcome"] == "succeeded"
+
+
+def test_a_converged_cluster_is_left_alone(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """Once a gang runs, a pass writes nothing to the member (what it holds
+    already contains what we would apply) and nothing centrally."""
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        config = settings(database_url, broker)
+        with scheduling(engine, config, send):
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+        connect = Connector(config)
+        try:
+            report = reconcile_once(engine, "c1", connect, config, lambda: datetime.now(UTC))
+        finally:
+            connect.close()
+    assert report.skipped is None
+    assert (report.applied, report.dispatched, report.deleted, report.collected) == ([],) * 4
