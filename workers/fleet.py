@@ -111,8 +111,10 @@ class FleetLoop:
         connect: Connector | None = None,
         clock: Clock = lambda: datetime.now(UTC),
         watch: bool = True,
+        on_sync: Callable[[SyncReport], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.on_sync = on_sync
         self.settings = settings
         self.connect = connect or Connector(settings)
         self.clock = clock
@@ -173,6 +175,8 @@ class FleetLoop:
     def _one(self, name: str) -> None:
         try:
             report = sync_once(self.engine, name, self.connect, self.settings, self.clock)
+            if self.on_sync is not None:
+                self.on_sync(report)
             if not report.reachable:
                 return
             reconcile_once(self.engine, name, self.connect, self.settings, self.clock)

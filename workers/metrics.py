@@ -10,6 +10,7 @@ from collections import Counter as Tally
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.app.admission import CycleReport
+from workers.sync import SyncReport
 
 _WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 _CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -62,6 +63,19 @@ class SchedulerMetrics:
         self.outbox_depth = Gauge(
             "qm_outbox_depth", "Committed outbox messages not yet relayed", registry=r
         )
+        self.reconcile_lag = Histogram(
+            "qm_reconcile_lag_seconds",
+            "From admission to the job's creation on its member cluster",
+            ["cluster"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.cluster_ready = Gauge(
+            "qm_member_cluster_ready",
+            "1 while a member cluster answers its sync, 0 while it does not",
+            ["cluster"],
+            registry=r,
+        )
         self.leader = Gauge(
             "qm_admission_leader", "1 while this process leads admission", registry=r
         )
@@ -83,3 +97,8 @@ class SchedulerMetrics:
         self.usage.clear()
         for (cq, flavor, resource), amount in report.usage.items():
             self.usage.labels(cq, flavor, resource).set(amount)
+
+    def observe_sync(self, report: SyncReport) -> None:
+        self.cluster_ready.labels(report.cluster).set(1 if report.reachable else 0)
+        for seconds in report.lags:
+            self.reconcile_lag.labels(report.cluster).observe(seconds)

@@ -162,12 +162,14 @@ class Scheduler:
         # The periodic resync of member clusters, run by the admission leader
         # only (one writer of heartbeats and requeues at a time, by design;
         # a second would only fail its expected versions).
-        self.fleet = FleetLoop(engine, settings) if fleet else None
+        self.metrics = SchedulerMetrics()
+        self.fleet = (
+            FleetLoop(engine, settings, on_sync=self.metrics.observe_sync) if fleet else None
+        )
         self._interval = settings.cycle_interval
         self.stop = threading.Event()
         self.cycles = 0
         self.last: CycleReport | None = None
-        self.metrics = SchedulerMetrics()
         self._engine = engine
 
     def run(self) -> None:

@@ -63,6 +63,8 @@ class SyncReport:
     lost: bool = False
     returned: bool = False
     events: list[tuple[str, str]] = field(default_factory=list)  # (workload, event type)
+    #: Seconds from admission to the job's creation, of gangs first seen here.
+    lags: list[float] = field(default_factory=list)
 
 
 # -- nodes → inventory -----------------------------------------------------------------------
@@ -241,6 +243,11 @@ def _job(
     owner = owners.get((str(meta.get("namespace")), str(job.get("kind")), str(meta.get("name"))))
     seen = member_status(job, owner)
     phase = seen["phase"]
+    if state == "Admitted" and (phase != "Pending" or pods_ready) and "podsReady" not in row.status:
+        created = parse_time(meta.get("creationTimestamp"))
+        admitted = parse_time(workload.admission.get("admittedAt"))
+        if created is not None and admitted is not None:
+            report.lags.append(max(0.0, (created - admitted).total_seconds()))
     if phase == "Running" and state == "Admitted":
         status = dict(row.status)
         status.update(

@@ -38,7 +38,7 @@ def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
 ) -> None:
     with members(tmp_path) as (c1,):
         setup_central(services, [c1], gpu_quota=16)
-        with scheduling(engine, settings(database_url, broker), send):
+        with scheduling(engine, settings(database_url, broker), send) as scheduler:
             # the first sync writes c1's inventory; only then can anything be admitted
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="300s"))
             services.submissions.submit(ADMIN, "team-a", gang("b", duration="300s"))
@@ -61,6 +61,9 @@ def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
             wait_for(
                 lambda: c1.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "qm-cq") is None, 10
             )
+            metric = scheduler.metrics.registry.get_sample_value
+            assert metric("qm_reconcile_lag_seconds_count", {"cluster": "c1"}) == 2
+            assert metric("qm_member_cluster_ready", {"cluster": "c1"}) == 1
     finished = ledger(engine, "workload.finished")
     assert [f["workload"] for f in finished] == ["a", "b"]
     assert finished[0]["outcome"] == "succeeded"
