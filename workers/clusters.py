@@ -47,7 +47,20 @@ Obj = dict[str, Any]
 
 
 class MemberError(Exception):
-    """The member cluster could not be reached or refused a request."""
+    """The member cluster could not be reached or refused a request
+    (``status``: the HTTP status of a refusal, ``None`` when unreachable)."""
+
+    def __init__(self, message: str, status: int | None = None, body: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+    @property
+    def refused(self) -> bool:
+        """The member understood and refused (invalid, unknown kind): asking
+        again will not help. A 403 is not one: RBAC gets fixed, and a gang
+        should not be evicted for an operator's slip."""
+        return self.status in (400, 404, 422)
 
 
 @dataclass(frozen=True)
@@ -183,7 +196,11 @@ class Member:
         try:
             yield
         except ApiException as error:
-            raise MemberError(f"{self.name}: {what}: {error.status} {error.reason}") from error
+            raise MemberError(
+                f"{self.name}: {what}: {error.status} {error.reason}",
+                error.status,
+                str(error.body or "")[:2000],
+            ) from error
         except (OSError, kubernetes.client.exceptions.OpenApiException) as error:
             raise MemberError(f"{self.name}: {what}: {error!r}") from error
         except Exception as error:  # urllib3 errors are not all OSErrors

@@ -481,6 +481,7 @@ def plan(view: ClusterView, actual: Sequence[Mapping[str, Any]]) -> Actions:
         if (
             workload.state == "Evicted"
             and (workload.status.get("eviction") or {}).get("cluster") == view.cluster
+            and workload.spec.get("active", True) is not False  # deactivated: stays Evicted
         ):
             actions.requeue.append(workload.key)
         elif workload.state == "Cancelling" and workload.admission.get("cluster") == view.cluster:

@@ -26,14 +26,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from uuid import uuid4
 
 from sqlalchemy import Engine
 
-from service.app.admission import _set_condition
+from service.app.admission import _amounts, _set_condition
+from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
-from workers.clusters import KINDS, Member, Ref
-from workers.plan import ADMISSION_LABEL, JOB_KINDS, MANAGED, Actions, plan
-from workers.records import ClusterRow, append_workload, load, rfc3339
+from service.ledger import entries as ledger
+from workers.clusters import KINDS, Member, MemberError, Ref
+from workers.plan import (
+    ADMISSION_LABEL,
+    JOB_KINDS,
+    MANAGED,
+    WORKLOAD_ANNOTATION,
+    Actions,
+    plan,
+)
+from workers.records import ClusterRow, append, append_workload, load, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ class Report:
     collected: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    #: Workloads whose job the member refused, with its words.
+    refused: dict[str, str] = field(default_factory=dict)
     #: Deletions still in progress: dispatch waits for the next pass.
     waiting: list[str] = field(default_factory=list)
     skipped: str | None = None
@@ -111,6 +123,10 @@ def reconcile(
     return report
 
 
+def _workload_of(obj: dict[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(WORKLOAD_ANNOTATION))
+
+
 def _terminating(actual: list[dict[str, Any]], ref: Ref) -> bool:
     return any(
         Ref.of(o) == ref and (o.get("metadata") or {}).get("deletionTimestamp") for o in actual
@@ -122,7 +138,16 @@ def _carry_out(member: Member, actions: Actions, report: Report) -> None:
         member.apply(obj)
         report.applied.append(str(Ref.of(obj)))
     for obj in actions.dispatch:
-        member.apply(obj)
+        try:
+            member.apply(obj)
+        except MemberError as error:
+            if not error.refused:
+                raise
+            # Asking again will not help (the job is invalid there, or its
+            # kind is not installed): the gang is evicted, not retried forever.
+            log.warning("%s refused %s: %s %s", member.name, Ref.of(obj), error, error.body)
+            report.refused[_workload_of(obj)] = f"{error} {error.body}".strip()[:1024]
+            continue
         report.dispatched.append(str(Ref.of(obj)))
     for ref in actions.collect:
         member.delete(ref)
@@ -150,12 +175,56 @@ def _record(
         )
         append_workload(uow, row, REQUEUED, status, ACTOR, now)
         report.requeued.append(key)
+    for key, message in report.refused.items():
+        _refuse(uow, rows[key], message, now)
     for key in actions.cancelled:
         row = rows[key]
         status = dict(row.status)
         status["state"] = "Cancelled"
         append_workload(uow, row, CANCELLED, status, ACTOR, now)
         report.cancelled.append(key)
+
+
+def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime) -> None:
+    """Evicted and deactivated: its quota released, never admitted again
+    until someone fixes and reactivates it."""
+    admission = row.status.get("admission") or {}
+    cluster = str(admission.get("cluster"))
+    reason = "DispatchFailed"
+    text = f"cluster {cluster} refused the job: {message}"
+    status = {k: v for k, v in row.status.items() if k != "admission"}
+    conditions = row.status.get("conditions") or ()
+    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
+        conditions = _set_condition(conditions, kind, value, reason, text, now)
+    status.update(
+        state="Evicted",
+        conditions=conditions,
+        eviction={"reason": reason, "message": text, "cluster": cluster, "at": rfc3339(now)},
+    )
+    body = ledger.WorkloadEvicted(
+        namespace=row.namespace,
+        workload=row.name,
+        local_queue=str(row.spec.get("queueName")),
+        cluster_queue=str(admission.get("clusterQueue")),
+        cluster=cluster,
+        reason=reason,
+        message=text,
+        requeued=False,
+        released=_amounts(admission),
+    )
+    spec = {**row.spec, "active": False}
+    stream = stream_name("Workload", row.namespace, row.name)
+    data = row.state(status, spec)
+    append(
+        uow,
+        stream,
+        row.version,
+        "WorkloadEvicted",
+        data,
+        ACTOR,
+        now,
+        [ledger.new_entry(body, uuid4(), now)],
+    )
 
 
 __all__ = ["ACTOR", "KINDS", "REQUEUED", "TOPIC", "Report", "managed", "reconcile"]

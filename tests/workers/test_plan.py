@@ -162,3 +162,10 @@ def test_unused_queue_objects_are_collected_after_the_jobs() -> None:
     actual = [*want.queues.values()]
     actions = plan(view(), actual)
     assert [r.kind for r in actions.collect] == ["LocalQueue", "ClusterQueue", "ResourceFlavor"]
+
+
+def test_a_deactivated_gang_stays_evicted() -> None:
+    gone = admitted("d")
+    spec = {**gone.spec, "active": False}
+    status = {"state": "Evicted", "eviction": {"cluster": "c1", "reason": "DispatchFailed"}}
+    assert plan(view(WorkloadView("team-a", "d", "uid-d", spec, status)), []).requeue == []

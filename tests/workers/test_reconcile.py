@@ -5,11 +5,14 @@ process (the consumer path is tested with a Celery worker in test_sync.py)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
+from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
 from tests.workers.conftest import ADMIN, wait_for, workload_status
 from tests.workers.members import (
@@ -24,8 +27,11 @@ from tests.workers.members import (
     setup_central,
     watch_jobs,
 )
-from workers.fleet import Connector, reconcile_once
+from workers.clusters import Member, MemberError
+from workers.fleet import Connector, reconcile_once, sync_once
 from workers.outbox import Send
+from workers.plan import JOB_KINDS
+from workers.records import ClusterRow
 
 
 def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
@@ -159,3 +165,48 @@ def test_a_converged_cluster_is_left_alone(
             connect.close()
     assert report.skipped is None
     assert (report.applied, report.dispatched, report.deleted, report.collected) == ([],) * 4
+
+
+class _RefusingJobs(Connector):
+    """The real connector, whose members refuse every job as invalid (a
+    hand-written fake of one answer; everything else goes to the stand-in)."""
+
+    def __call__(self, row: ClusterRow) -> Member:
+        member = super().__call__(row)
+
+        def apply(obj: Mapping[str, Any], real: Any = member.apply) -> None:
+            if obj["kind"] in JOB_KINDS:
+                raise MemberError("c1: apply: 422 Unprocessable Entity", 422, "spec: Invalid")
+            real(obj)
+
+        member.apply = apply  # type: ignore[method-assign]
+        return member
+
+
+def test_a_job_the_member_refuses_evicts_and_deactivates_its_gang(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    tmp_path: Path,
+) -> None:
+    config = settings(database_url, broker)
+    now = lambda: datetime.now(UTC)  # noqa: E731
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        connect = _RefusingJobs(config)
+        try:
+            assert sync_once(engine, "c1", connect, config, now).heartbeat
+            services.submissions.submit(ADMIN, "team-a", gang("a"))
+            AdmissionCycle(engine, services.unit_of_work).run(lambda uow: None)
+            assert workload_status(engine, "team-a", "a")["state"] == "Admitted"
+            report = reconcile_once(engine, "c1", connect, config, now)
+            again = reconcile_once(engine, "c1", connect, config, now)
+        finally:
+            connect.close()
+    assert list(report.refused) == ["team-a/a"] and not report.dispatched
+    assert not again.refused and not again.requeued
+    status = workload_status(engine, "team-a", "a")
+    assert status["state"] == "Evicted" and status["eviction"]["reason"] == "DispatchFailed"
+    (evicted,) = ledger(engine, "workload.evicted")
+    assert evicted["requeued"] is False and evicted["released"]["h100"]["nvidia.com/gpu"] == 16
