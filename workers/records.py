@@ -6,6 +6,7 @@ work) — the same path as the admission cycle's writes."""
 from __future__ import annotations
 
 import base64
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,12 +18,30 @@ from sqlalchemy import Connection, Engine, text
 from service.app.admission import WorkloadRow
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
-from service.eventstore.port import EventMetadata, NewEvent
+from service.eventstore.port import EventMetadata, NewEvent, OutboxMessage
 from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import UPSERT_SQL, resource_row, upsert_params
 from workers.plan import ClusterView, WorkloadView
 
 Obj = dict[str, Any]
+
+#: The admission cycle's wake-up topic (workers/tasks.py consumes it).
+WAKE_TOPIC = "admission.wake"
+#: Events that change what the cycle may admit: quota released, a gang
+#: pending again, capacity gone.
+WAKES = frozenset(
+    {"WorkloadRequeued", "WorkloadFinished", "WorkloadEvicted", "WorkloadCancelled", "ClusterLost"}
+)
+_WOKEN: weakref.WeakSet[SqlUnitOfWork] = weakref.WeakSet()
+
+
+def wake(uow: SqlUnitOfWork) -> None:
+    """Have the admission cycle run once ``uow`` commits (one message per
+    unit of work, however many changes it holds)."""
+    if uow not in _WOKEN:
+        _WOKEN.add(uow)
+        uow.publish([OutboxMessage(uuid4(), WAKE_TOPIC, {})])
+
 
 _WORKLOADS = text(
     "SELECT namespace, name, uid, resource_version, generation, labels, annotations, spec, "
@@ -169,6 +188,8 @@ def append(
     uow.events.defer(UPSERT_SQL, [upsert_params(resource_row(data, version + 1, now))])
     if ledger:
         uow.record(list(ledger))
+    if kind in WAKES:
+        wake(uow)
 
 
 def append_workload(

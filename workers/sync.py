@@ -42,7 +42,15 @@ from workers.plan import (
     member_status,
 )
 from workers.reconcile import REQUEUED, managed
-from workers.records import ClusterRow, append_cluster, append_workload, load, parse_time, rfc3339
+from workers.records import (
+    ClusterRow,
+    append_cluster,
+    append_workload,
+    load,
+    parse_time,
+    rfc3339,
+    wake,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +224,8 @@ def _heartbeat(
         report.returned = True
     status.update(state="Ready", inventory={"nodes": nodes}, lastHeartbeat=rfc3339(now))
     append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
+    if changed:
+        wake(uow)  # capacity came, went or returned
     report.heartbeat = True
 
 

@@ -25,12 +25,12 @@ from workers.fleet import Connector
 from workers.outbox import Send
 from workers.reconcile import TOPIC as RECONCILE_TOPIC
 from workers.reconcile import reconcile
+from workers.records import WAKE_TOPIC
 from workers.settings import get_worker_settings
 
 log = logging.getLogger(__name__)
 
 DELIVER = "quartermaster.deliver"
-WAKE_TOPIC = "admission.wake"
 WAKE_CHANNEL = "qm:admission:wake"
 
 

@@ -167,6 +167,15 @@ def test_a_converged_cluster_is_left_alone(
     assert (report.applied, report.dispatched, report.deleted, report.collected) == ([],) * 4
 
 
+def _wakes(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM outbox WHERE topic = 'admission.wake'"
+            ).scalar_one()
+        )
+
+
 class _RefusingJobs(Connector):
     """The real connector, whose members refuse every job as invalid (a
     hand-written fake of one answer; everything else goes to the stand-in)."""
@@ -200,7 +209,9 @@ def test_a_job_the_member_refuses_evicts_and_deactivates_its_gang(
             services.submissions.submit(ADMIN, "team-a", gang("a"))
             AdmissionCycle(engine, services.unit_of_work).run(lambda uow: None)
             assert workload_status(engine, "team-a", "a")["state"] == "Admitted"
+            wakes = _wakes(engine)
             report = reconcile_once(engine, "c1", connect, config, now)
+            assert _wakes(engine) == wakes + 1  # its quota is free: the cycle runs again
             again = reconcile_once(engine, "c1", connect, config, now)
         finally:
             connect.close()
