@@ -108,7 +108,8 @@ def reconcile(
         report.deleted = [str(r) for r in actions.delete]
         jobs = [Ref.of(o) for o in actual if o.get("kind") in JOB_KINDS]
         gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
-        pods = f"{ADMISSION_LABEL} in ({','.join(sorted(set(actions.draining)))})"
+        ids = sorted({a for a in actions.draining if a})  # a stray job may have none
+        pods = f"{ADMISSION_LABEL} in ({','.join(ids)})" if ids else None
         left = member.wait_gone(gone, pods, delete_wait)
         if left:
             report.waiting = left

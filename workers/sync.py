@@ -193,13 +193,15 @@ def sync(
     return report
 
 
-def _owners(workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], Any]:
-    """Member Kueue Workloads by the (namespace, kind, name) of the job owning them."""
+def _owners(workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Any]:
+    """Member Kueue Workloads by the (namespace, uid) of the job owning them:
+    by uid, so that a workload of an earlier job of the same name (not yet
+    collected) is never read as the new one's."""
     out = {}
     for w in workloads:
         meta = w.get("metadata") or {}
         for owner in meta.get("ownerReferences") or ():
-            out[(str(meta.get("namespace")), str(owner.get("kind")), str(owner.get("name")))] = w
+            out[(str(meta.get("namespace")), str(owner.get("uid")))] = w
     return out
 
 
@@ -233,7 +235,7 @@ def _job(
     uow: SqlUnitOfWork,
     cluster: str,
     job: Mapping[str, Any],
-    owners: Mapping[tuple[str, str, str], Any],
+    owners: Mapping[tuple[str, str], Any],
     rows: Mapping[str, WorkloadRow],
     now: datetime,
     report: SyncReport,
@@ -250,7 +252,7 @@ def _job(
         return
     if (meta.get("labels") or {}).get(ADMISSION_LABEL) != admission_id(workload):
         return  # a job of an earlier admission: stale, reconcile removes it
-    owner = owners.get((str(meta.get("namespace")), str(job.get("kind")), str(meta.get("name"))))
+    owner = owners.get((str(meta.get("namespace")), str(meta.get("uid"))))
     seen = member_status(job, owner)
     phase = seen["phase"]
     if state == "Admitted" and (phase != "Pending" or pods_ready) and "podsReady" not in row.status:
