@@ -221,3 +221,37 @@ def test_a_job_the_member_refuses_evicts_and_deactivates_its_gang(
     assert status["state"] == "Evicted" and status["eviction"]["reason"] == "DispatchFailed"
     (evicted,) = ledger(engine, "workload.evicted")
     assert evicted["requeued"] is False and evicted["released"]["h100"]["nvidia.com/gpu"] == 16
+
+
+def test_a_submitted_pytorchjob_runs_on_its_member_as_a_pytorchjob(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    pod = gang("x", count=1, duration="100s")["spec"]["podSets"][0]["template"]
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "pt", "labels": {"kueue.x-k8s.io/queue-name": "train"}},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": pod},
+                "Worker": {"replicas": 1, "template": pod},
+            }
+        },
+    }
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=32)
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", manifest)
+            created = wait_for(lambda: c1.get("kubeflow.org/v1", "PyTorchJob", "team-a", "pt"), 20)
+            wait_for(lambda: workload_status(engine, "team-a", "pt")["state"] == "Finished", 30)
+    admission = workload_status(engine, "team-a", "pt")["admission"]
+    islands = {p["name"]: p["islands"] for p in admission["podSetAssignments"]}
+    for replica_type, replica in created["spec"]["pytorchReplicaSpecs"].items():
+        selector = replica["template"]["spec"]["nodeSelector"]
+        assert [selector[ISLAND]] == islands[replica_type.lower()]
+    assert [f["workload"] for f in ledger(engine, "workload.finished")] == ["pt"]
