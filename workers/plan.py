@@ -149,7 +149,12 @@ def _dns(value: str) -> str:
 
 
 def job_name(workload: WorkloadView) -> str:
-    return _short(_dns(workload.name))
+    """The workload's own name when it is a DNS label; otherwise a label
+    made of it and a hash of it (``a.b`` and ``a-b`` must not collide)."""
+    name = _dns(workload.name)
+    if name != workload.name:
+        name = f"{name}-{hashlib.sha256(workload.name.encode()).hexdigest()[:6]}"
+    return _short(name)
 
 
 def admission_id(workload: WorkloadView) -> str:
@@ -210,9 +215,14 @@ def _pod_set_flavors(
     return out
 
 
-def _flavor(view: ClusterView, name: str, central: str, labels: Mapping[str, str]) -> Obj:
+def _flavor(
+    view: ClusterView, name: str, central: str, labels: Mapping[str, str], island: str | None
+) -> Obj:
     source = view.flavors.get(central) or {}
-    spec: Obj = {"nodeLabels": dict(sorted(labels.items())[:8])}
+    # Kueue allows 8 node labels; the island's is the one that must stay.
+    first = [(k, v) for k, v in labels.items() if k == island]
+    rest = sorted((k, v) for k, v in labels.items() if k != island)
+    spec: Obj = {"nodeLabels": dict((first + rest)[:8])}
     for key in ("nodeTaints", "tolerations"):
         if source.get(key):
             spec[key] = copy.deepcopy(list(source[key]))
@@ -391,7 +401,8 @@ def desired(view: ClusterView) -> _Desired:
             for resource, (name, labels) in member.items():
                 central = assignment["flavors"][resource]
                 ref = Ref("ResourceFlavor", "", name)
-                out.queues.setdefault(ref, _flavor(view, name, central, labels))
+                island_key = _island_label(view, central)
+                out.queues.setdefault(ref, _flavor(view, name, central, labels, island_key))
                 bucket = quota.setdefault(name, {})
                 bucket[resource] = bucket.get(resource, 0) + usage.get(resource, 0)
                 selector.update(labels)

@@ -169,3 +169,9 @@ def test_a_deactivated_gang_stays_evicted() -> None:
     spec = {**gone.spec, "active": False}
     status = {"state": "Evicted", "eviction": {"cluster": "c1", "reason": "DispatchFailed"}}
     assert plan(view(WorkloadView("team-a", "d", "uid-d", spec, status)), []).requeue == []
+
+
+def test_names_that_are_not_dns_labels_do_not_collide() -> None:
+    a, b = admitted("a.b"), admitted("a-b")
+    names = {job["metadata"]["name"] for job in plan(view(a, b), []).dispatch}
+    assert len(names) == 2 and "a-b" in names
