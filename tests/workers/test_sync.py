@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +284,49 @@ def test_a_gang_the_member_evicts_releases_its_quota_and_is_requeued(
     (evicted, *_) = ledger(engine, "workload.evicted")
     assert evicted["reason"] == "Deactivated" and evicted["cluster"] == "c1"
     assert evicted["released"]["h100"]["nvidia.com/gpu"] == 16
+
+
+def _pool_processes(main: int) -> list[int]:
+    children = Path(f"/proc/{main}/task/{main}/children").read_text().split()
+    return [int(pid) for pid in children]
+
+
+def test_a_worker_killed_in_the_middle_of_a_reconcile_leaves_one_job(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """The member answers applies slowly; the pool process is killed while
+    it waits for one. The message comes again (reject on worker lost), the
+    next delivery finishes the job: one job, dispatched once."""
+    with members(tmp_path) as (c1,), celery_worker(database_url, broker) as worker:
+        setup_central(services, [c1], gpu_quota=16)
+        config = settings(database_url, broker, resync_interval=60.0)
+        with scheduling(engine, config, send, relay=True) as scheduler:
+            assert scheduler.fleet is not None
+            fleet = scheduler.fleet
+            wait_for(lambda: fleet.passes >= 1, 10)
+            c1.set_faults(latencyMs=3000, verbs=["patch"])
+            services.submissions.submit(ADMIN, "team-a", gang("a"))
+            wait_for(lambda: _deliveries(engine) == 1, 10)
+            time.sleep(0.5)  # inside the reconcile, waiting for the member
+            (pool,) = _pool_processes(worker.pid)
+            os.kill(pool, signal.SIGKILL)
+            c1.clear_faults()
+            wait_for(lambda: job(c1, "a"), 20)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 20)
+            assert fleet.passes == 1
+    assert _deliveries(engine) == 2
+    assert [f["workload"] for f in ledger(engine, "workload.finished")] == ["a"]
+
+
+def _deliveries(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        count = conn.exec_driver_sql(
+            "SELECT coalesce(sum(deliveries), 0) FROM processed_messages "
+            "WHERE consumer = 'reconcile.cluster'"
+        ).scalar_one()
+    return int(count)
