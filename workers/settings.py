@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.engine import EngineConfig, FairSharingConfig, WaitForPodsReadyConfig
@@ -66,12 +66,21 @@ class WorkerSettings(BaseSettings):
     delete_wait: float = Field(
         default=30.0,
         description="How long a reconcile waits for deleted jobs to be gone before it "
-        "dispatches (else the next pass does).",
+        "dispatches (else the next pass does); in a Celery task at most half its time limit.",
     )
     secret_key: str = Field(
         default="dev-insecure-secret-key-change-me",
         description="QM_SECRET_KEY, the service's: decrypts member-cluster credentials.",
     )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        if self.heartbeat_interval >= self.cluster_lease:
+            raise ValueError(
+                "QM_HEARTBEAT_INTERVAL must be shorter than QM_CLUSTER_LEASE, "
+                "or a healthy cluster would be marked Lost between heartbeats"
+            )
+        return self
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

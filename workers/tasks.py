@@ -111,7 +111,7 @@ def reconcile_cluster(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
             uow,
             cluster,
             _connector(os.getpid()),
-            delete_wait=settings.delete_wait,
+            delete_wait=min(settings.delete_wait, settings.task_time_limit / 2),
         )
     except MemberError as error:
         log.warning("reconcile of %s left to the next resync: %s", cluster, error)
