@@ -85,19 +85,16 @@ def reconcile_once(
 def sync_once(
     engine: Engine, cluster: str, connect: Connector, settings: WorkerSettings, clock: Clock
 ) -> SyncReport:
-    with SqlUnitOfWork(engine) as uow:
-        report = sync(
-            engine,
-            uow,
-            cluster,
-            connect,
-            lease=settings.cluster_lease,
-            heartbeat_interval=settings.heartbeat_interval,
-            pods_ready=settings.pods_ready_timeout > 0,
-            clock=clock,
-        )
-        uow.commit()
-    return report
+    return sync(
+        engine,
+        lambda: SqlUnitOfWork(engine),
+        cluster,
+        connect,
+        lease=settings.cluster_lease,
+        heartbeat_interval=settings.heartbeat_interval,
+        pods_ready=settings.pods_ready_timeout > 0,
+        clock=clock,
+    )
 
 
 class FleetLoop:

@@ -28,6 +28,7 @@ from service.app.admission import HOLDS_QUOTA, WorkloadRow, _amounts, _set_condi
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import Problems, pod_requests
 from service.domain.quantity import format_amount
+from service.eventstore.port import ConcurrencyConflict
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from workers.clusters import Member, MemberError
@@ -155,9 +156,32 @@ def inventory(
 # -- the pass --------------------------------------------------------------------------------
 
 
+UnitOfWork = Callable[[], SqlUnitOfWork]
+
+
+def _write(
+    unit_of_work: UnitOfWork,
+    report: SyncReport,
+    what: tuple[str, str],
+    write: Callable[[SqlUnitOfWork], None],
+) -> bool:
+    """One change in its own transaction: a change that conflicts (the
+    object moved on since it was read) is skipped, the next pass sees it
+    again, and no other change waits on it."""
+    try:
+        with unit_of_work() as uow:
+            write(uow)
+            uow.commit()
+    except ConcurrencyConflict:
+        log.info("%s %s changed under sync; next pass", *what)
+        return False
+    report.events.append(what)
+    return True
+
+
 def sync(
     engine: Engine,
-    uow: SqlUnitOfWork,
+    unit_of_work: UnitOfWork,
     cluster: str,
     connect: Connect,
     *,
@@ -166,9 +190,10 @@ def sync(
     pods_ready: bool = False,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> SyncReport:
-    """One list pass over ``cluster``; writes go into ``uow`` (the caller
-    commits). ``pods_ready``: record ``podsReady: false`` on a dispatched gang
-    not yet running, so that waitForPodsReady can time it out."""
+    """One list pass over ``cluster``. Each change commits on its own (the
+    heartbeat never waits on a workload that moved on). ``pods_ready``:
+    record ``podsReady: false`` on a dispatched gang not yet running, so that
+    waitForPodsReady can time it out."""
     report = SyncReport(cluster)
     row, rows, view = load(engine, cluster)
     if row is None or row.deleted:
@@ -182,14 +207,14 @@ def sync(
     except MemberError as error:
         report.reachable = False
         log.info("%s unreachable: %s", cluster, error)
-        _check_lease(uow, row, rows, lease, clock(), report)
+        _check_lease(unit_of_work, row, rows, lease, clock(), report)
         return report
     now = clock()
     nodes_now = inventory(cluster, nodes, view, reserved(foreign))
-    _heartbeat(uow, row, nodes_now, heartbeat_interval, now, report)
+    _heartbeat(unit_of_work, row, nodes_now, heartbeat_interval, now, report)
     by_key = {r.key: r for r in rows}
     for job in jobs:
-        _job(uow, cluster, job, owners, by_key, now, report, pods_ready)
+        _job(unit_of_work, cluster, job, owners, by_key, now, report, pods_ready)
     return report
 
 
@@ -206,7 +231,7 @@ def _owners(workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Any
 
 
 def _heartbeat(
-    uow: SqlUnitOfWork,
+    unit_of_work: UnitOfWork,
     row: ClusterRow,
     nodes: list[Any],
     interval: float,
@@ -223,16 +248,20 @@ def _heartbeat(
         lost_at = parse_time((status.get("lost") or {}).get("at"))
         body = ledger.ClusterReturned(cluster=row.name, lost_at=lost_at)
         entries.append(ledger.new_entry(body, uuid4(), now))
-        report.returned = True
     status.update(state="Ready", inventory={"nodes": nodes}, lastHeartbeat=rfc3339(now))
-    append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
-    if changed:
-        wake(uow)  # capacity came, went or returned
-    report.heartbeat = True
+
+    def write(uow: SqlUnitOfWork) -> None:
+        append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
+        if changed:
+            wake(uow)  # capacity came, went or returned
+
+    if _write(unit_of_work, report, (row.name, SYNCED), write):
+        report.heartbeat = True
+        report.returned = bool(entries)
 
 
 def _job(
-    uow: SqlUnitOfWork,
+    unit_of_work: UnitOfWork,
     cluster: str,
     job: Mapping[str, Any],
     owners: Mapping[tuple[str, str], Any],
@@ -275,21 +304,31 @@ def _job(
                 now,
             ),
         )
-        append_workload(uow, row, RUNNING, status, ACTOR, now)
-        report.events.append((key, RUNNING))
+        _write(
+            unit_of_work,
+            report,
+            (key, RUNNING),
+            lambda uow: append_workload(uow, row, RUNNING, status, ACTOR, now),
+        )
     elif (
         phase == "Pending" and state == "Admitted" and pods_ready and "podsReady" not in row.status
     ):
         status = dict(row.status)
         status.update(podsReady=False, dispatchedAt=meta.get("creationTimestamp") or rfc3339(now))
-        append_workload(uow, row, DISPATCHED, status, ACTOR, now)
-        report.events.append((key, DISPATCHED))
+        _write(
+            unit_of_work,
+            report,
+            (key, DISPATCHED),
+            lambda uow: append_workload(uow, row, DISPATCHED, status, ACTOR, now),
+        )
     elif phase in ("Succeeded", "Failed"):
-        _finish(uow, row, cluster, seen, now)
-        report.events.append((key, FINISHED))
+        _write(
+            unit_of_work, report, (key, FINISHED), lambda uow: _finish(uow, row, cluster, seen, now)
+        )
     elif phase == "Evicted":
-        _evicted(uow, row, cluster, seen, now)
-        report.events.append((key, EVICTED))
+        _write(
+            unit_of_work, report, (key, EVICTED), lambda uow: _evicted(uow, row, cluster, seen, now)
+        )
 
 
 def _seconds(
@@ -383,7 +422,7 @@ def _evicted(
 
 
 def _check_lease(
-    uow: SqlUnitOfWork,
+    unit_of_work: UnitOfWork,
     row: ClusterRow,
     rows: Sequence[WorkloadRow],
     lease: float,
@@ -395,7 +434,13 @@ def _check_lease(
     last = parse_time(row.status.get("lastHeartbeat")) or row.created_at
     if (now - last).total_seconds() <= lease:
         return
-    requeued = lose(uow, row, rows, last, now)
+    requeued: list[str] = []
+
+    def write(uow: SqlUnitOfWork) -> None:
+        requeued[:] = lose(uow, row, rows, last, now)
+
+    if not _write(unit_of_work, report, (row.name, LOST), write):
+        return
     report.lost = True
     log.warning("cluster %s lost (silent since %s); requeued %s", row.name, last, requeued)
 
