@@ -43,7 +43,7 @@ from workers.plan import (
     Actions,
     plan,
 )
-from workers.records import ClusterRow, append, append_workload, load, rfc3339
+from workers.records import ClusterRow, append, append_workload, load, rfc3339, unchanged
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,14 @@ def reconcile(
         if actions.draining:  # deleted by someone else meanwhile: next pass
             report.waiting = [f"admission {a}" for a in actions.draining]
             return report
+    by_key = {r.key: r for r in rows}
+    if actions.dispatch:
+        # A view read before a cycle preempted one of these must not start
+        # it beside its preemptor: dispatch only what is still as read.
+        current = unchanged(engine, [by_key[_workload_of(j)] for j in actions.dispatch])
+        actions.dispatch = [j for j in actions.dispatch if _workload_of(j) in current]
     _carry_out(member, actions, report)
-    _record(uow, actions, {r.key: r for r in rows}, report, clock())
+    _record(uow, actions, by_key, report, clock())
     return report
 
 

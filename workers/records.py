@@ -171,6 +171,23 @@ def load(engine: Engine, cluster: str) -> tuple[ClusterRow | None, list[Workload
     return (found[0] if found else None), rows, cluster_view
 
 
+_VERSIONS = text(
+    "SELECT r.namespace, r.name, r.resource_version FROM resources r "
+    "JOIN unnest(CAST(:namespaces AS text[]), CAST(:names AS text[])) AS k(namespace, name) "
+    "ON r.kind = 'Workload' AND r.namespace = k.namespace AND r.name = k.name"
+)
+
+
+def unchanged(engine: Engine, rows: Sequence[WorkloadRow]) -> set[str]:
+    """The keys of ``rows`` still at the version they were read at."""
+    if not rows:
+        return set()
+    params = {"namespaces": [r.namespace for r in rows], "names": [r.name for r in rows]}
+    with engine.connect() as conn:
+        now = {f"{ns}/{name}": int(v) for ns, name, v in conn.execute(_VERSIONS, params)}
+    return {r.key for r in rows if now.get(r.key) == r.version}
+
+
 def append(
     uow: SqlUnitOfWork,
     stream: str,
