@@ -43,10 +43,14 @@ def wake(uow: SqlUnitOfWork) -> None:
         uow.publish([OutboxMessage(uuid4(), WAKE_TOPIC, {})])
 
 
+# Only the workloads a cluster still has to act on: finished ones keep their
+# admission (and would otherwise pile up in every pass).
 _WORKLOADS = text(
     "SELECT namespace, name, uid, resource_version, generation, labels, annotations, spec, "
-    "status, created_at FROM resources WHERE kind = 'Workload' AND NOT deleted "
-    "AND (status->'admission'->>'cluster' = :cluster OR status->'eviction'->>'cluster' = :cluster)"
+    "status, created_at FROM resources WHERE kind = 'Workload' AND NOT deleted AND ("
+    "(status->'admission'->>'cluster' = :cluster "
+    "AND status->>'state' IN ('Admitted', 'Running', 'Cancelling')) "
+    "OR (status->'eviction'->>'cluster' = :cluster AND status->>'state' = 'Evicted'))"
 )
 _CONFIG = text(
     "SELECT kind, name, spec FROM resources "
