@@ -87,6 +87,7 @@ KINDS: dict[str, Kind] = {
         Kind("kueue.x-k8s.io/v1beta2", "ClusterQueue", "clusterqueues", False),
         Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues", True),
         Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads", True),
+        Kind("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses", False),
         Kind("batch/v1", "Job", "jobs", True),
         Kind("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", True),
         Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),

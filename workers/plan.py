@@ -53,13 +53,16 @@ PRIORITY_ANNOTATION = "quartermaster.dev/priority"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SIM_ANNOTATIONS = ("quartermaster.dev/sim-duration", "quartermaster.dev/sim-exit")
 JOB_KINDS = ("Job", "JobSet", "PyTorchJob", "MPIJob")
-QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor")  # deletion order
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+#: Deletion order (applied in reverse).
+QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass")
 RUNS_HERE = frozenset({"Admitted", "Running"})
 _API_VERSIONS = {
     "Namespace": "v1",
     "ResourceFlavor": "kueue.x-k8s.io/v1beta2",
     "ClusterQueue": "kueue.x-k8s.io/v1beta2",
     "LocalQueue": "kueue.x-k8s.io/v1beta2",
+    "WorkloadPriorityClass": "kueue.x-k8s.io/v1beta2",
     "Job": "batch/v1",
     "JobSet": "jobset.x-k8s.io/v1alpha2",
 }
@@ -168,6 +171,12 @@ def admission_id(workload: WorkloadView) -> str:
 
 def workload_label(namespace: str, name: str) -> str:
     return _short(f"{namespace}.{name}")
+
+
+def priority_class_name(priority: int) -> str:
+    """One member WorkloadPriorityClass per priority value (not per central
+    class: a class whose value changes must not re-rank running gangs)."""
+    return f"qm-p{priority}" if priority >= 0 else f"qm-m{-priority}"
 
 
 def flavor_name(flavor: str, island: str | None) -> str:
@@ -311,7 +320,8 @@ def _job(
     admission: str,
 ) -> Obj:
     """The member job of ``workload``, each pod set pinned by its own
-    selector (pod sets of one gang may sit in different islands)."""
+    selector (pod sets of one gang may sit in different islands), its
+    priority the member's Kueue sees."""
     first = next(iter(selectors.values()), {})
     meta: Obj = {
         "name": job_name(workload),
@@ -321,6 +331,7 @@ def _job(
                 WORKLOAD_LABEL: workload_label(workload.namespace, workload.name),
                 ADMISSION_LABEL: admission,
                 QUEUE_LABEL: queue,
+                PRIORITY_LABEL: priority_class_name(_priority(workload)),
             }
         ),
         "annotations": {
@@ -383,6 +394,10 @@ def _job(
     }
 
 
+def _priority(workload: WorkloadView) -> int:
+    return int(workload.spec.get("priority") or 0)
+
+
 def desired(view: ClusterView) -> _Desired:
     out = _Desired()
     quotas: dict[str, dict[str, dict[str, int]]] = {}
@@ -415,6 +430,17 @@ def desired(view: ClusterView) -> _Desired:
             },
         )
         local_queues[(workload.namespace, queue)] = cq
+        priority = _priority(workload)
+        wpc = priority_class_name(priority)
+        out.queues.setdefault(
+            Ref("WorkloadPriorityClass", "", wpc),
+            {
+                "apiVersion": _API_VERSIONS["WorkloadPriorityClass"],
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": wpc, "labels": _labels()},
+                "value": priority,
+            },
+        )
         admission = admission_id(workload)
         out.jobs[(workload.key, admission)] = _job(workload, queue, selectors, admission)
     for cq, quota in quotas.items():

@@ -51,7 +51,14 @@ ACTOR = "system:reconcile"
 TOPIC = "reconcile.cluster"
 REQUEUED = "WorkloadRequeued"
 CANCELLED = "WorkloadCancelled"
-_LISTED = ("Namespace", "ResourceFlavor", "ClusterQueue", "LocalQueue", *JOB_KINDS)
+_LISTED = (
+    "Namespace",
+    "WorkloadPriorityClass",
+    "ResourceFlavor",
+    "ClusterQueue",
+    "LocalQueue",
+    *JOB_KINDS,
+)
 
 Connect = Callable[[ClusterRow], Member]
 

@@ -78,7 +78,16 @@ def view(*workloads: WorkloadView) -> ClusterView:
 def test_an_admitted_gang_gets_its_flavor_quota_queue_and_a_job_pinned_to_its_island() -> None:
     actions = plan(view(admitted("a"), admitted("b", island="c1-h100-i1", count=1)), [])
     kinds = [o["kind"] for o in actions.apply]
-    assert kinds == ["Namespace", "ResourceFlavor", "ResourceFlavor", "ClusterQueue", "LocalQueue"]
+    assert kinds == [
+        "Namespace",
+        "WorkloadPriorityClass",
+        "ResourceFlavor",
+        "ResourceFlavor",
+        "ClusterQueue",
+        "LocalQueue",
+    ]
+    assert actions.apply[1]["metadata"]["name"] == "qm-p0" and actions.apply[1]["value"] == 0
+    del actions.apply[1]
     flavor = actions.apply[1]
     assert flavor["metadata"]["name"] == "qm-h100-c1-h100-i0"
     assert flavor["spec"]["nodeLabels"] == {"example.com/gpu": "h100", ISLAND: "c1-h100-i0"}
@@ -96,6 +105,7 @@ def test_an_admitted_gang_gets_its_flavor_quota_queue_and_a_job_pinned_to_its_is
     a, b = actions.dispatch
     assert a["kind"] == "Job" and a["spec"]["parallelism"] == 2
     assert a["metadata"]["labels"][QUEUE_LABEL] == "qm-train"
+    assert a["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "qm-p0"
     assert a["spec"]["template"]["spec"]["nodeSelector"][ISLAND] == "c1-h100-i0"
     assert b["spec"]["template"]["spec"]["nodeSelector"][ISLAND] == "c1-h100-i1"
     assert not actions.delete and not actions.requeue
@@ -161,7 +171,12 @@ def test_unused_queue_objects_are_collected_after_the_jobs() -> None:
     want = desired(view(admitted("a")))
     actual = [*want.queues.values()]
     actions = plan(view(), actual)
-    assert [r.kind for r in actions.collect] == ["LocalQueue", "ClusterQueue", "ResourceFlavor"]
+    assert [r.kind for r in actions.collect] == [
+        "LocalQueue",
+        "ClusterQueue",
+        "ResourceFlavor",
+        "WorkloadPriorityClass",
+    ]
 
 
 def test_a_deactivated_gang_stays_evicted() -> None:

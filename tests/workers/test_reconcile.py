@@ -108,6 +108,11 @@ def test_preemption_deletes_the_victims_job_before_the_preemptor_is_dispatched(
             wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Pending", 10)
             stop.set()
             assert job(c1, "low") is None
+            high = job(c1, "high")
+            assert high is not None
+            assert high["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "qm-p1000"
+            wpc = c1.get("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass", "", "qm-p1000")
+            assert wpc is not None and wpc["value"] == 1000
     seen = samples()
     assert any("low" in s for s in seen) and any("high" in s for s in seen)
     assert not any({"low", "high"} <= s for s in seen), "victim and preemptor ran together"
