@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy import BigInteger, Connection, Engine, and_, func, or_, select
 from sqlalchemy.engine import Row
 
+from service.app.admission import RECONCILE_TOPIC
 from service.app.auth import require
 from service.app.errors import (
     AlreadyExists,
@@ -337,6 +338,12 @@ class SubmissionService:
             )
             new = resource_row(data, row.resource_version + 1, meta.occurred_at)
             upsert_resources(conn, [new])
+            cluster = (status.get("admission") or {}).get("cluster")
+            if status["state"] == "Cancelling" and cluster:
+                # Remove its job now rather than at the next resync.
+                uow.publish(
+                    [OutboxMessage(uuid4(), RECONCILE_TOPIC, {"cluster": str(cluster)})]
+                )
             uow.commit()
         return to_object(WORKLOADS, new)
 

@@ -66,6 +66,16 @@ resources = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("deleted", Boolean, nullable=False),
     Index("ix_resources_workload_queue", "kind", "namespace", text("(spec->>'queueName')")),
+    Index(
+        "ix_resources_workload_admission_cluster",
+        "kind",
+        text("((status -> 'admission'::text) ->> 'cluster'::text)"),
+    ),
+    Index(
+        "ix_resources_workload_eviction_cluster",
+        "kind",
+        text("((status -> 'eviction'::text) ->> 'cluster'::text)"),
+    ),
 )
 
 # Bearer tokens, stored as SHA-256 of the secret (tokens are 256-bit random,

@@ -330,3 +330,23 @@ def test_cancel_honours_if_match(api: Api) -> None:
     _problem(stale, 409, "stale-version")
     ok = api.admin.delete("/v1/namespaces/team-a/workloads/w", headers={"If-Match": f'"{version}"'})
     assert ok.status_code == 200 and ok.json()["status"]["state"] == "Cancelled"
+
+
+def test_cancelling_an_admitted_gang_asks_its_cluster_to_reconcile(api: Api) -> None:
+    setup_quota(api.admin)
+    api.admin.post("/v1/namespaces/team-a/workloads", json=workload("w"))
+    with api.services.engine.begin() as conn:  # as the admission cycle would leave it
+        conn.exec_driver_sql(
+            "UPDATE resources SET status = status || "
+            """'{"state": "Admitted", "admission": {"cluster": "east-1"}}'::jsonb """
+            "WHERE kind = 'Workload' AND name = 'w'"
+        )
+    cancelled = api.admin.delete("/v1/namespaces/team-a/workloads/w")
+    assert cancelled.json()["status"]["state"] == "Cancelling"
+    with api.services.engine.connect() as conn:
+        messages = (
+            conn.exec_driver_sql("SELECT payload FROM outbox WHERE topic = 'reconcile.cluster'")
+            .scalars()
+            .all()
+        )
+    assert messages == [{"cluster": "east-1"}]
