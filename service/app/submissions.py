@@ -341,9 +341,7 @@ class SubmissionService:
             cluster = (status.get("admission") or {}).get("cluster")
             if status["state"] == "Cancelling" and cluster:
                 # Remove its job now rather than at the next resync.
-                uow.publish(
-                    [OutboxMessage(uuid4(), RECONCILE_TOPIC, {"cluster": str(cluster)})]
-                )
+                uow.publish([OutboxMessage(uuid4(), RECONCILE_TOPIC, {"cluster": str(cluster)})])
             uow.commit()
         return to_object(WORKLOADS, new)
 
