@@ -350,3 +350,30 @@ def test_cancelling_an_admitted_gang_asks_its_cluster_to_reconcile(api: Api) -> 
             .all()
         )
     assert messages == [{"cluster": "east-1"}]
+
+
+def test_the_demo_quotas_apply_and_keep_inference_apart(api: Api) -> None:
+    import yaml
+
+    from tests.standalone.test_standalone import REPO
+
+    plurals = {
+        "Topology": "topologies",
+        "ResourceFlavor": "resourceflavors",
+        "Cohort": "cohorts",
+        "WorkloadPriorityClass": "workloadpriorityclasses",
+        "ClusterQueue": "clusterqueues",
+    }
+    for doc in yaml.safe_load_all((REPO / "sim/fleets/demo-quotas.yaml").read_text()):
+        if doc["kind"] == "LocalQueue":
+            path = f"/v1/namespaces/{doc['metadata']['namespace']}/localqueues"
+        else:
+            path = f"/v1/{plurals[doc['kind']]}"
+        assert api.admin.post(path, json=doc).status_code == 201, (doc["kind"], doc["metadata"])
+    serve = workload("svc", queue="default", workloadClass="inference")
+    pod = serve["spec"]["podSets"][0]["template"]["spec"]
+    pod["tolerations"] = []
+    assert api.admin.post("/v1/namespaces/serving/workloads", json=serve).status_code == 201
+    train = workload("train", queue="default")
+    body = _problem(api.admin.post("/v1/namespaces/serving/workloads", json=train), 422, "invalid")
+    assert "serves inference" in body["detail"]
