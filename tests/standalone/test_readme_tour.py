@@ -45,6 +45,15 @@ def _tour(section: str) -> list[tuple[list[str], list[str]]]:
     return steps
 
 
+def _expand(arg: str, standalone: Standalone) -> str:
+    """The README's paths as the test's: the repo's files, the data directory,
+    and ``$(cat FILE)`` read as the shell would."""
+    arg = arg.replace("sim/", str(REPO / "sim") + "/").replace(".qm-data", str(standalone.data))
+    if match := re.fullmatch(r"\$\(cat (.+)\)", arg):
+        return Path(match.group(1)).read_text().strip()
+    return arg
+
+
 @pytest.fixture
 def standalone(tmp_path: Path) -> Standalone:
     env = {k: v for k, v in os.environ.items() if k not in OURS}
@@ -62,13 +71,14 @@ def test_the_readme_standalone_tour(standalone: Standalone) -> None:
             f"README shows {claimed!r}; standalone printed:\n{standalone.transcript()}"
         )
     tour = _tour(section)
-    assert [c[1] for c, _ in tour] == ["get", "submit", "explain"], tour
+    assert [c[1] for c, _ in tour] == ["get", "submit", "explain", "ledger", "ledger", "ledger"]
     for command, claims in tour:
         args = command[1:]
-        args = [a.replace("sim/", str(REPO / "sim") + "/") for a in args]
+        args = [_expand(a, standalone) for a in args]
         ran = subprocess.run(
             [str(BIN / "qmctl"), *args, *(["--timeout", "150"] if "--wait" in args else [])],
             env=standalone.env,
+            cwd=standalone.data.parent,
             capture_output=True,
             text=True,
             timeout=180,
@@ -81,4 +91,6 @@ def test_the_readme_standalone_tour(standalone: Standalone) -> None:
             assert got == want, ran.stdout
         if args[0] == "explain":
             assert "island" in ran.stdout, ran.stdout
+        if args[:2] == ["ledger", "verify"]:
+            assert "OK" in ran.stdout or "verified" in ran.stdout.lower(), ran.stdout
     _stop_and_check_clean(standalone)
