@@ -61,6 +61,20 @@ class AuditService:
         self._tree = LedgerTree(DEFAULT_ORIGIN)
         self._lock = threading.Lock()
 
+    def _catch_up(self) -> int:
+        """The tree as the ledger is now. A ledger the tree does not extend
+        (rewritten, or emptied as tests do) is read again from the start:
+        proofs describe the stored ledger, and ``publish`` still refuses to
+        sign anything that does not extend the published checkpoints."""
+        try:
+            return self._tree.catch_up(self._reader)
+        except ValueError:
+            self._tree = LedgerTree(DEFAULT_ORIGIN)
+        try:
+            return self._tree.catch_up(self._reader)
+        except ValueError as error:
+            raise ForkRefused(f"the stored ledger does not verify: {error}") from error
+
     def entries(self, principal: Principal, query: LedgerQuery) -> dict[str, Any]:
         require(principal, AUDITORS)
         found = self._reader.query(query)
@@ -108,6 +122,7 @@ class AuditService:
             raise NotConfigured(f"QM_LEDGER_SIGNING_KEY is unusable: {error}") from error
         with self._lock:
             try:
+                self._catch_up()
                 return publish_checkpoint(self._tree, self._reader, signer, self._checkpoints)
             except CheckpointError as error:
                 raise ForkRefused(str(error)) from error
@@ -115,7 +130,7 @@ class AuditService:
     def inclusion(self, principal: Principal, seq: int, size: int | None) -> dict[str, Any]:
         require(principal, AUDITORS)
         with self._lock:
-            current = self._tree.catch_up(self._reader)
+            current = self._catch_up()
             tree_size = size or current
             if not 1 <= seq <= tree_size <= current:
                 raise Invalid(
@@ -134,7 +149,7 @@ class AuditService:
     def consistency(self, principal: Principal, old: int, new: int | None) -> dict[str, Any]:
         require(principal, AUDITORS)
         with self._lock:
-            current = self._tree.catch_up(self._reader)
+            current = self._catch_up()
             new_size = new or current
             if not 1 <= old <= new_size <= current:
                 raise Invalid(

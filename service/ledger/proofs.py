@@ -62,7 +62,15 @@ class LedgerTree:
         """Add what the ledger has beyond the tree (e.g. a
         ``PostgresLedgerReader``); the new size."""
         with self._lock:
-            self.extend_records(source.records(after_seq=self.size))
+            records = source.records(after_seq=self.size)
+            try:
+                self.extend_records(records)
+            finally:
+                # A refused record leaves the reader mid-way: close it now, so
+                # that its cursor and transaction end here, not at GC.
+                close = getattr(records, "close", None)
+                if close is not None:
+                    close()
             return self.size
 
     def extend(self, entries: Iterable[LedgerEntry]) -> None:

@@ -141,3 +141,24 @@ def test_checkpoints_proofs_and_an_export_that_verifies_offline(
     export.write_bytes(b"\n".join(lines) + b"\n")
     tampered = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
     assert tampered.returncode == 1, tampered.stdout
+
+
+def test_proofs_follow_a_ledger_that_was_emptied_and_leave_no_cursor_open(
+    api: Api, engine: sa.Engine
+) -> None:
+    from tests.harness import reset_database
+
+    _decisions(api)
+    auditor = api.as_role("auditor")
+    assert auditor.get("/v1/ledger/proofs/inclusion", params={"seq": 3}).status_code == 200
+    reset_database(engine)  # the server's tree now describes a ledger that is gone
+    auditor = api.as_role("auditor")
+    setup_quota(api.admin, namespace="team-z", cq="cq-z")
+    proof = auditor.get("/v1/ledger/proofs/inclusion", params={"seq": 1})
+    assert proof.status_code == 200, proof.text
+    with engine.connect() as conn:
+        stuck = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND state = 'idle in transaction'"
+        ).scalar_one()
+    assert stuck == 0
