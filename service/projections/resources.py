@@ -67,22 +67,10 @@ def resource_row(data: Mapping[str, Any], version: int, at: datetime) -> dict[st
 
 
 def upsert_resources(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-    if not rows:
-        return
-    statement = insert(resources)
-    changed = {
-        c.name: statement.excluded[c.name]
-        for c in resources.columns
-        if c.name not in ("kind", "namespace", "name")
-    }
-    conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=[resources.c.kind, resources.c.namespace, resources.c.name],
-            set_=changed,
-            where=resources.c.resource_version < statement.excluded.resource_version,
-        ),
-        list(rows),
-    )
+    """Apply rows now, on ``conn``; the same statement a unit of work defers
+    into its commit pipeline (``UPSERT_SQL`` with ``upsert_params``)."""
+    if rows:
+        conn.exec_driver_sql(UPSERT_SQL, [upsert_params(row) for row in rows])
 
 
 _COLUMNS = (
