@@ -149,29 +149,25 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
     ) -> Any:
         return _etag(await run(deps.resources.get, principal, kind.plural, namespace, name))
 
-    async def replace(
-        request: Request,
-        actor: CurrentActor,
-        deps: Deps,
-        name: str,
-        if_match: IfMatch = None,
-        namespace: str = "",
-    ) -> Any:
-        body = await read_body(request, deps.settings.max_body_bytes)
-        obj = await run(deps.resources.replace, actor, kind.plural, namespace, name, body, if_match)
-        return _etag(obj)
+    def _update(method: str) -> Callable[..., Any]:
+        """PUT (replace) and PATCH (merge patch): a body, then the same call."""
 
-    async def patch(
-        request: Request,
-        actor: CurrentActor,
-        deps: Deps,
-        name: str,
-        if_match: IfMatch = None,
-        namespace: str = "",
-    ) -> Any:
-        body = await read_body(request, deps.settings.max_body_bytes)
-        obj = await run(deps.resources.patch, actor, kind.plural, namespace, name, body, if_match)
-        return _etag(obj)
+        async def update(
+            request: Request,
+            actor: CurrentActor,
+            deps: Deps,
+            name: str,
+            if_match: IfMatch = None,
+            namespace: str = "",
+        ) -> Any:
+            body = await read_body(request, deps.settings.max_body_bytes)
+            handler = getattr(deps.resources, method)
+            return _etag(await run(handler, actor, kind.plural, namespace, name, body, if_match))
+
+        update.__name__ = method
+        return update
+
+    replace, patch = _update("replace"), _update("patch")
 
     async def delete(
         actor: CurrentActor, deps: Deps, name: str, if_match: IfMatch = None, namespace: str = ""
