@@ -78,23 +78,23 @@ class ApiError(QuartermasterError):
 
 
 class BadRequest(ApiError):
-    pass
+    """400: the body is not JSON or YAML, or is missing."""
 
 
 class Unauthorized(ApiError):
-    pass
+    """401: no bearer token, or one the server does not know."""
 
 
 class Forbidden(ApiError):
-    pass
+    """403: the caller's role does not allow this."""
 
 
 class NotFound(ApiError):
-    pass
+    """404: no such object."""
 
 
 class MethodNotAllowed(ApiError):
-    pass
+    """405: the path does not take this method."""
 
 
 class Conflict(ApiError):
@@ -103,27 +103,27 @@ class Conflict(ApiError):
 
 
 class AlreadyExists(Conflict):
-    pass
+    """409: an object of that name exists."""
 
 
 class StaleVersion(Conflict):
-    pass
+    """409: the object changed since it was read (resourceVersion / If-Match)."""
 
 
 class InUse(Conflict):
-    pass
+    """409: something still depends on the object."""
 
 
 class IdempotencyKeyInFlight(Conflict):
-    pass
+    """409: the first request with this Idempotency-Key is still running."""
 
 
 class PayloadTooLarge(ApiError):
-    pass
+    """413: the body is over the server's limit."""
 
 
 class UnsupportedMediaType(ApiError):
-    pass
+    """415: the body is neither JSON nor YAML."""
 
 
 class Invalid(ApiError):
@@ -131,19 +131,19 @@ class Invalid(ApiError):
 
 
 class PolicyRefused(Invalid):
-    pass
+    """422: the workload breaks its ClusterQueue's security floor; ``errors`` lists every rule."""
 
 
 class UnknownReference(Invalid):
-    pass
+    """422: a queue, flavor, priority class or ClusterQueue named does not exist."""
 
 
 class UnsupportedKind(Invalid):
-    pass
+    """422: not a Workload, Job, JobSet, PyTorchJob or MPIJob."""
 
 
 class IdempotencyKeyReused(Invalid):
-    pass
+    """422: this Idempotency-Key was used with a different request."""
 
 
 class RateLimited(ApiError):
@@ -153,11 +153,11 @@ class RateLimited(ApiError):
 
 
 class ServerError(ApiError):
-    pass
+    """5xx: the server failed; nothing acknowledged was lost, a retry is safe."""
 
 
 class ServiceUnavailable(ServerError):
-    pass
+    """503: the database is unreachable or a setting is missing; retry later."""
 
 
 _BY_TYPE: dict[str, type[ApiError]] = {
