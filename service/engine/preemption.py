@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from service.engine.fair_sharing import ZERO_SHARE, Share, dominant_resource_share
 from service.engine.flavors import Assignment, PreemptionPlan
 from service.engine.packing import GangPlacement, place_gang
+from service.engine.placement import pristine_capacity
 from service.engine.quota import QuotaNode
 from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo
 
@@ -95,11 +96,30 @@ class _Search:
         self.state.simulate_restore(victim)
         self._touch(victim)
 
+    def landing_islands(self) -> set[int]:
+        """Islands the gang could land in once emptied: for a pod set required
+        in one island, those large enough to hold it whole."""
+        seqs: set[int] = set()
+        for request in self.requests:
+            if request.mode == "required" and request.level is None:
+                seqs.update(
+                    seq
+                    for seq, island in request.eligible.items()
+                    if pristine_capacity(island, request.shape) >= request.count
+                )
+            else:
+                seqs.update(request.eligible)
+        return seqs
+
+    def occupies(self, victim: AdmittedInfo, islands: set[int] | frozenset[int]) -> bool:
+        return any(
+            node.island is not None and node.island.seq in islands
+            for node, _, _ in victim.placements
+        )
+
     def _touch(self, victim: AdmittedInfo) -> None:
-        for node, _, _ in victim.placements:
-            if node.island is not None and node.island.seq in self._eligible_islands:
-                self._physical_dirty = True
-                return
+        if self.occupies(victim, self._eligible_islands):
+            self._physical_dirty = True
 
     # --- the heuristic ------------------------------------------------------------------
 
@@ -259,6 +279,20 @@ def _classical(search: _Search) -> PreemptionPlan | None:
         options = [False, True]
     else:
         options = [True, False]
+    for borrow in options:
+        plan = search.minimal(run(borrow), borrow)
+        if plan is not None:
+            return plan
+    # Kueue's order can spend the candidates on quota alone: removing a
+    # borrower's gang that frees no room where the gang could land may end that
+    # queue's borrowing, and with it the right to take the gang that does
+    # occupy the landing island. Try again with the gangs in islands the gang
+    # could land in first, every other rule unchanged.
+    landing = search.landing_islands()
+    first = [item for item in ordered if search.occupies(item[0], landing)]
+    if not first or len(first) == len(ordered):
+        return None
+    ordered = [*first, *(item for item in ordered if not search.occupies(item[0], landing))]
     for borrow in options:
         plan = search.minimal(run(borrow), borrow)
         if plan is not None:
