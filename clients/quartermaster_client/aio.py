@@ -16,7 +16,7 @@ import asyncio
 import builtins
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -346,13 +346,14 @@ class AsyncClient:
         namespace: str | None = None,
         timeout: float | None = None,
         poll: float = 2.0,
+        until: Callable[[Workload], bool] | None = None,
     ) -> Workload:
         ns = self.ops._required_ns(namespace)
         deadline = None if timeout is None else time.monotonic() + timeout
         position = await self.head()
         while True:
             workload = cast(Workload, await self.get("Workload", name, ns))
-            if outcome(workload) is not None:
+            if until(workload) if until else outcome(workload) is not None:
                 return workload
             left = poll if deadline is None else min(poll, deadline - time.monotonic())
             if left <= 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -367,16 +367,18 @@ class Client:
         namespace: str | None = None,
         timeout: float | None = None,
         poll: float = 2.0,
+        until: Callable[[Workload], bool] | None = None,
     ) -> Workload:
         """Block until the workload is finished, cancelled or preempted for
-        good; WatchTimeout after ``timeout`` seconds. Watches its events and
-        re-reads it on each one, and at least every ``poll`` seconds."""
+        good, or until ``until`` holds for it; WatchTimeout after ``timeout``
+        seconds. Watches its events and re-reads it on each one, and at least
+        every ``poll`` seconds."""
         ns = self.ops._required_ns(namespace)
         deadline = None if timeout is None else time.monotonic() + timeout
         position = self.head()
         while True:
             workload = cast(Workload, self.get("Workload", name, ns))
-            if outcome(workload) is not None:
+            if until(workload) if until else outcome(workload) is not None:
                 return workload
             left = poll if deadline is None else min(poll, deadline - time.monotonic())
             if left <= 0:

@@ -11,6 +11,7 @@ requeueing limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 
 from quartermaster_client.models import Workload
@@ -53,4 +54,23 @@ def outcome(workload: Workload) -> Outcome | None:
     return None
 
 
-__all__ = ["Outcome", "outcome"]
+def waiting_for(spec: str) -> Callable[[Workload], bool]:
+    """The predicate of ``qmctl wait --for``: ``state=Running`` (or several,
+    ``state=Admitted,Running``), or ``condition=PodsReady`` (its status True),
+    as ``kubectl wait --for`` reads them. ValueError for anything else."""
+    what, _, value = spec.partition("=")
+    wanted = {v.strip() for v in value.split(",") if v.strip()}
+    if what == "state" and wanted:
+        return lambda workload: workload.status.state in wanted
+    if what == "condition" and len(wanted) == 1:
+        (kind,) = wanted
+
+        def met(workload: Workload) -> bool:
+            condition = workload.status.condition(kind)
+            return condition is not None and condition.status == "True"
+
+        return met
+    raise ValueError(f"{spec!r} is not state=STATE[,STATE...] or condition=TYPE")
+
+
+__all__ = ["Outcome", "outcome", "waiting_for"]

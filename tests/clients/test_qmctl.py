@@ -253,6 +253,25 @@ def test_submit_get_explain_cancel_and_wait(qmctl: Run, tmp_path: Path, qm: Clie
     assert pending.stdout == ""
 
 
+def test_wait_for_a_state_or_condition(qmctl: Run, tmp_path: Path, qm: Client) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    qmctl("apply", "-f", str(fleet))
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(job("train-5")))
+    there = qmctl("wait", "train-5", "--for", "state=Admitted,Pending")
+    assert _lines(there.stdout) == ["workload/train-5 Pending"]
+    # No worker admits here: Running never comes.
+    late = ["--timeout", "1s", "--poll", "0.2"]
+    timed_out = qmctl("wait", "train-5", "--for", "state=Running", *late, code=5)
+    assert "timed out: workload team-a/train-5 is still Pending" in timed_out.stderr
+    qmctl("wait", "train-5", "--for", "condition=PodsReady", *late, code=5)
+    qm.cancel("train-5", namespace="team-a")
+    ended = qmctl("wait", "train-5", "--for", "state=Running", *late, code=6)
+    assert "workload/train-5 Cancelled before state=Running" in ended.stderr
+    bad = qmctl("wait", "train-5", "--for", "phase=Running", code=2)
+    assert "Invalid value for --for: 'phase=Running' is not" in bad.stderr
+
+
 def _exists(qm: Client, name: str) -> bool:
     return any(w.name == name for w in qm.workloads.list(namespace="team-a"))
 

@@ -21,6 +21,7 @@ from quartermaster_client.kinds import lookup
 from quartermaster_client.ledger import MerkleRoot, canonical_json
 from quartermaster_client.manifests import ManifestError, load
 from quartermaster_client.models import GPU, Explanation, UsageRow
+from quartermaster_client.outcomes import waiting_for
 
 from tests.clients.conftest import gpu_pod
 
@@ -301,3 +302,18 @@ def test_merkle_roots_are_the_services() -> None:
         ours.append(leaf)
         theirs.append(leaf_hash(leaf))
         assert ours.root() == theirs.root(), index
+
+
+def test_wait_for_reads_states_and_conditions_as_kubectl_wait_does() -> None:
+    ready = {"type": "PodsReady", "status": "True", "reason": "PodsReady"}
+    not_ready = {**ready, "status": "False"}
+    running = _workload({"state": "Running", "conditions": [not_ready, ready]})
+    admitted = _workload({"state": "Admitted", "conditions": [ready, not_ready]})
+    assert waiting_for("state=Running")(running)
+    assert not waiting_for("state=Running")(admitted)
+    assert waiting_for("state=Admitted, Running")(admitted)
+    assert waiting_for("condition=PodsReady")(running)
+    assert not waiting_for("condition=PodsReady")(admitted)  # the latest one counts
+    for bad in ("Running", "state=", "condition=A,B", "phase=Running"):
+        with pytest.raises(ValueError, match="is not state=STATE"):
+            waiting_for(bad)

@@ -42,7 +42,7 @@ from quartermaster_client.kinds import APPLY_ORDER, Kind, lookup
 from quartermaster_client.ledger import verify_export
 from quartermaster_client.manifests import Manifest, load
 from quartermaster_client.models import ClusterQueue, Event, Resource, UsageRow, Workload
-from quartermaster_client.outcomes import Outcome, outcome
+from quartermaster_client.outcomes import Outcome, outcome, waiting_for
 
 EXIT_ERROR = 1
 EXIT_FAILED = 3
@@ -568,6 +568,56 @@ def cancel(
         for name in names:
             workload = client.cancel(name, ns)
             typer.echo(f"workload/{workload.name} {workload.status.state.lower()}")
+
+
+@app.command(
+    "wait",
+    epilog=examples(
+        "qmctl wait train-7 -n team-a --for state=Running",
+        "qmctl wait a b --for state=Admitted,Running --timeout 5m",
+        "qmctl wait train-7 --for condition=PodsReady",
+        "",
+        "Exit codes: 0 every workload got there, 5 timed out; a workload that ended "
+        "first exits as submit --wait does (3 failed, 4 preempted for good, 6 cancelled).",
+    ),
+)
+@handled
+def wait_for(
+    names: Annotated[list[str], typer.Argument(help="Workloads.")],
+    for_: Annotated[
+        str,
+        typer.Option("--for", help="state=STATE[,STATE...] or condition=TYPE."),
+    ],
+    namespace: Namespace = None,
+    timeout: Annotated[str, typer.Option("--timeout", help="Give up after, e.g. 90s.")] = "5m",
+    poll: Annotated[float, typer.Option("--poll", help="Seconds between checks.", hidden=True)] = (
+        2.0
+    ),
+) -> None:
+    """Wait until workloads reach a state or condition, as kubectl wait does."""
+    try:
+        until = waiting_for(for_)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--for") from None
+    ns = STATE.namespace(namespace)
+    deadline = time.monotonic() + duration(timeout)
+
+    def there_or_ended(workload: Workload) -> bool:
+        return until(workload) or outcome(workload) is not None
+
+    with STATE.client() as client:
+        for name in names:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                got = client.wait(name, ns, timeout=left, poll=poll, until=there_or_ended)
+            except WatchTimeout as error:
+                typer.echo(f"timed out: {error}", err=True)
+                raise typer.Exit(EXIT_TIMEOUT) from None
+            ended = outcome(got)
+            if not until(got) and ended is not None:
+                typer.echo(f"workload/{got.name} {ended.value} before {for_}", err=True)
+                raise typer.Exit(EXIT_CODES[ended])
+            typer.echo(f"workload/{got.name} {got.status.state}")
 
 
 def _events_line(event: Event) -> str:
