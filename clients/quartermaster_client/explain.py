@@ -43,20 +43,14 @@ def quantity_value(value: Quantity) -> float:
 @dataclass(frozen=True)
 class QueueUsage:
     """A ClusterQueue's GPUs: nominal quota, in use by admitted gangs, and
-    borrowed from its cohort (in use beyond nominal)."""
+    borrowed from its cohort — in use now beyond each flavor's nominal quota,
+    summed over flavors (what Kueue's ``flavorsUsage[].borrowed`` says)."""
 
     pending: int
     admitted: int
     used: int
     nominal: int
-    reported_borrowed: int | None = None
-    """What the admission cycle recorded as borrowed, when it did."""
-
-    @property
-    def borrowed(self) -> int:
-        if self.reported_borrowed is not None:
-            return self.reported_borrowed
-        return max(0, self.used - self.nominal)
+    borrowed: int = 0
 
 
 def workload_gpus(workload: Workload) -> int:
@@ -71,10 +65,13 @@ def workload_gpus(workload: Workload) -> int:
 
 
 def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
-    """From the ClusterQueue's status when the workers fill it in, else
-    counted from its workloads."""
-    pending = admitted = used = 0
-    borrowed: int | None = None
+    """Pending and admitted counts from the ClusterQueue's status when the
+    workers fill it in, else counted from its workloads; GPUs in use and
+    borrowed from the admitted workloads' flavors now, not as they were when
+    each was admitted (a gang admitted while its queue borrowed stops
+    borrowing when others leave)."""
+    pending = admitted = 0
+    used: dict[str, int] = {}
     for workload in workloads:
         if workload.status.cluster_queue != cq.name:
             continue
@@ -82,21 +79,32 @@ def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
             pending += 1
         elif workload.status.state in ADMITTED_STATES:
             admitted += 1
-            used += workload_gpus(workload)
-            admission = workload.status.admission
-            if admission is not None and admission.borrowed:
-                borrowed = (borrowed or 0) + int(
-                    sum(quantity_value(f.get(GPU, 0)) for f in admission.borrowed.values())
-                )
+            for flavor, gpus in _gpus_by_flavor(workload).items():
+                used[flavor] = used.get(flavor, 0) + gpus
     status = cq.status
-    nominal = int(sum(quantity_value(v) for v in cq.spec.nominal(GPU).values()))
+    nominal = {f: int(quantity_value(v)) for f, v in cq.spec.nominal(GPU).items()}
     return QueueUsage(
         status.pending_workloads if status.pending_workloads is not None else pending,
         status.admitted_workloads if status.admitted_workloads is not None else admitted,
-        used,
-        nominal,
-        borrowed,
+        sum(used.values()),
+        sum(nominal.values()),
+        sum(max(0, gpus - nominal.get(flavor, 0)) for flavor, gpus in used.items()),
     )
+
+
+def _gpus_by_flavor(workload: Workload) -> dict[str, int]:
+    """GPUs of an admitted workload per flavor ("" where no flavor is recorded)."""
+    admission = workload.status.admission
+    found: dict[str, int] = {}
+    if admission is not None:
+        for assignment in admission.pod_set_assignments:
+            gpus = assignment.resource_usage.get(GPU)
+            if gpus is not None:
+                flavor = assignment.flavors.get(GPU, "")
+                found[flavor] = found.get(flavor, 0) + int(quantity_value(gpus))
+    if not found:
+        found[""] = workload.requests(GPU)
+    return found
 
 
 def _requests(requests: Mapping[str, int]) -> str:

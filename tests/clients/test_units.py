@@ -163,8 +163,7 @@ def test_admitted_workloads_show_cluster_island_and_gpus() -> None:
         }
     )
     usage = queue_usage(cq, [admitted, pending])
-    assert usage == QueueUsage(pending=1, admitted=1, used=32, nominal=24, reported_borrowed=8)
-    assert usage.borrowed == 8
+    assert usage == QueueUsage(pending=1, admitted=1, used=32, nominal=24, borrowed=8)
     row = render_table(lookup("cq"), [cq], False, False, Context(lambda: [admitted, pending]))
     assert row.splitlines()[1].split()[:6] == ["team-a", "research", "1", "1", "32/24", "8"]
 
@@ -183,7 +182,7 @@ def test_an_admitted_workload_explained_in_words() -> None:
             "admission": ADMISSION,
         }
     )
-    usage = QueueUsage(pending=3, admitted=1, used=32, nominal=24)
+    usage = QueueUsage(pending=3, admitted=1, used=32, nominal=24, borrowed=8)
     assert in_words(explanation, usage) == [
         "Workload team-a/w is Admitted in LocalQueue train (ClusterQueue team-a), priority 100.",
         "It asks for 32 nvidia.com/gpu, 32500m cpu, 256Gi memory in all.",
@@ -194,6 +193,38 @@ def test_an_admitted_workload_explained_in_words() -> None:
         "3 pending, 1 admitted.",
     ]
     assert amount("memory", 1536 * 2**20) == "1536Mi" and amount("cpu", 8000) == "8"
+
+
+def test_borrowed_is_what_is_in_use_beyond_each_flavors_nominal_now() -> None:
+    def on(flavor: str, gpus: int, name: str) -> Workload:
+        assignment = {
+            "name": "main",
+            "count": gpus // 8,
+            "flavors": {"nvidia.com/gpu": flavor},
+            "resourceUsage": {"nvidia.com/gpu": str(gpus)},
+        }
+        # Recorded when admitted, while the queue borrowed: stale since.
+        admission = {**ADMISSION, "podSetAssignments": [assignment]}
+        return _workload(
+            {"state": "Running", "clusterQueue": "team-a", "admission": admission}, name
+        )
+
+    flavors = [
+        {"name": f, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}]}
+        for f in ("h100", "a100")
+    ]
+    cq = ClusterQueue.model_validate(
+        {
+            "metadata": {"name": "team-a"},
+            "spec": {
+                "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": flavors}]
+            },
+        }
+    )
+    both = queue_usage(cq, [on("h100", 48, "a"), on("a100", 16, "b")])
+    assert (both.used, both.nominal, both.borrowed) == (64, 64, 16)
+    alone = queue_usage(cq, [on("a100", 16, "b")])
+    assert (alone.used, alone.borrowed) == (16, 0)
 
 
 def test_ages_read_like_kubectl() -> None:
