@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,42 @@ def _pod_set_line(assignment: PodSetAssignment) -> str:
     return f"pod set {assignment.name}: {count}, {where}" + (f", on {nodes}" if nodes else "")
 
 
+_SHORT_NEEDS = re.compile(
+    r"insufficient unused quota for (?P<resource>\S+) in flavor (?P<flavor>[^,;]+), "
+    r"(?P<amount>\S+) more needed"
+)
+_SHORT_PHRASES = (
+    ("even if it were empty", "can never fit: no cluster is large enough"),
+    ("no single cluster has room now", "waits for room for the whole gang in one cluster"),
+    ("maximum capacity", "asks for more than its ClusterQueue can ever have"),
+)
+
+
+def summary(explanation: Explanation, usage: QueueUsage | None = None) -> str | None:
+    """One line for a pending workload, the way a person says it: "needs 16
+    more GPUs of flavor h100; position 3 of 12 in team-a; team-a is borrowing
+    24 GPUs". None when nothing is known yet."""
+    e = explanation
+    parts: list[str] = []
+    waiting = _waiting_for(e.waiting_for) or ""
+    needs = [
+        f"{m['amount']} more {'GPUs' if m['resource'] == GPU else m['resource']} "
+        f"of flavor {m['flavor']}"
+        for m in _SHORT_NEEDS.finditer(waiting)
+    ]
+    if needs:
+        parts.append("needs " + " or ".join(needs))
+    else:
+        parts.extend(phrase for words, phrase in _SHORT_PHRASES if words in waiting)
+    if e.position_in_queue is not None and e.cluster_queue:
+        parts.append(
+            f"position {e.position_in_queue} of {e.pending_in_cluster_queue} in {e.cluster_queue}"
+        )
+    if usage is not None and usage.borrowed and e.cluster_queue:
+        parts.append(f"{e.cluster_queue} is borrowing {usage.borrowed} GPUs")
+    return "; ".join(parts) if parts and (needs or len(parts) > 1) else None
+
+
 def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[str]:
     """Sentences, one per line."""
     e = explanation
@@ -138,6 +175,9 @@ def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[
     if e.cluster_queue:
         where += f" (ClusterQueue {e.cluster_queue})"
     lines = [f"Workload {e.workload} is {e.state} in {where}, priority {e.priority}."]
+    short = summary(e, usage) if e.state == "Pending" else None
+    if short:
+        lines.append(f"In short: {short}.")
     if e.requests:
         lines.append(f"It asks for {_requests(e.requests)} in all.")
     if e.state == "Pending":
@@ -173,4 +213,4 @@ def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[
     return lines
 
 
-__all__ = ["QueueUsage", "amount", "in_words", "queue_usage", "workload_gpus"]
+__all__ = ["QueueUsage", "amount", "in_words", "queue_usage", "summary", "workload_gpus"]

@@ -16,7 +16,7 @@ from quartermaster_client._http import SSEDecoder
 from quartermaster_client.apply import differs, kueue_to_quartermaster
 from quartermaster_client.cli.main import _chart
 from quartermaster_client.cli.render import Context, age, render_table
-from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage
+from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage, summary
 from quartermaster_client.kinds import lookup
 from quartermaster_client.ledger import MerkleRoot, canonical_json
 from quartermaster_client.manifests import ManifestError, load
@@ -225,6 +225,46 @@ def test_borrowed_is_what_is_in_use_beyond_each_flavors_nominal_now() -> None:
     assert (both.used, both.nominal, both.borrowed) == (64, 64, 16)
     alone = queue_usage(cq, [on("a100", 16, "b")])
     assert (alone.used, alone.borrowed) == (16, 0)
+
+
+def test_a_pending_gang_explained_in_short() -> None:
+    waiting = (
+        "couldn't assign flavors to pod set main: insufficient unused quota for "
+        "nvidia.com/gpu in flavor h100, 16 more needed; flavor a100 doesn't match node affinity"
+    )
+    explanation = Explanation.model_validate(
+        {
+            "workload": "language/pretrain",
+            "state": "Pending",
+            "reason": "NoMatchingFlavor",
+            "message": waiting,
+            "clusterQueue": "language",
+            "localQueue": "default",
+            "priority": 100,
+            "requests": {"nvidia.com/gpu": 48},
+            "positionInQueue": 3,
+            "pendingInClusterQueue": 12,
+            "waitingFor": waiting,
+        }
+    )
+    usage = QueueUsage(pending=12, admitted=1, used=80, nominal=64, borrowed=16)
+    lines = in_words(explanation, usage)
+    assert lines[1] == (
+        "In short: needs 16 more GPUs of flavor h100; position 3 of 12 in language; "
+        "language is borrowing 16 GPUs."
+    )
+    assert lines[-2] == f"Why it waits: {waiting}."
+    never = explanation.model_copy(
+        update={
+            "waiting_for": "no schedulable cluster in flavor h100 could hold 9 pod(s) of "
+            "{nvidia.com/gpu: 8} within one island, even if it were empty"
+        }
+    )
+    assert summary(never) == (
+        "can never fit: no cluster is large enough; position 3 of 12 in language"
+    )
+    first = explanation.model_copy(update={"waiting_for": None, "position_in_queue": 1})
+    assert summary(first) is None  # the position alone is already a line of its own
 
 
 def test_ages_read_like_kubectl() -> None:
