@@ -5,11 +5,18 @@ No I/O here: the reconciler (workers/reconcile.py) loads the read models and
 lists the member cluster, calls :func:`plan`, and carries the actions out.
 
 The centre stays the only quota authority. Each member ClusterQueue
-``qm-<cq>`` has, per member flavor (``qm-<flavor>-<island>``: the flavor's
-node labels plus the island's label), a nominal quota of exactly what the
-centre admitted there, and no cohort and no preemption: it cannot admit what
-the centre did not (nothing else is queued to it and there is no room), nor
-block what it admitted (the quota is raised before the job is created).
+``qm-<cq>`` mirrors the central ClusterQueue's resource groups (a pod set
+admitted with cpu of one flavor and GPUs of another fits, as it did
+centrally): per group, one member flavor per central flavor and island
+(``qm-<flavor>-<island>``: the flavor's node labels plus the island's
+label), each listing the group's covered resources with a nominal quota of
+exactly what the centre admitted there; no cohort and no preemption. So it
+cannot admit what the centre did not (nothing else is queued to it and
+there is no room), nor block what it admitted (the quota is raised before
+the job is created, and every admission reads as one flavor per group).
+Admissions that no one ClusterQueue can hold together (the centre's groups
+changed between them) go to further generations ``qm-<cq>.g<n>``; a group
+that would pass Kueue's 64 flavors shares one island-less member flavor.
 """
 
 from __future__ import annotations
@@ -66,8 +73,11 @@ _API_VERSIONS = {
     "Job": "batch/v1",
     "JobSet": "jobset.x-k8s.io/v1alpha2",
 }
-#: Kueue's CRD caps (ClusterQueue resourceGroups[].flavors, ResourceFlavor nodeLabels).
+#: Kueue's caps: flavors in one resource group, in one ClusterQueue; a
+#: ResourceFlavor's node labels.
 MAX_FLAVORS = 64
+MAX_FLAVORS_TOTAL = 256
+MAX_NODE_LABELS = 8
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,8 @@ class ClusterView:
     workloads: Sequence[WorkloadView]
     flavors: Mapping[str, Mapping[str, Any]]
     topologies: Mapping[str, Mapping[str, Any]]
+    #: Central ClusterQueue specs by name: their resource groups are mirrored.
+    cluster_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -197,6 +209,19 @@ class _Desired:
     jobs: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (workload key, admission)
 
 
+#: One central flavor on the member, pinned to one island or not: ``(flavor, island)``.
+Placed = tuple[str, str | None]
+
+
+@dataclass(frozen=True)
+class _Use:
+    """One admitted pod set here: per resource, the central flavor (and the
+    island it is pinned to) and the amount it reserved."""
+
+    flavors: Mapping[str, Placed]
+    usage: Mapping[str, int]
+
+
 def _island_label(view: ClusterView, flavor: str) -> str | None:
     spec = view.flavors.get(flavor) or {}
     topology = view.topologies.get(str(spec.get("topologyName") or "")) or {}
@@ -204,37 +229,43 @@ def _island_label(view: ClusterView, flavor: str) -> str | None:
     return str(levels[0]["nodeLabel"]) if levels else None
 
 
-def _pod_set_flavors(
-    view: ClusterView, assignment: Mapping[str, Any]
-) -> dict[str, tuple[str, dict[str, str]]]:
-    """Resource → (member flavor name, its node labels) of one pod set."""
+def _node_labels(view: ClusterView, flavor: str) -> dict[str, str]:
+    labels = (view.flavors.get(flavor) or {}).get("nodeLabels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _use(view: ClusterView, assignment: Mapping[str, Any]) -> tuple[_Use, dict[str, str]]:
+    """One pod set assignment: its use of member flavors, and the node
+    selector that pins its pods (every flavor's labels, and its island)."""
     islands = list(assignment.get("islands") or ())
-    island = islands[0] if len(islands) == 1 else None
-    out = {}
+    island = str(islands[0]) if len(islands) == 1 else None
+    flavors: dict[str, Placed] = {}
+    selector: dict[str, str] = {}
     for resource, flavor in (assignment.get("flavors") or {}).items():
-        key = _island_label(view, flavor)
-        labels = {
-            str(k): str(v)
-            for k, v in ((view.flavors.get(flavor) or {}).get("nodeLabels") or {}).items()
-        }
+        key = _island_label(view, str(flavor))
         pinned = island if key is not None else None
-        if pinned is not None and key is not None:
-            labels[key] = str(pinned)
-        out[str(resource)] = (flavor_name(flavor, pinned), labels)
-    return out
+        flavors[str(resource)] = (str(flavor), pinned)
+        selector.update(_node_labels(view, str(flavor)))
+        if key is not None and pinned is not None:
+            selector[key] = pinned
+    usage = canonical_resources(dict(assignment.get("resourceUsage") or {}))
+    return _Use(flavors, usage), selector
 
 
-def _flavor(
-    view: ClusterView, name: str, central: str, labels: Mapping[str, str], island: str | None
-) -> Obj:
+def _flavor(view: ClusterView, name: str, placed: Placed) -> Obj:
+    central, island = placed
     source = view.flavors.get(central) or {}
+    labels = _node_labels(view, central)
+    key = _island_label(view, central)
+    first: list[tuple[str, str]] = []
+    if island is not None and key is not None:
+        labels.pop(key, None)
+        first = [(key, island)]
     # Kueue allows 8 node labels; the island's is the one that must stay.
-    first = [(k, v) for k, v in labels.items() if k == island]
-    rest = sorted((k, v) for k, v in labels.items() if k != island)
-    spec: Obj = {"nodeLabels": dict((first + rest)[:8])}
-    for key in ("nodeTaints", "tolerations"):
-        if source.get(key):
-            spec[key] = copy.deepcopy(list(source[key]))
+    spec: Obj = {"nodeLabels": dict((first + sorted(labels.items()))[:MAX_NODE_LABELS])}
+    for field_name in ("nodeTaints", "tolerations"):
+        if source.get(field_name):
+            spec[field_name] = copy.deepcopy(list(source[field_name]))
     return {
         "apiVersion": _API_VERSIONS["ResourceFlavor"],
         "kind": "ResourceFlavor",
@@ -243,27 +274,156 @@ def _flavor(
     }
 
 
-def _cluster_queue(name: str, quota: Mapping[str, Mapping[str, int]]) -> Obj:
-    resources = sorted({r for amounts in quota.values() for r in amounts})
-    flavors = [
-        {
-            "name": flavor,
-            "resources": [
-                {"name": r, "nominalQuota": format_amount(r, amounts.get(r, 0))} for r in resources
-            ],
-        }
-        for flavor, amounts in sorted(quota.items())[:MAX_FLAVORS]
+def _components(links: Iterable[Sequence[str]]) -> dict[str, str]:
+    """Resources linked into groups (union-find): resource → its group's
+    smallest resource."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for link in links:
+        for other in link[1:]:
+            a, b = root(link[0]), root(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+        if link:
+            root(link[0])
+    return {r: root(r) for r in parent}
+
+
+def _one_flavor_per_group(groups: Mapping[str, str], uses: Sequence[_Use]) -> bool:
+    """Kueue gives a pod set one flavor per resource group: can each of
+    these admissions be read that way?"""
+    for use in uses:
+        seen: dict[str, Placed] = {}
+        for resource, placed in use.flavors.items():
+            if seen.setdefault(groups[resource], placed) != placed:
+                return False
+    return True
+
+
+def _resource_groups(
+    spec: Mapping[str, Any], uses: Sequence[_Use]
+) -> list[tuple[list[str], list[str]]]:
+    """The central ClusterQueue's resource groups, as far as the admissions
+    here use them: ``(coveredResources, central flavors in the centre's
+    order)``. A flavor covers every resource it was admitted for, so those
+    resources share a group whatever the spec says now; the spec's groups
+    are mirrored (covered resources no one uses here get quota 0) unless an
+    admission made under an earlier spec could not be read with them."""
+    central = [
+        (
+            [str(r) for r in group.get("coveredResources") or ()],
+            [str(f.get("name")) for f in group.get("flavors") or ()],
+        )
+        for group in spec.get("resourceGroups") or ()
     ]
-    return {
+    rank: dict[str, tuple[int, int]] = {}
+    for g, (_, names) in enumerate(central):
+        for position, name in enumerate(names):
+            rank.setdefault(name, (g, position))
+    used: dict[str, set[str]] = {}
+    for use in uses:
+        for resource, (flavor, _) in use.flavors.items():
+            used.setdefault(flavor, set()).add(resource)
+    links = [sorted(resources) for resources in used.values()]
+    groups = _components(links + [covered for covered, _ in central if covered])
+    if not _one_flavor_per_group(groups, uses):
+        groups = _components(links)
+    members: dict[str, list[str]] = {}
+    last = (len(central), 0)
+    for flavor in sorted(used, key=lambda f: (rank.get(f, last), f)):
+        members.setdefault(groups[min(used[flavor])], []).append(flavor)
+    covered: dict[str, list[str]] = {}
+    for resource, group in sorted(groups.items()):
+        covered.setdefault(group, []).append(resource)
+    return [(covered[group], flavors) for group, flavors in members.items()]
+
+
+def _collapsed(
+    groups: Sequence[tuple[list[str], list[str]]], islands: Mapping[str, set[str | None]]
+) -> set[str]:
+    """Central flavors whose islands share one member flavor, so that the
+    ClusterQueue stays within Kueue's caps (64 flavors a group, 256 in all).
+    A whole group at a time: a pod set pinned to an island must find no
+    island label on its group's flavors but its own island's. The quota
+    stays exact in sum, the jobs stay pinned by their node selectors; only
+    the member's per-island bookkeeping is given up."""
+    out: set[str] = set()
+
+    def size(flavors: Sequence[str]) -> int:
+        return sum(1 if f in out else len(islands[f]) for f in flavors)
+
+    for _, flavors in groups:
+        if size(flavors) > MAX_FLAVORS:
+            out.update(flavors)
+    for _, flavors in sorted(groups, key=lambda g: -size(g[1])):
+        if size([f for _, fs in groups for f in fs]) <= MAX_FLAVORS_TOTAL:
+            break
+        out.update(flavors)
+    return out
+
+
+def _member_queue(
+    view: ClusterView, name: str, spec: Mapping[str, Any], uses: Sequence[_Use]
+) -> tuple[Obj, dict[str, Placed]]:
+    """The member ClusterQueue mirroring ``spec``'s resource groups, each
+    member flavor's nominal quota exactly what the centre admitted there;
+    and the member flavors it lists."""
+    groups = _resource_groups(spec, uses)
+    islands: dict[str, set[str | None]] = {}
+    for use in uses:
+        for flavor, island in use.flavors.values():
+            islands.setdefault(flavor, set()).add(island)
+    collapsed = _collapsed(groups, islands)
+
+    def member(placed: Placed) -> Placed:
+        return (placed[0], None) if placed[0] in collapsed else placed
+
+    quota: dict[Placed, dict[str, int]] = {}
+    for use in uses:
+        for resource, placed in use.flavors.items():
+            bucket = quota.setdefault(member(placed), {})
+            bucket[resource] = bucket.get(resource, 0) + use.usage.get(resource, 0)
+    flavors: dict[str, Placed] = {}
+    resource_groups = []
+    for covered, centrals in groups:
+        entries = []
+        for central in centrals:
+            # The island-less flavor first: a pod set pinned to no island
+            # matches every island's flavor too, and must take its own quota.
+            for placed in sorted({member((central, i)) for i in islands[central]}, key=_unpinned):
+                flavors[flavor_name(*placed)] = placed
+                entries.append(
+                    {
+                        "name": flavor_name(*placed),
+                        "resources": [
+                            {"name": r, "nominalQuota": format_amount(r, quota[placed].get(r, 0))}
+                            for r in covered
+                        ],
+                    }
+                )
+        resource_groups.append({"coveredResources": covered, "flavors": entries})
+    queue = {
         "apiVersion": _API_VERSIONS["ClusterQueue"],
         "kind": "ClusterQueue",
         "metadata": {"name": name, "labels": _labels()},
         "spec": {
             "namespaceSelector": {},
             "queueingStrategy": "BestEffortFIFO",
-            "resourceGroups": [{"coveredResources": resources, "flavors": flavors}],
+            "resourceGroups": resource_groups,
         },
     }
+    return queue, flavors
+
+
+def _unpinned(placed: Placed) -> tuple[bool, str]:
+    return (placed[1] is not None, placed[1] or "")
 
 
 def _pin(
@@ -398,29 +558,81 @@ def _priority(workload: WorkloadView) -> int:
     return int(workload.spec.get("priority") or 0)
 
 
+@dataclass
+class _Admitted:
+    """A workload admitted here, as desired() gathers it."""
+
+    workload: WorkloadView
+    cluster_queue: str
+    uses: list[_Use]
+    selectors: dict[str, dict[str, str]]
+
+
+def _links(uses: Iterable[_Use]) -> list[list[str]]:
+    used: dict[str, set[str]] = {}
+    for use in uses:
+        for resource, (flavor, _) in use.flavors.items():
+            used.setdefault(flavor, set()).add(resource)
+    return [sorted(resources) for resources in used.values()]
+
+
+def _compatible(uses: Sequence[_Use]) -> bool:
+    return _one_flavor_per_group(_components(_links(uses)), uses)
+
+
+def _generations(admitted: Sequence[_Admitted]) -> list[list[_Admitted]]:
+    """Admissions of one central ClusterQueue that one member ClusterQueue
+    can hold: all of them, unless the centre's resource groups changed
+    between them (a flavor covering cpu and GPUs then, cpu alone now); then
+    the earliest admissions first, the rest in further generations."""
+    if _compatible([u for a in admitted for u in a.uses]):
+        return [list(admitted)]
+    out: list[list[_Admitted]] = []
+    order = sorted(
+        admitted, key=lambda a: (str(a.workload.admission.get("admittedAt")), a.workload.key)
+    )
+    for entry in order:
+        for generation in out:
+            if _compatible([u for a in (*generation, entry) for u in a.uses]):
+                generation.append(entry)
+                break
+        else:
+            out.append([entry])
+    return out
+
+
+def _generation_name(name: str, generation: int, limit: int = 63) -> str:
+    """Central names reach the member through :func:`_dns` (no dots), so a
+    dotted suffix cannot collide with another queue's name."""
+    return _short(name, limit) if generation == 0 else f"{_short(name, limit - 8)}.g{generation}"
+
+
+def _local_queue(out: _Desired, workload: WorkloadView, cq: str, generation: int) -> str:
+    """``qm-<queue>``, unless the namespace's queue already points at
+    another member ClusterQueue (the central LocalQueue was moved to another
+    ClusterQueue while gangs admitted through it still run)."""
+    local = f"qm-{_dns(str(workload.spec.get('queueName', 'default')))}"
+    name = _generation_name(local, generation)
+    taken = out.queues.get(Ref("LocalQueue", workload.namespace, name))
+    if taken is None or taken["spec"]["clusterQueue"] == cq:
+        return name
+    digest = hashlib.sha256(cq.encode()).hexdigest()[:8]
+    return f"{_short(local, 63 - 9)}.{digest}"
+
+
 def desired(view: ClusterView) -> _Desired:
     out = _Desired()
-    quotas: dict[str, dict[str, dict[str, int]]] = {}
-    local_queues: dict[tuple[str, str], str] = {}
+    by_queue: dict[str, list[_Admitted]] = {}
     for workload in view.workloads:
         if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
             continue
-        cq = f"qm-{_dns(str(workload.admission['clusterQueue']))}"
-        queue = _short(f"qm-{_dns(str(workload.spec.get('queueName', 'default')))}")
-        selectors: dict[str, dict[str, str]] = {}
-        quota = quotas.setdefault(cq, {})
+        central = str(workload.admission["clusterQueue"])
+        entry = _Admitted(workload, central, [], {})
         for assignment in workload.admission.get("podSetAssignments") or ():
-            selector = selectors.setdefault(str(assignment.get("name")), {})
-            usage = canonical_resources(dict(assignment.get("resourceUsage") or {}))
-            member = _pod_set_flavors(view, assignment)
-            for resource, (name, labels) in member.items():
-                central = assignment["flavors"][resource]
-                ref = Ref("ResourceFlavor", "", name)
-                island_key = _island_label(view, central)
-                out.queues.setdefault(ref, _flavor(view, name, central, labels, island_key))
-                bucket = quota.setdefault(name, {})
-                bucket[resource] = bucket.get(resource, 0) + usage.get(resource, 0)
-                selector.update(labels)
+            use, selector = _use(view, assignment)
+            entry.uses.append(use)
+            entry.selectors.setdefault(str(assignment.get("name")), {}).update(selector)
+        by_queue.setdefault(central, []).append(entry)
         out.namespaces.setdefault(
             workload.namespace,
             {
@@ -429,29 +641,45 @@ def desired(view: ClusterView) -> _Desired:
                 "metadata": {"name": workload.namespace, "labels": _labels()},
             },
         )
-        local_queues[(workload.namespace, queue)] = cq
-        priority = _priority(workload)
-        wpc = priority_class_name(priority)
+        wpc = priority_class_name(_priority(workload))
         out.queues.setdefault(
             Ref("WorkloadPriorityClass", "", wpc),
             {
                 "apiVersion": _API_VERSIONS["WorkloadPriorityClass"],
                 "kind": "WorkloadPriorityClass",
                 "metadata": {"name": wpc, "labels": _labels()},
-                "value": priority,
+                "value": _priority(workload),
             },
         )
-        admission = admission_id(workload)
-        out.jobs[(workload.key, admission)] = _job(workload, queue, selectors, admission)
-    for cq, quota in quotas.items():
-        out.queues[Ref("ClusterQueue", "", cq)] = _cluster_queue(cq, quota)
-    for (namespace, queue), cq in local_queues.items():
-        out.queues[Ref("LocalQueue", namespace, queue)] = {
-            "apiVersion": _API_VERSIONS["LocalQueue"],
-            "kind": "LocalQueue",
-            "metadata": {"name": queue, "namespace": namespace, "labels": _labels()},
-            "spec": {"clusterQueue": cq},
-        }
+    for central, admitted in sorted(by_queue.items()):
+        spec = view.cluster_queues.get(central) or {}
+        for generation, entries in enumerate(_generations(admitted)):
+            cq = _generation_name(f"qm-{_dns(central)}", generation, 253)
+            uses = [u for e in entries for u in e.uses]
+            queue_obj, flavors = _member_queue(view, cq, spec, uses)
+            out.queues[Ref("ClusterQueue", "", cq)] = queue_obj
+            for name, placed in flavors.items():
+                out.queues.setdefault(Ref("ResourceFlavor", "", name), _flavor(view, name, placed))
+            for entry in entries:
+                workload = entry.workload
+                queue = _local_queue(out, workload, cq, generation)
+                out.queues.setdefault(
+                    Ref("LocalQueue", workload.namespace, queue),
+                    {
+                        "apiVersion": _API_VERSIONS["LocalQueue"],
+                        "kind": "LocalQueue",
+                        "metadata": {
+                            "name": queue,
+                            "namespace": workload.namespace,
+                            "labels": _labels(),
+                        },
+                        "spec": {"clusterQueue": cq},
+                    },
+                )
+                admission = admission_id(workload)
+                out.jobs[(workload.key, admission)] = _job(
+                    workload, queue, entry.selectors, admission
+                )
     return out
 
 

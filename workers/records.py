@@ -54,7 +54,7 @@ _WORKLOADS = text(
 )
 _CONFIG = text(
     "SELECT kind, name, spec FROM resources "
-    "WHERE kind IN ('ResourceFlavor', 'Topology') AND NOT deleted"
+    "WHERE kind IN ('ResourceFlavor', 'Topology', 'ClusterQueue') AND NOT deleted"
 )
 _CLUSTERS = text(
     "SELECT name, uid, resource_version, generation, labels, annotations, spec, status, "
@@ -151,17 +151,21 @@ def workload_rows(conn: Connection, cluster: str) -> list[WorkloadRow]:
 
 
 def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow]) -> ClusterView:
-    flavors: dict[str, Mapping[str, Any]] = {}
-    topologies: dict[str, Mapping[str, Any]] = {}
+    config: dict[str, dict[str, Mapping[str, Any]]] = {
+        "ResourceFlavor": {},
+        "Topology": {},
+        "ClusterQueue": {},
+    }
     for kind, name, spec in conn.execute(_CONFIG):
-        (flavors if kind == "ResourceFlavor" else topologies)[name] = spec or {}
+        config[kind][name] = spec or {}
     return ClusterView(
         cluster=cluster,
         workloads=[
             WorkloadView(r.namespace, r.name, r.uid, r.spec, r.status, r.annotations) for r in rows
         ],
-        flavors=flavors,
-        topologies=topologies,
+        flavors=config["ResourceFlavor"],
+        topologies=config["Topology"],
+        cluster_queues=config["ClusterQueue"],
     )
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.domain.quantity import canonical_amount
+from tests.workers.kueue_rules import problems
 from workers.clusters import Ref
 from workers.plan import (
     ADMISSION_LABEL,
@@ -190,3 +195,271 @@ def test_names_that_are_not_dns_labels_do_not_collide() -> None:
     a, b = admitted("a.b"), admitted("a-b")
     names = {job["metadata"]["name"] for job in plan(view(a, b), []).dispatch}
     assert len(names) == 2 and "a-b" in names
+
+
+# -- member ClusterQueues mirror the central resource groups ---------------------------------
+
+MIXED_FLAVORS = {
+    **FLAVORS,
+    "a100": {"nodeLabels": {"example.com/gpu": "a100"}, "topologyName": "fabric"},
+    "std": {"nodeLabels": {"example.com/cpu": "std"}},
+}
+
+
+def _group(covered: list[str], *flavors: str) -> dict[str, Any]:
+    return {
+        "coveredResources": covered,
+        "flavors": [
+            {"name": f, "resources": [{"name": r, "nominalQuota": 1000} for r in covered]}
+            for f in flavors
+        ],
+    }
+
+
+#: cpu and memory from one flavor, GPUs from another (Kueue's usual layout).
+TWO_GROUPS = {"resourceGroups": [_group(["cpu", "memory"], "std"), _group([GPU], "h100", "a100")]}
+#: One group: each flavor provides everything.
+ONE_GROUP = {"resourceGroups": [_group(["cpu", "memory", GPU], "h100", "a100")]}
+
+PodSet = tuple[int, dict[str, int], dict[str, str], list[str]]  # count, per pod, flavors, islands
+
+
+def gang_of(name: str, *pod_sets: PodSet, cq: str = "cq") -> WorkloadView:
+    """A workload admitted here with the given pod sets."""
+    specs, assignments = [], []
+    for i, (count, per_pod, flavors, islands) in enumerate(pod_sets):
+        requests = {r: str(a) for r, a in per_pod.items()}
+        template = {
+            "spec": {
+                "containers": [{"name": "m", "image": "i", "resources": {"requests": requests}}]
+            }
+        }
+        specs.append({"name": f"ps{i}", "count": count, "template": template})
+        assignments.append(
+            {
+                "name": f"ps{i}",
+                "count": count,
+                "flavors": flavors,
+                "resourceUsage": {r: str(a * count) for r, a in per_pod.items()},
+                "islands": islands,
+            }
+        )
+    status = {
+        "state": "Admitted",
+        "admission": {
+            "clusterQueue": cq,
+            "cluster": "c1",
+            "podSetAssignments": assignments,
+            "admittedAt": "2026-01-01T00:00:00Z",
+        },
+    }
+    spec = {"queueName": "train", "podSets": specs}
+    return WorkloadView("team-a", name, f"uid-{name}", spec, status)
+
+
+def mixed_view(*workloads: WorkloadView, spec: dict[str, Any] = TWO_GROUPS) -> ClusterView:
+    return ClusterView("c1", list(workloads), MIXED_FLAVORS, TOPOLOGIES, {"cq": spec})
+
+
+def _pod_sets(job: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    if job["kind"] == "Job":
+        return [(job["spec"]["parallelism"], job["spec"]["template"])]
+    return [
+        (r["template"]["spec"]["parallelism"], r["template"]["spec"]["template"])
+        for r in job["spec"]["replicatedJobs"]
+    ]
+
+
+def member_kueue_admits(cluster: ClusterView, order: int = 1) -> dict[tuple[str, str, str], int]:
+    """Admit every desired job as the member's Kueue would (per resource group,
+    the first flavor whose node labels suit the pod set and whose quota is
+    left); fails if one does not fit. Returns the quota left over."""
+    want = desired(cluster)
+    objects = list(want.queues.values())
+    for obj in objects:
+        assert problems(obj) == [], (obj["metadata"]["name"], problems(obj))
+    queues = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterQueue"}
+    flavors = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ResourceFlavor"}
+    local = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"]["clusterQueue"]
+        for o in objects
+        if o["kind"] == "LocalQueue"
+    }
+    left = {
+        (name, f["name"], r["name"]): canonical_amount(r["name"], r["nominalQuota"])
+        for name, q in queues.items()
+        for group in q["spec"]["resourceGroups"]
+        for f in group["flavors"]
+        for r in f["resources"]
+    }
+    for job in list(want.jobs.values())[::order]:
+        cq = local[(job["metadata"]["namespace"], job["metadata"]["labels"][QUEUE_LABEL])]
+        for count, template in _pod_sets(job):
+            (container,) = template["spec"]["containers"]
+            requests = {
+                r: canonical_amount(r, a) * count
+                for r, a in container["resources"]["requests"].items()
+            }
+            selector = template["spec"]["nodeSelector"]
+            groups = queues[cq]["spec"]["resourceGroups"]
+            assert set(requests) <= {r for g in groups for r in g["coveredResources"]}
+            for group in groups:
+                wanted = {r: a for r, a in requests.items() if r in group["coveredResources"]}
+                keys = {
+                    k for f in group["flavors"] for k in flavors[f["name"]]["spec"]["nodeLabels"]
+                }
+                for entry in group["flavors"] if wanted else ():
+                    labels = flavors[entry["name"]]["spec"]["nodeLabels"]
+                    suits = all(labels.get(k) == v for k, v in selector.items() if k in keys)
+                    if suits and all(left[(cq, entry["name"], r)] >= a for r, a in wanted.items()):
+                        for r, a in wanted.items():
+                            left[(cq, entry["name"], r)] -= a
+                        break
+                else:
+                    assert not wanted, f"{job['metadata']['name']} does not fit in {group}"
+    return left
+
+
+def test_a_mixed_flavor_admission_gets_one_member_group_per_central_group() -> None:
+    cluster = mixed_view(
+        gang_of(
+            "a",
+            (
+                2,
+                {"cpu": 8, "memory": 64, GPU: 8},
+                {"cpu": "std", "memory": "std", GPU: "h100"},
+                ["i0"],
+            ),
+        ),
+        gang_of(
+            "b",
+            (
+                1,
+                {"cpu": 4, "memory": 32, GPU: 4},
+                {"cpu": "std", "memory": "std", GPU: "a100"},
+                ["i1"],
+            ),
+        ),
+    )
+    (queue,) = [o for o in desired(cluster).queues.values() if o["kind"] == "ClusterQueue"]
+    groups = [
+        (
+            g["coveredResources"],
+            {
+                f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]}
+                for f in g["flavors"]
+            },
+        )
+        for g in queue["spec"]["resourceGroups"]
+    ]
+    assert groups == [
+        (["cpu", "memory"], {"qm-std": {"cpu": "20", "memory": "160"}}),
+        ([GPU], {"qm-h100-i0": {GPU: "16"}, "qm-a100-i1": {GPU: "4"}}),
+    ]
+    left = member_kueue_admits(cluster)
+    assert set(left.values()) == {0}  # and nothing more
+
+
+def test_flavors_of_one_group_keep_the_centres_order_the_unpinned_one_first() -> None:
+    cluster = mixed_view(
+        gang_of("a", (1, {"cpu": 1, GPU: 8}, {"cpu": "h100", GPU: "h100"}, ["i1"])),
+        gang_of("b", (2, {"cpu": 1, GPU: 8}, {"cpu": "h100", GPU: "h100"}, ["i0", "i1"])),
+        gang_of("c", (1, {"cpu": 1, GPU: 8}, {"cpu": "a100", GPU: "a100"}, ["i0"])),
+        spec=ONE_GROUP,
+    )
+    (queue,) = [o for o in desired(cluster).queues.values() if o["kind"] == "ClusterQueue"]
+    (group,) = queue["spec"]["resourceGroups"]
+    assert group["coveredResources"] == ["cpu", "memory", GPU]
+    assert [f["name"] for f in group["flavors"]] == ["qm-h100", "qm-h100-i1", "qm-a100-i0"]
+    for order in (1, -1):
+        assert set(member_kueue_admits(cluster, order).values()) == {0}
+
+
+def test_more_islands_than_kueue_allows_share_one_member_flavor() -> None:
+    gangs = [
+        gang_of(f"g{i}", (1, {"cpu": 1, GPU: 8}, {"cpu": "std", GPU: "h100"}, [f"i{i}"]))
+        for i in range(70)
+    ]
+    gangs.append(gang_of("x", (1, {"cpu": 1, GPU: 8}, {"cpu": "std", GPU: "a100"}, ["i0"])))
+    cluster = mixed_view(
+        *gangs, spec={"resourceGroups": [_group(["cpu"], "std"), _group([GPU], "h100", "a100")]}
+    )
+    want = desired(cluster)
+    queue = want.queues[Ref("ClusterQueue", "", "qm-cq")]
+    gpu = queue["spec"]["resourceGroups"][1]["flavors"]
+    assert [(f["name"], f["resources"][0]["nominalQuota"]) for f in gpu] == [
+        ("qm-h100", str(8 * 70)),
+        ("qm-a100", "8"),
+    ]
+    assert want.queues[Ref("ResourceFlavor", "", "qm-h100")]["spec"]["nodeLabels"] == {
+        "example.com/gpu": "h100"
+    }
+    job = want.jobs[("team-a/g42", admission_id(gangs[42]))]
+    assert job["spec"]["template"]["spec"]["nodeSelector"][ISLAND] == "i42"  # still pinned
+    assert set(member_kueue_admits(cluster).values()) == {0}
+
+
+def test_groups_that_changed_since_an_admission_still_admit_it() -> None:
+    """Admitted while cpu and GPUs were one group; the centre has split them
+    since: no one member ClusterQueue can hold both gangs, so each gets one."""
+    old = gang_of("old", (1, {"cpu": 1, GPU: 8}, {"cpu": "h100", GPU: "h100"}, ["i0"]))
+    new = gang_of("new", (1, {"cpu": 1, GPU: 8}, {"cpu": "std", GPU: "a100"}, ["i0"]))
+    cluster = mixed_view(old, new, spec=TWO_GROUPS)
+    assert set(member_kueue_admits(cluster).values()) == {0}
+    want = desired(cluster)
+    queues = {r.name for r in want.queues if r.kind == "ClusterQueue"}
+    assert queues == {"qm-cq", "qm-cq.g1"}
+    labels = {k[0]: j["metadata"]["labels"][QUEUE_LABEL] for k, j in want.jobs.items()}
+    assert labels == {"team-a/new": "qm-train", "team-a/old": "qm-train.g1"}
+    # once the old gang is gone, the new one is alone in qm-cq, as before
+    assert {r.name for r in desired(mixed_view(new)).queues if r.kind == "ClusterQueue"} == {
+        "qm-cq"
+    }
+
+
+def test_a_local_queue_moved_to_another_cluster_queue_keeps_both_apart() -> None:
+    a = gang_of("a", (1, {"cpu": 1, GPU: 8}, {"cpu": "std", GPU: "h100"}, ["i0"]), cq="cq")
+    b = gang_of("b", (1, {"cpu": 1, GPU: 8}, {"cpu": "std", GPU: "h100"}, ["i0"]), cq="other")
+    cluster = ClusterView(
+        "c1", [a, b], MIXED_FLAVORS, TOPOLOGIES, {"cq": TWO_GROUPS, "other": TWO_GROUPS}
+    )
+    assert set(member_kueue_admits(cluster).values()) == {0}
+    local = {
+        r.name: o["spec"]["clusterQueue"]
+        for r, o in desired(cluster).queues.items()
+        if r.kind == "LocalQueue"
+    }
+    assert local["qm-train"] == "qm-cq" and "qm-other" in local.values() and len(local) == 2
+
+
+@st.composite
+def _gangs(draw: st.DrawFn, layout: str) -> list[WorkloadView]:
+    out = []
+    for n in range(draw(st.integers(1, 6))):
+        shape = draw(st.sampled_from(["one", "two"])) if layout == "changed" else layout
+        pod_sets: list[PodSet] = []
+        for _ in range(draw(st.integers(1, 2))):
+            gpu = draw(st.sampled_from(["h100", "a100"]))
+            cpu = "std" if shape == "two" else gpu
+            islands = draw(
+                st.lists(st.sampled_from(["i0", "i1", "i2"]), min_size=1, max_size=2, unique=True)
+            )
+            per_pod = {"cpu": draw(st.integers(1, 16)), GPU: draw(st.sampled_from([0, 1, 4, 8]))}
+            if shape == "two" and draw(st.booleans()):
+                per_pod["memory"] = draw(st.integers(1, 2**30))
+            flavors = {r: (gpu if r == GPU else cpu) for r in per_pod if per_pod[r]}
+            count = draw(st.integers(1, 4))
+            pod_sets.append((count, {r: a for r, a in per_pod.items() if a}, flavors, islands))
+        out.append(gang_of(f"w{n}", *pod_sets))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), layout=st.sampled_from(["one", "two", "changed"]))
+def test_every_admission_fits_the_member_queue_exactly(data: st.DataObject, layout: str) -> None:
+    """Whatever was admitted here (under the spec as it is, or as it was),
+    the member's Kueue admits it all, and has no quota left for anything else."""
+    gangs = data.draw(_gangs(layout))
+    cluster = mixed_view(*gangs, spec=ONE_GROUP if layout == "one" else TWO_GROUPS)
+    for order in (1, -1):
+        assert set(member_kueue_admits(cluster, order).values()) == {0}

@@ -14,7 +14,9 @@ import sqlalchemy as sa
 
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
-from tests.workers.conftest import ADMIN, wait_for, workload_status
+from sim.kubesim.testing import running_clusters
+from tests.workers.conftest import ADMIN, GPU, wait_for, workload_status
+from tests.workers.kueue_rules import problems
 from tests.workers.members import (
     ISLAND,
     gang,
@@ -260,3 +262,88 @@ def test_a_submitted_pytorchjob_runs_on_its_member_as_a_pytorchjob(
         selector = replica["template"]["spec"]["nodeSelector"]
         assert [selector[ISLAND]] == islands[replica_type.lower()]
     assert [f["workload"] for f in ledger(engine, "workload.finished")] == ["pt"]
+
+
+MIXED_FLEET = """
+topologies:
+  - name: fabric
+    levels:
+      - nodeLabel: example.com/fabric-block
+      - nodeLabel: kubernetes.io/hostname
+resourceFlavors:
+  - name: h100
+    nodeLabels: {example.com/gpu: h100}
+    topologyName: fabric
+clusters:
+  - name: c1
+    nodeGroups:
+      - flavor: h100
+        islands: 2
+        nodesPerIsland: 2
+        labels: {example.com/cpu: sapphire}
+        allocatable: {cpu: 96, memory: 1Ti, nvidia.com/gpu: 8}
+"""
+
+
+def _quota(flavor: str, resources: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": flavor,
+        "resources": [{"name": r, "nominalQuota": q} for r, q in resources.items()],
+    }
+
+
+def test_a_mixed_flavor_admission_runs_on_its_member(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """cpu and memory from flavor ``sapphire`` (one central resource group),
+    GPUs from ``h100`` (another), both on one island: the member's
+    ClusterQueue has the same two groups, so its Kueue admits the gang as the
+    centre did (one group of both, as before, admitted nothing)."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(MIXED_FLEET)
+    create = services.resources.create
+    with running_clusters(fleet, ("c1",), time_scale=0.01, bookmark_interval=0.5) as (c1,):
+        setup_central(services, [c1])  # topology, h100, cq, train, Cluster c1
+        create(
+            ADMIN,
+            "resourceflavors",
+            "",
+            {
+                "metadata": {"name": "sapphire"},
+                "spec": {"nodeLabels": {"example.com/cpu": "sapphire"}, "topologyName": "fabric"},
+            },
+        )
+        queue = services.resources.get(ADMIN.principal, "clusterqueues", "", "cq")
+        queue["spec"]["resourceGroups"] = [
+            {
+                "coveredResources": ["cpu", "memory"],
+                "flavors": [_quota("sapphire", {"cpu": 1024, "memory": "8Ti"})],
+            },
+            {"coveredResources": [GPU], "flavors": [_quota("h100", {GPU: 32})]},
+        ]
+        services.resources.replace(ADMIN, "clusterqueues", "", "cq", queue, None)
+        with scheduling(engine, settings(database_url, broker), send):
+            services.submissions.submit(ADMIN, "team-a", gang("m", duration="100000s"))
+            # Running: the member's Kueue admitted it and its pods are ready
+            wait_for(lambda: workload_status(engine, "team-a", "m")["state"] == "Running", 30)
+            member_queue = c1.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "qm-cq")
+            member_job = job(c1, "m")
+    admission = workload_status(engine, "team-a", "m")["admission"]
+    (assignment,) = admission["podSetAssignments"]
+    assert assignment["flavors"] == {"cpu": "sapphire", "memory": "sapphire", GPU: "h100"}
+    island = admission["island"]
+    assert member_queue is not None
+    groups = member_queue["spec"]["resourceGroups"]
+    assert [(g["coveredResources"], [f["name"] for f in g["flavors"]]) for g in groups] == [
+        (["cpu", "memory"], [f"qm-sapphire-{island}"]),
+        ([GPU], [f"qm-h100-{island}"]),
+    ]
+    assert problems({k: member_queue[k] for k in ("apiVersion", "kind", "metadata", "spec")}) == []
+    assert member_job is not None and not member_job["spec"].get("suspend")
+    selector = member_job["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector[ISLAND] == island and selector["example.com/cpu"] == "sapphire"
