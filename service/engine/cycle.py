@@ -179,19 +179,27 @@ class _Cycle:
         state = self.state
         by_cq: dict[str, list[WorkloadInfo]] = {}
         seen: set[str] = set()
-        keyed = sorted((wl.ordering_time, wl.key, i, wl) for i, wl in enumerate(pending))
-        for seq, (_, key, _, wl) in enumerate(keyed):
-            if key in seen or key in state.admitted:
+        admitted = state.admitted
+        keys = [wl.key for wl in pending]
+        times = [wl.ordering_time for wl in pending]
+        for seq, index in enumerate(_arrival_order(keys, times)):
+            key = keys[index]
+            if key in seen or key in admitted:
                 continue
             seen.add(key)
-            wi = WorkloadInfo(wl, state.priority_of(wl), seq, key)
+            wl = pending[index]
+            priority = state.priority_of(wl)
+            wi = WorkloadInfo(wl, priority, seq, key, state.gang_shape(wl), times[index])
             lq = state.local_queues.get(wi.lq)
             cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
             wi.cq = cq
             problem = self._queueing_problem(wi, lq is not None, cq)
             if problem is None:
                 assert cq is not None
-                by_cq.setdefault(cq.name, []).append(wi)
+                queue = by_cq.get(cq.name)
+                if queue is None:
+                    queue = by_cq[cq.name] = []
+                queue.append(wi)
                 continue
             reason, message, stays_queued = problem
             if stays_queued and cq is not None:
@@ -272,17 +280,21 @@ class _Cycle:
         queue = self.queues.get(name)
         if queue is None or queue.blocked_by is not None:
             return None
+        limit = self._limit
         while True:
-            if self._limit is not None and queue.attempted >= self._limit:
+            if limit is not None and queue.attempted >= limit:
                 return None
             wi = queue.head()
-            if wi is None:
-                return None
+            if wi is None or wi is queue.verified:
+                return wi
             failure = self._known_failure(wi)
             if failure is None:
+                # Only this queue's own failed attempt adds to its failure memory,
+                # and that attempt moves the head on: the verdict stays valid.
+                queue.verified = wi
                 return wi
             queue.attempted += 1
-            self._pend(wi, failure.reason, failure, name)
+            self.pending[wi.key] = (failure.reason, failure, name, wi.lq)
             queue.advance()
             if self._strict(wi):
                 queue.blocked_by = wi
@@ -525,6 +537,25 @@ class _Cycle:
             pending=pending,
             local_queue_usage=dict(sorted(state.sampled_usage.items())),
         )
+
+
+def _arrival_order(keys: list[str], times: list[float]) -> list[int]:
+    """Indices sorted by ``(time, key, index)``: the ``seq`` order of pending workloads.
+
+    Sorting by time alone (stable, so equal entries keep index order) and then
+    re-sorting each run of equal times by key is the same order, at a fraction
+    of the cost of sorting tuples.
+    """
+    order = sorted(range(len(times)), key=times.__getitem__)
+    ordered = [times[i] for i in order]
+    start = 0
+    for position in range(1, len(ordered) + 1):
+        if position < len(ordered) and ordered[position] == ordered[start]:
+            continue
+        if position - start > 1:
+            order[start:position] = sorted(order[start:position], key=lambda i: (keys[i], i))
+        start = position
+    return order
 
 
 def run_cycle(snapshot: Snapshot, now: float) -> CycleResult:

@@ -168,12 +168,20 @@ def _fits_quota(
 ) -> tuple[int, int, str, QuotaNote | None]:
     """``(mode, borrow, reason, note)`` for ``value`` of one flavor-resource."""
     node = cq.node
-    maximum = node.potential_available(fr)
-    if value > maximum:
-        return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, maximum)
-    available = node.available(fr)
+    flat = node.flat_root(fr)
+    if flat is not None:
+        # No borrowing or lending limit on the way up: the root's numbers are the answer.
+        maximum = flat.subtree_quota.get(fr, 0)
+        if value > maximum:
+            return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, maximum)
+        available = maximum - flat.usage.get(fr, 0)
+    else:
+        maximum = node.potential_available(fr)
+        if value > maximum:
+            return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, maximum)
+        available = node.available(fr)
     if value <= available:
-        if node.parent is None or not node.borrowing_with(fr, value):
+        if node.parent is None or node.usage.get(fr, 0) + value <= node.subtree_quota.get(fr, 0):
             return FIT, 0, "", None
         return FIT, node.borrowing_level(fr, value)[0], "", None
     borrow, may_reclaim = node.borrowing_level(fr, value)

@@ -29,12 +29,21 @@ def queue_key(wi: WorkloadInfo) -> tuple[int, float, int]:
     return (-wi.priority, wi.time, wi.seq)
 
 
+def _priority(wi: WorkloadInfo) -> int:
+    return wi.priority
+
+
 class ClusterQueueQueue:
-    """The pending workloads of one ClusterQueue, in admission order."""
+    """The pending workloads of one ClusterQueue, in admission order.
+
+    ``workloads`` must come in ``seq`` order (see ``_Cycle.classify``).
+    """
 
     __slots__ = (
+        "_at",
         "_heap",
         "_lqs",
+        "_only",
         "_pos",
         "_usage",
         "_usage_of",
@@ -42,6 +51,7 @@ class ClusterQueueQueue:
         "attempted",
         "blocked_by",
         "name",
+        "verified",
     )
 
     def __init__(self, name: str, workloads: list[WorkloadInfo], usage: Callable[[str], float]):
@@ -51,16 +61,24 @@ class ClusterQueueQueue:
         for wi in workloads:
             self._lqs.setdefault(wi.lq, []).append(wi)
         for items in self._lqs.values():
-            items.sort(key=queue_key)
+            # ``workloads`` come in ``seq`` order, which sorts by ordering time first:
+            # a stable sort by priority alone gives ``queue_key`` order.
+            items.sort(key=_priority, reverse=True)
         self._pos = dict.fromkeys(self._lqs, 0)
         #: Each LocalQueue's admission fair-sharing value, until its usage changes.
         self._usage_of = {lq: usage(lq) for lq in self._lqs}
         self._version = dict.fromkeys(self._lqs, 0)
         self._heap: list[tuple[float, int, float, int, int, str]] = []
-        for lq in sorted(self._lqs):
-            self._push(lq)
+        #: With a single LocalQueue its list is the order: no heap to keep.
+        self._only = next(iter(self._lqs.values())) if len(self._lqs) == 1 else None
+        self._at = 0
+        if self._only is None:
+            for lq in sorted(self._lqs):
+                self._push(lq)
         self.attempted = 0
         self.blocked_by: WorkloadInfo | None = None
+        #: The head once the cycle found it worth trying (it stays so while it is the head).
+        self.verified: WorkloadInfo | None = None
 
     def _push(self, lq: str) -> None:
         items = self._lqs[lq]
@@ -74,6 +92,9 @@ class ClusterQueueQueue:
         )
 
     def head(self) -> WorkloadInfo | None:
+        only = self._only
+        if only is not None:
+            return only[self._at] if self._at < len(only) else None
         heap = self._heap
         while heap:
             _, _, _, seq, version, lq = heap[0]
@@ -90,6 +111,9 @@ class ClusterQueueQueue:
 
     def advance(self) -> None:
         """Drop the current head (admitted, or given up on for this cycle)."""
+        if self._only is not None:
+            self._at += 1
+            return
         wi = self.head()
         if wi is None:
             return
@@ -99,7 +123,7 @@ class ClusterQueueQueue:
         self._push(wi.lq)
 
     def usage_changed(self, lq: str) -> None:
-        if lq in self._lqs:
+        if lq in self._lqs and self._only is None:
             self._usage_of[lq] = self._usage(lq)
             self._version[lq] += 1
             self._push(lq)
@@ -108,6 +132,8 @@ class ClusterQueueQueue:
         return [wi for items in self._lqs.values() for wi in items]
 
     def remaining(self) -> list[WorkloadInfo]:
+        if self._only is not None:
+            return self._only[self._at :]
         result: list[WorkloadInfo] = []
         for lq, items in self._lqs.items():
             result.extend(items[self._pos[lq] :])

@@ -25,11 +25,13 @@ class QuotaNode:
     """A ClusterQueue or a Cohort in the quota tree."""
 
     __slots__ = (
+        "_flat",
         "children",
         "cluster_queues",
         "fair_weight",
         "height",
         "is_cluster_queue",
+        "lineage",
         "name",
         "parent",
         "potential",
@@ -53,6 +55,11 @@ class QuotaNode:
         self.cluster_queues: list[QuotaNode] = []
         #: ``potential_available`` does not depend on usage: memoised per flavor-resource.
         self.potential: dict[FlavorResource, int] = {}
+        #: The ancestors, nearest first (set by :meth:`QuotaTree.finish`, for the hot paths).
+        self.lineage: tuple[QuotaNode, ...] = ()
+        #: Per flavor-resource: the root, when no node from here up limits borrowing or
+        #: lending of it (so ``available`` is the root's), else ``None``. Memoised.
+        self._flat: dict[FlavorResource, QuotaNode | None] = {}
 
     def __repr__(self) -> str:
         kind = "ClusterQueue" if self.is_cluster_queue else "Cohort"
@@ -78,6 +85,27 @@ class QuotaNode:
             node = node.parent
         return node
 
+    def flat_root(self, fr: FlavorResource) -> QuotaNode | None:
+        """The root if no node from here up has a borrowing or lending limit for ``fr``.
+
+        Then every node's local quota is 0 and each answers ``available`` with
+        its parent's: the root's ``subtree_quota - usage`` is the answer.
+        """
+        try:
+            return self._flat[fr]
+        except KeyError:
+            pass
+        root: QuotaNode | None = self.root()
+        for node in (self, *self.ancestors()):
+            quota = node.quotas.get(fr)
+            if quota is not None and (
+                quota.borrowing_limit is not None or quota.lending_limit is not None
+            ):
+                root = None
+                break
+        self._flat[fr] = root
+        return root
+
     # --- Kueue's resource-node arithmetic -------------------------------------------------
 
     def local_quota(self, fr: FlavorResource) -> int:
@@ -91,6 +119,9 @@ class QuotaNode:
 
     def available(self, fr: FlavorResource) -> int:
         """Capacity this node may still use; negative after over-admission."""
+        flat = self._flat.get(fr) or self.flat_root(fr)
+        if flat is not None:
+            return flat.subtree_quota.get(fr, 0) - flat.usage.get(fr, 0)
         parent = self.parent
         if parent is None:
             return self.subtree_quota.get(fr, 0) - self.usage.get(fr, 0)
@@ -163,13 +194,15 @@ class QuotaNode:
         says that subtree is smaller than the whole tree (so reclaiming within
         the hierarchy may help).
         """
-        if self.parent is None or not self.borrowing_with(fr, value):
-            return 0, self.parent is not None
+        if self.parent is None:
+            return 0, False
+        if self.usage.get(fr, 0) + value <= self.subtree_quota.get(fr, 0):
+            return 0, True
         remaining = value - self.local_available(fr)
         node: QuotaNode = self
-        for ancestor in self.ancestors():
+        for ancestor in self.lineage:
             node = ancestor
-            if not ancestor.borrowing_with(fr, remaining):
+            if ancestor.usage.get(fr, 0) + remaining <= ancestor.subtree_quota.get(fr, 0):
                 return ancestor.height, ancestor.parent is not None
             remaining -= ancestor.local_available(fr)
         return node.height, node.parent is not None
@@ -230,8 +263,10 @@ class QuotaTree:
         if node.name in seen:
             raise ValueError(f"cohort cycle through {node.name}")
         seen.add(node.name)
+        node.lineage = (node.parent, *node.parent.lineage) if node.parent is not None else ()
         node.subtree_quota = {fr: q.nominal for fr, q in node.quotas.items()}
         node.potential = {}
+        node._flat = {}
         node.usage = {}
         node.children.sort(key=lambda c: (c.is_cluster_queue, c.name))
         node.cluster_queues = []

@@ -13,14 +13,22 @@ from service.domain.quota import (
     Toleration,
     Topology,
 )
-from service.domain.workload import AdmittedWorkload, Workload
+from service.domain.workload import AdmittedWorkload, PodSet, Workload
 from service.engine.fair_sharing import decay_factor, decayed_usage, weighted_usage
 from service.engine.packing import GangPlacement, PodSetRequest
 from service.engine.placement import Inventory, Island, NodeState, Shape
 from service.engine.quota import FlavorResource, QuotaNode, QuotaTree
 from service.engine.types import LocalQueueUsage, Snapshot
 
-__all__ = ["AdmittedInfo", "CQState", "CycleState", "PodSetInfo", "WorkloadInfo", "selector_key"]
+__all__ = [
+    "AdmittedInfo",
+    "CQState",
+    "CycleState",
+    "GangShape",
+    "PodSetInfo",
+    "WorkloadInfo",
+    "selector_key",
+]
 
 
 def shape_of(requests: Mapping[str, int]) -> Shape:
@@ -31,6 +39,12 @@ def shape_of(requests: Mapping[str, int]) -> Shape:
 
 
 class PodSetInfo:
+    """One pod set's requests, totals and placement constraints, derived once.
+
+    Immutable once built: workloads whose pod sets are equal share one
+    (see :meth:`CycleState.workload_info`).
+    """
+
     __slots__ = (
         "count",
         "level",
@@ -44,8 +58,7 @@ class PodSetInfo:
         "totals",
     )
 
-    def __init__(self, wl: Workload, index: int) -> None:
-        pod_set = wl.pod_sets[index]
+    def __init__(self, pod_set: PodSet) -> None:
         self.name = pod_set.name
         self.count = pod_set.count
         self.requests = pod_set.requests
@@ -57,6 +70,40 @@ class PodSetInfo:
         self.tolerations = pod_set.tolerations
         self.node_selector = pod_set.node_selector
         self.selector_items = _items(pod_set.node_selector)
+
+
+class GangShape:
+    """What workloads with equal pod sets share: pod-set infos, totals, signature."""
+
+    __slots__ = ("pod_sets", "resources", "signature")
+
+    def __init__(self, pod_sets: tuple[PodSetInfo, ...]) -> None:
+        self.pod_sets = pod_sets
+        if len(pod_sets) == 1:
+            self.resources = pod_sets[0].totals
+        else:
+            totals: dict[str, int] = {}
+            for ps in pod_sets:
+                for r, a in ps.totals.items():
+                    totals[r] = totals.get(r, 0) + a
+            self.resources = totals
+        self.signature = tuple(
+            (ps.shape, ps.mode, ps.level, ps.tolerations, ps.selector_items) for ps in pod_sets
+        )
+
+
+def pod_set_key(pod_set: PodSet) -> tuple[object, ...]:
+    """Equal keys, equal :class:`PodSetInfo` (request order included: totals keep it)."""
+    selector = pod_set.node_selector
+    topology = pod_set.topology_request
+    return (
+        pod_set.name,
+        pod_set.count,
+        tuple(pod_set.requests.items()),
+        None if topology is None else (topology.mode, topology.level),
+        pod_set.tolerations,
+        tuple(selector.items()) if selector else (),
+    )
 
 
 class WorkloadInfo:
@@ -71,45 +118,44 @@ class WorkloadInfo:
         "priority",
         "resources",
         "seq",
+        "shape",
         "time",
         "wl",
     )
 
-    def __init__(self, wl: Workload, priority: int, seq: int, key: str | None = None) -> None:
+    def __init__(
+        self,
+        wl: Workload,
+        priority: int,
+        seq: int,
+        key: str | None = None,
+        shape: GangShape | None = None,
+        time: float | None = None,
+    ) -> None:
         self.wl = wl
         self.key = wl.key if key is None else key
         self.priority = priority
-        self.time = wl.ordering_time
+        self.time = wl.ordering_time if time is None else time
         self.seq = seq
         self.cq: CQState | None = None
         self.lq = wl.queue_key
-        self.pod_sets = [PodSetInfo(wl, i) for i in range(len(wl.pod_sets))]
-        if len(self.pod_sets) == 1:
-            self.resources = self.pod_sets[0].totals
-        else:
-            totals: dict[str, int] = {}
-            for ps in self.pod_sets:
-                for r, a in ps.totals.items():
-                    totals[r] = totals.get(r, 0) + a
-            self.resources = totals
+        if shape is None:
+            shape = GangShape(tuple(PodSetInfo(ps) for ps in wl.pod_sets))
+        self.shape = shape
+        self.pod_sets = shape.pod_sets
+        self.resources = shape.resources
         self._signature: tuple[object, ...] | None = None
 
     def signature(self) -> tuple[object, ...]:
         """Everything but counts that decides where the gang may go (for fast rejects)."""
         if self._signature is None:
-            self._signature = self._compute_signature()
+            selector = self.wl.cluster_selector
+            self._signature = (
+                self.shape.signature,
+                None if selector is None else selector_key(selector),
+                len(self.pod_sets),
+            )
         return self._signature
-
-    def _compute_signature(self) -> tuple[object, ...]:
-        selector = self.wl.cluster_selector
-        return (
-            tuple(
-                (ps.shape, ps.mode, ps.level, ps.tolerations, ps.selector_items)
-                for ps in self.pod_sets
-            ),
-            selector_key(selector),
-            len(self.pod_sets),
-        )
 
 
 def _items(mapping: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -236,6 +282,9 @@ class CycleState:
         ] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
+        #: Pod-set keys -> the shape workloads with those pod sets share (see ``gang_shape``).
+        self._gang_shapes: dict[tuple[object, ...], GangShape] = {}
+        self._single_shapes: dict[tuple[object, ...], GangShape] = {}
         self._init_lq_usage()
 
     # --- construction ---------------------------------------------------------------------
@@ -330,6 +379,26 @@ class CycleState:
         )
 
     # --- lookups --------------------------------------------------------------------------
+
+    def gang_shape(self, wl: Workload) -> GangShape:
+        """The workload's derived pod-set data, shared by every workload with equal pod sets.
+
+        A big queue holds few distinct gang shapes: deriving each once keeps
+        building the pending set cheap and lets equal signatures be one object.
+        """
+        pod_sets = wl.pod_sets
+        if len(pod_sets) == 1:
+            key = pod_set_key(pod_sets[0])
+            shape = self._single_shapes.get(key)
+            if shape is None:
+                shape = self._single_shapes[key] = GangShape((PodSetInfo(pod_sets[0]),))
+            return shape
+        keys = tuple(pod_set_key(ps) for ps in pod_sets)
+        shape = self._gang_shapes.get(keys)
+        if shape is None:
+            shape = GangShape(tuple(PodSetInfo(ps) for ps in pod_sets))
+            self._gang_shapes[keys] = shape
+        return shape
 
     def priority_of(self, wl: Workload) -> int:
         if wl.priority is not None:
