@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -150,22 +149,15 @@ def configuration(
     if spec.get("insecureSkipTLSVerify"):
         config.verify_ssl = False
     elif spec.get("caData"):
-        config.ssl_ca_cert = _ca_file(str(spec["caData"]))
+        config.ca_cert_data = _pem(str(spec["caData"]))
     config.retries = 0  # our own loops retry; urllib3's would hide a partition
     return config
 
 
-_CA_FILES: dict[str, str] = {}
-
-
-def _ca_file(data: str) -> str:
-    """The client wants a CA file path; one temp file per distinct CA."""
-    pem = data if "BEGIN CERTIFICATE" in data else base64.b64decode(data).decode()
-    if pem not in _CA_FILES:
-        with tempfile.NamedTemporaryFile("w", prefix="qm-ca-", suffix=".crt", delete=False) as f:
-            f.write(pem)
-        _CA_FILES[pem] = f.name
-    return _CA_FILES[pem]
+def _pem(data: str) -> str:
+    """``caData`` as PEM text (it may be given base64-encoded, as in a
+    kubeconfig); handed to the client in memory, never written to a file."""
+    return data if "BEGIN CERTIFICATE" in data else base64.b64decode(data).decode()
 
 
 class Member:
