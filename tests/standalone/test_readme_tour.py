@@ -1,6 +1,10 @@
-"""The README's standalone tour is a test: every line it shows standalone
-printing, and every ``qmctl`` command of its tour with the output it claims,
-against a live ``quartermaster standalone`` started as a program."""
+"""The README's run command and its five-minute tour are a test.
+
+The run command is carried out as written — a fresh virtual environment, the
+project installed into it by pip, ``quartermaster standalone`` from it — and
+the tour's every ``qmctl`` command runs from that environment as a program
+against that live standalone, with every line of output the README claims:
+tables up to their AGE column, other output line by line."""
 
 from __future__ import annotations
 
@@ -8,14 +12,43 @@ import os
 import re
 import shlex
 import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from service.runtime.embedded import free_port
-from tests.standalone.test_standalone import BIN, OURS, REPO, Standalone, _stop_and_check_clean
+from tests.standalone.test_standalone import OURS, REPO, Standalone, _stop_and_check_clean
 
 README = REPO / "README.md"
+#: What the tour runs, in order: a change to the README's tour must show here.
+TOUR = [
+    "apply",
+    "get",
+    "submit",
+    "get",
+    "submit",
+    "submit",
+    "wait",
+    "get",
+    "submit",
+    "wait",
+    "wait",
+    "get",
+    "ledger",
+    "explain",
+    "ledger",
+    "ledger",
+    "ledger",
+]
+
+
+@dataclass
+class Step:
+    command: list[str]
+    claims: list[str] = field(default_factory=list)
 
 
 def _section(title: str) -> str:
@@ -30,18 +63,17 @@ def _blocks(section: str) -> list[tuple[str, str]]:
     return re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
 
 
-def _tour(section: str) -> list[tuple[list[str], list[str]]]:
+def _tour(section: str) -> list[Step]:
     """Each qmctl command of the tour with the output lines its comments claim."""
-    steps: list[tuple[list[str], list[str]]] = []
+    steps: list[Step] = []
     for language, body in _blocks(section):
         if language != "sh":
             continue
         for line in body.splitlines():
             if line.startswith(".venv/bin/qmctl"):
-                command = shlex.split(line.split("#", 1)[0])
-                steps.append((command, []))
+                steps.append(Step(shlex.split(line.split("  #", 1)[0])))
             elif line.startswith("# ") and steps:
-                steps[-1][1].append(line[2:])
+                steps[-1].claims.append(line[2:])
     return steps
 
 
@@ -54,29 +86,78 @@ def _expand(arg: str, standalone: Standalone) -> str:
     return arg
 
 
+def _run_command() -> list[list[str]]:
+    """The README's run command, split at ``&&``."""
+    (block,) = [b for lang, b in _blocks(_section("Two commands")) if lang == "sh"][:1]
+    return [shlex.split(part) for part in block.strip().split("&&")]
+
+
+def _fresh_venv(where: Path, env: dict[str, str]) -> Path:
+    """The run command's first two parts, as written, in ``where``: the
+    virtual environment and pip installing the project (editable) into it."""
+    create, install, start = _run_command()
+    assert create == ["python3", "-m", "venv", ".venv"], create
+    assert install == [".venv/bin/pip", "install", "-e", "."], install
+    assert start == [".venv/bin/quartermaster", "standalone"], start
+    venv = where / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
+    installed = subprocess.run(
+        [*pip, "-e", str(REPO)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return venv / "bin"
+
+
 @pytest.fixture
-def standalone(tmp_path: Path) -> Standalone:
-    env = {k: v for k, v in os.environ.items() if k not in OURS}
+def standalone(tmp_path: Path) -> Iterator[Standalone]:
+    env = {k: v for k, v in os.environ.items() if k not in OURS and k != "VIRTUAL_ENV"}
     env["QMCTL_CONFIG"] = str(tmp_path / "qmctl-config")
-    return Standalone(tmp_path / "data", free_port(), env)
+    bin = _fresh_venv(tmp_path, env)
+    run = Standalone(tmp_path / "data", free_port(), env, bin)
+    try:
+        yield run
+    finally:
+        if run.process.poll() is None:
+            run.interrupt()
 
 
-def test_the_readme_standalone_tour(standalone: Standalone) -> None:
-    section = _section("Standalone mode")
-    printed = next(body for language, body in _blocks(section) if language == "")
+def _check(step: Step, stdout: str) -> None:
+    if not step.claims:
+        return
+    if step.command[1] == "get":  # a table: the same header and rows, up to the AGE column
+        got = [line.split()[:-1] for line in stdout.strip().splitlines()]
+        want = [line.split()[:-1] for line in step.claims]
+        assert got == want, stdout
+        return
+    printed = [line.strip() for line in stdout.splitlines()]
+    for claim in step.claims:
+        assert claim.strip() in printed, f"{step.command}: no line {claim!r} in\n{stdout}"
+
+
+def test_the_readme_run_command_and_tour(standalone: Standalone) -> None:
+    printed = next(body for language, body in _blocks(_section("Standalone mode")) if not language)
     # Every line the README shows standalone printing, up to the values that vary.
     for claimed in printed.splitlines():
         label = re.split(r"\s{2,}|\d", claimed.strip())[0].strip()
         assert any(label and label in line for line in standalone.err + standalone.out), (
             f"README shows {claimed!r}; standalone printed:\n{standalone.transcript()}"
         )
-    tour = _tour(section)
-    assert [c[1] for c, _ in tour] == ["get", "submit", "explain", "ledger", "ledger", "ledger"]
-    for command, claims in tour:
-        args = command[1:]
-        args = [_expand(a, standalone) for a in args]
+    steps = _tour(_section("A five-minute tour"))
+    assert [step.command[1] for step in steps] == TOUR
+    for step in steps:
+        args = [_expand(a, standalone) for a in step.command[1:]]
         ran = subprocess.run(
-            [str(BIN / "qmctl"), *args, *(["--timeout", "150"] if "--wait" in args else [])],
+            [
+                str(standalone.bin / "qmctl"),
+                *args,
+                *(["--timeout", "150"] if "--wait" in args else []),
+            ],
             env=standalone.env,
             cwd=standalone.data.parent,
             capture_output=True,
@@ -84,13 +165,8 @@ def test_the_readme_standalone_tour(standalone: Standalone) -> None:
             timeout=180,
             check=False,
         )
-        assert ran.returncode == 0, f"{command}: {ran.stdout}{ran.stderr}"
-        if claims:  # a table: the same header and rows, up to the AGE column
-            got = [line.split()[:-1] for line in ran.stdout.strip().splitlines()]
-            want = [line.split()[:-1] for line in claims]
-            assert got == want, ran.stdout
-        if args[0] == "explain":
-            assert "island" in ran.stdout, ran.stdout
+        assert ran.returncode == 0, f"{step.command}: {ran.stdout}{ran.stderr}"
+        _check(step, ran.stdout)
         if args[:2] == ["ledger", "verify"]:
             assert "OK" in ran.stdout or "verified" in ran.stdout.lower(), ran.stdout
     _stop_and_check_clean(standalone)

@@ -50,15 +50,16 @@ OURS = (
 class Standalone:
     """One run of ``quartermaster standalone``, its output collected by threads."""
 
-    def __init__(self, data: Path, port: int, env: dict[str, str]) -> None:
+    def __init__(self, data: Path, port: int, env: dict[str, str], bin: Path = BIN) -> None:
         # QM_DATA_DIR as well as --data-dir: every process started, even the
         # daemonized embedded servers, then carries it in its environment.
         self.data, self.port, self.env = data, port, {**env, "QM_DATA_DIR": str(data)}
         self.url = f"http://127.0.0.1:{port}"
+        self.bin = bin
         self.out: list[str] = []
         self.err: list[str] = []
         began = time.monotonic()
-        command = [str(BIN / "quartermaster"), "standalone"]
+        command = [str(bin / "quartermaster"), "standalone"]
         self.process = subprocess.Popen(
             [*command, "--data-dir", str(data), "--port", str(port)],
             stdout=subprocess.PIPE,
@@ -102,7 +103,7 @@ class Standalone:
 
     def qmctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(BIN / "qmctl"), *args],
+            [str(self.bin / "qmctl"), *args],
             env=self.env,
             capture_output=True,
             text=True,
