@@ -31,12 +31,17 @@ positions are known once committed (``commit`` returns them).
 
 Large batches
 -------------
-Parsing a JSON array server-side costs more per event than the insert itself.
-A unit with at least ``STAGE_THRESHOLD`` events first COPYs them, without the
-lock, into a temporary staging table (one per connection, emptied at commit),
-then one statement numbers and inserts them all from there and COMMIT follows
-in the same pipeline: the lock still lives for one statement, and COPY is the
-fastest way into Postgres (bench/eventstore.py, batches of 100).
+Parsing a JSON array server-side costs more per event than the insert itself,
+and COPY is the fastest way into Postgres. A unit with at least
+``STAGE_THRESHOLD`` events encodes its rows as COPY text before it takes the
+lock; then one pipelined round trip takes the sequencer lock (moving the head
+by the batch's size) and reads the streams' versions, the expected versions
+are checked here, the rows — their positions and versions now known — are
+COPYed straight into ``events``, and COMMIT follows. The lock lives for two
+round trips, the COPY and the WAL flush: more than for small units, but each
+event is written once (bench/eventstore.py, batches of 100: a staging table
+numbered by INSERT … SELECT, which held the lock for one statement, wrote
+every event twice and was slower, alone and with 8 writers).
 
 We also tried numbering at commit time from a deferred trigger (rows inserted
 with a NULL position, updated at COMMIT): every event is then written twice and
@@ -47,7 +52,6 @@ which made it slower still.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -100,38 +104,14 @@ FROM head, current, batch
 RETURNING position, version
 """
 STAGE_THRESHOLD = 32
-_STAGE_TABLE = """
-CREATE TEMPORARY TABLE IF NOT EXISTS qm_stage (
-    ord bigint NOT NULL, stream text NOT NULL, stream_ord integer NOT NULL,
-    expected bigint NOT NULL, event_id uuid NOT NULL, type text NOT NULL,
-    data jsonb NOT NULL, meta jsonb NOT NULL
-) ON COMMIT DELETE ROWS
-"""
-_STAGE_COPY = (
-    "COPY qm_stage (ord, stream, stream_ord, expected, event_id, type, data, meta) FROM STDIN"
+# Taken in one pipeline: the sequencer lock (moving the head by n), then the
+# versions of the batch's streams, read after the lock so that no writer can
+# move them before we commit.
+_TAKE_HEAD = "UPDATE event_head SET position = position + %(n)s WHERE id = 1 RETURNING position"
+_VERSIONS = (
+    "SELECT stream, max(version) FROM events WHERE stream = ANY(%(streams)s) GROUP BY stream"
 )
-# The staged twin of _INSERT: every stream's expected version is checked
-# before the head moves; a stale one raises QM409 and aborts the transaction.
-_INSERT_STAGED = """
-WITH current AS (
-    SELECT st.stream, st.expected,
-           coalesce((SELECT max(e.version) FROM events e WHERE e.stream = st.stream), 0) AS v
-    FROM (SELECT DISTINCT stream, expected FROM qm_stage) AS st
-), head AS (
-    UPDATE event_head SET position = position + %(n)s + (
-        SELECT coalesce(sum(CASE WHEN c.expected IN (-1, c.v) THEN 0
-                            ELSE qm_version_conflict(c.stream, c.expected, c.v) END), 0)
-        FROM current AS c)
-    WHERE id = 1
-    RETURNING position - %(n)s AS base
-)
-INSERT INTO events (position, stream, version, event_id, type, data, metadata)
-SELECT head.base + s.ord, s.stream, c.v + s.stream_ord, s.event_id, s.type, s.data, s.meta
-FROM head, qm_stage AS s JOIN current AS c ON c.stream = s.stream
-RETURNING position, stream, version
-"""
-_STAGED = weakref.WeakSet[Any]()
-"""Connections whose session has the staging table."""
+_COPY_EVENTS = "COPY events (position, stream, version, event_id, type, data, metadata) FROM STDIN"
 
 _READ_COLUMNS = "position, stream, version, event_id, type, data, metadata, recorded_at"
 
@@ -150,6 +130,28 @@ def _encode_batch(events: Sequence[NewEvent]) -> str:
         allow_nan=False,
         separators=(",", ":"),
     )
+
+
+def _copy_text(value: str) -> str:
+    """A value as a field of COPY's text format."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        value = value.replace("\\", "\\\\").replace("\t", "\\t")
+        value = value.replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
+
+def _copy_tails(events: Sequence[NewEvent], metas: dict[int, str]) -> list[str]:
+    """Each event's COPY line after its position, stream and version
+    (``metas`` caches the encoded metadata a batch usually shares)."""
+    tails = []
+    for event in events:
+        meta = metas.get(id(event.metadata))
+        if meta is None:
+            meta = _copy_text(json.dumps(event.metadata.to_json(), separators=(",", ":")))
+            metas[id(event.metadata)] = meta
+        data = _copy_text(json.dumps(event.data, allow_nan=False, separators=(",", ":")))
+        tails.append(f"\t{event.event_id}\t{_copy_text(event.type)}\t{data}\t{meta}\n")
+    return tails
 
 
 def _row_to_event(row: Sequence[Any]) -> RecordedEvent:
@@ -203,12 +205,9 @@ def _explain(
     sqlstate, detail, message = _diagnostics(error)
     if not pending or sqlstate not in (_VERSION_CONFLICT, _UNIQUE_VIOLATION):
         raise error
-    ids = [e.event_id for p in pending for e in p.events]
-    stored = {r[0]: (r[1], int(r[2]), int(r[3])) for r in raw.execute(_FIND_IDS, {"ids": ids})}
-    raw.rollback()
-    replays = [resolve_duplicates(p.stream, p.events, stored) for p in pending]
-    if stored and all(r is not None for r in replays):
-        return [r for r in replays if r is not None]
+    replays = _replays(raw, pending)
+    if replays is not None:
+        return replays
     if sqlstate == _VERSION_CONFLICT:
         stale = next(
             (p for p in pending if f"stream {p.stream}:" in message),
@@ -218,6 +217,20 @@ def _explain(
         raise ConcurrencyConflict(stale.stream, stale.expected, actual) from error
     first = pending[0]
     raise ConcurrencyConflict(first.stream, first.expected, None) from error
+
+
+def _replays(
+    raw: psycopg.Connection[Any], pending: Sequence[_Pending]
+) -> list[AppendResult] | None:
+    """Rolls the failed transaction back; the original results if every
+    append's events were all stored before, else None."""
+    ids = [e.event_id for p in pending for e in p.events]
+    stored = {r[0]: (r[1], int(r[2]), int(r[3])) for r in raw.execute(_FIND_IDS, {"ids": ids})}
+    raw.rollback()
+    replays = [resolve_duplicates(p.stream, p.events, stored) for p in pending]
+    if stored and all(r is not None for r in replays):
+        return [r for r in replays if r is not None]
+    return None
 
 
 class PostgresEventRecorder:
@@ -300,60 +313,54 @@ class PostgresEventRecorder:
         deferred: Sequence[tuple[str, list[Mapping[str, Any]]]],
         commit_transaction: Callable[[], None],
     ) -> list[AppendResult]:
-        """COPY into the staging table, then number, insert and COMMIT in one
-        pipeline (see "Large batches" above)."""
+        """Take the lock and the versions, COPY the numbered rows, COMMIT
+        (see "Large batches" above)."""
+        metas: dict[int, str] = {}
+        tails = [_copy_tails(item.events, metas) for item in pending]
+        total = sum(len(t) for t in tails)
         try:
-            if raw not in _STAGED:
-                raw.execute(_STAGE_TABLE)
-                _STAGED.add(raw)
-            ordinal = 0
-            metas: dict[int, str] = {}  # a batch usually shares one metadata object
-            with raw.cursor().copy(_STAGE_COPY) as copy:
-                for item in pending:
-                    for index, event in enumerate(item.events, start=1):
-                        ordinal += 1
-                        meta = metas.get(id(event.metadata))
-                        if meta is None:
-                            meta = json.dumps(event.metadata.to_json(), separators=(",", ":"))
-                            metas[id(event.metadata)] = meta
-                        copy.write_row(
-                            (
-                                ordinal,
-                                item.stream,
-                                index,
-                                item.expected,
-                                event.event_id,
-                                event.type,
-                                json.dumps(event.data, allow_nan=False, separators=(",", ":")),
-                                meta,
-                            )
-                        )
             with raw.pipeline():
                 for sql, params in deferred:
                     raw.cursor().executemany(sql, params)
                 for item in pending:
                     if item.expected == ANY_VERSION:
                         raw.execute(_LOCK_STREAM, {"stream": item.stream})
-                cursor = raw.execute(_INSERT_STAGED, {"n": ordinal})
-                commit_transaction()
-            rows = cursor.fetchall()
+                head = raw.execute(_TAKE_HEAD, {"n": total})
+                versions = raw.execute(_VERSIONS, {"streams": [p.stream for p in pending]})
+            row = head.fetchone()
+            assert row is not None
+            position = int(row[0]) - total
+            current = {str(s): int(v) for s, v in versions.fetchall()}
+            stale = next(
+                (p for p in pending if p.expected not in (ANY_VERSION, current.get(p.stream, 0))),
+                None,
+            )
+            if stale is not None:
+                replays = _replays(raw, pending)
+                if replays is not None:
+                    return replays
+                raise ConcurrencyConflict(
+                    stale.stream, stale.expected, current.get(stale.stream, 0)
+                )
+            results: list[AppendResult] = []
+            lines: list[str] = []
+            for item, item_tails in zip(pending, tails, strict=True):
+                stream, version = _copy_text(item.stream), current.get(item.stream, 0)
+                first = position + 1
+                for tail in item_tails:
+                    position += 1
+                    version += 1
+                    lines.append(f"{position}\t{stream}\t{version}{tail}")
+                results.append(
+                    AppendResult(item.stream, version, tuple(range(first, position + 1)))
+                )
+            with raw.cursor().copy(_COPY_EVENTS) as copy:
+                copy.write("".join(lines))
+            commit_transaction()
         except (psycopg.Error, DBAPIError) as error:
-            # A rolled-back transaction that created the staging table took
-            # it along: create it again next time.
-            _STAGED.discard(raw)
             raw.rollback()
             return _explain(raw, error, pending)
-        found: dict[str, list[tuple[int, int]]] = {}
-        for position, stream, version in rows:
-            found.setdefault(str(stream), []).append((int(position), int(version)))
-        return [
-            AppendResult(
-                item.stream,
-                max(v for _, v in found[item.stream]),
-                tuple(sorted(p for p, _ in found[item.stream])),
-            )
-            for item in pending
-        ]
+        return results
 
     def _find_ids(self, events: Sequence[NewEvent]) -> Mapping[UUID, tuple[str, int, int]]:
         rows = self._conn.exec_driver_sql(_FIND_IDS, {"ids": [e.event_id for e in events]})

@@ -143,7 +143,7 @@ class EventStoreContract:
         assert [e.position for e in store.read_all(0)] == [1, 2]
 
     # Batches of STAGE_THRESHOLD (32) events or more take the Postgres
-    # adapter's staged path: COPY, then one numbering INSERT.
+    # adapter's COPY path: rows encoded as COPY text, numbered under the lock.
 
     def test_large_batches_are_numbered_gap_free_in_order(self, store: Any) -> None:
         store.append("small-1", 0, [new(i=-1)])
@@ -155,6 +155,22 @@ class EventStoreContract:
         assert [e.data["i"] for e in events] == list(range(140))
         assert [e.version for e in events] == list(range(1, 141))
         assert events[0].metadata == META
+
+    def test_large_batches_keep_every_character(self, store: Any) -> None:
+        tricky = [
+            "back\\slash",
+            "tab\there",
+            "new\nline",
+            "cr\rhere",
+            '"quoted"',
+            "ünï\u2028ç😀",
+            "\\.",
+        ]
+        batch = [new(i=i, text=tricky[i % len(tricky)], nested={"k\t": ["\\n"]}) for i in range(40)]
+        store.append("chars\\1", 0, batch)
+        events = store.read_stream("chars\\1")
+        assert [e.data for e in events] == [e.data for e in batch]
+        assert [e.event_id for e in events] == [e.event_id for e in batch]
 
     def test_a_large_batch_at_a_stale_version_is_a_conflict(self, store: Any) -> None:
         store.append("big-1", 0, [new() for _ in range(50)])
