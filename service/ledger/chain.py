@@ -103,12 +103,25 @@ def in_utc(moment: datetime) -> datetime:
 
 def seal(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> LedgerEntry:
     """Make the entry that follows ``prev_hash`` at position ``seq``."""
+    return seal_with_bytes(seq, item, prev_hash)[0]
+
+
+def seal_with_bytes(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> tuple[LedgerEntry, bytes]:
+    """:func:`seal`, and the RFC 8785 bytes it hashed (:func:`entry_bytes`),
+    which storage keeps beside the entry."""
     body = canonical_body(item.body)
     clean = NewLedgerEntry(item.entry_id, item.kind, body, in_utc(item.recorded_at))
-    digest = hash_document(entry_document(seq, clean, prev_hash))
-    return LedgerEntry(
-        seq, clean.entry_id, clean.kind, clean.recorded_at, clean.body, prev_hash, digest
+    data = canonical_json(entry_document(seq, clean, prev_hash))
+    entry = LedgerEntry(
+        seq,
+        clean.entry_id,
+        clean.kind,
+        clean.recorded_at,
+        clean.body,
+        prev_hash,
+        hashlib.sha256(data).digest(),
     )
+    return entry, data
 
 
 def recompute(entry: LedgerEntry) -> bytes:

@@ -12,14 +12,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
 from service.ledger.chain import LedgerEntry
 from service.ledger.checkpoint import DEFAULT_ORIGIN, CheckpointError, NoteSigner, NoteVerifier
-from service.ledger.export import ExportRecord, read_ndjson
+from service.ledger.export import read_ndjson
 from service.ledger.verify import VerifyReport, verify_ledger
+
+if TYPE_CHECKING:
+    from service.ledger.postgres import PostgresLedgerReader
 
 app = typer.Typer(
     help="The audit ledger: checkpoints, exports, verification.", no_args_is_help=True
@@ -43,14 +46,14 @@ def _database_url(url: str | None) -> str:
 
 
 @contextmanager
-def _live_records(url: str) -> Iterator[Iterator[ExportRecord]]:
+def _live_reader(url: str) -> Iterator[PostgresLedgerReader]:
     import sqlalchemy as sa
 
     from service.ledger.postgres import PostgresLedgerReader
 
     engine = sa.create_engine(url)
     try:
-        yield PostgresLedgerReader(engine).records()
+        yield PostgresLedgerReader(engine)
     finally:
         engine.dispose()
 
@@ -107,8 +110,8 @@ def verify(
             read_ndjson(_lines(export)), note, verifier, older_notes, strict=strict
         )
     else:
-        with _live_records(_database_url(database_url)) as records:
-            report = verify_ledger(records, note, verifier, older_notes, strict=strict)
+        with _live_reader(_database_url(database_url)) as reader:
+            report = reader.verify_live(note, verifier, older_notes, strict=strict)
     _print(report)
     if not report.ok:
         raise typer.Exit(1)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
 
@@ -12,12 +13,18 @@ from service.ledger.chain import (
     LedgerEntry,
     NewLedgerEntry,
     Verification,
-    seal,
+    seal_with_bytes,
     verify_chain,
 )
-from service.ledger.checkpoint import Checkpoint
+from service.ledger.checkpoint import Checkpoint, NoteVerifier
 from service.ledger.export import ExportRecord
 from service.ledger.query import LedgerQuery, select_statement
+from service.ledger.schema import (
+    ENTRY_MATCHES_CALL,
+    ENTRY_MATCHES_CONSTRAINT,
+    ENTRY_MATCHES_SOURCE,
+)
+from service.ledger.verify import StoredRow, VerifyReport, verify_ledger, verify_stored
 
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same
@@ -32,14 +39,42 @@ _LOCK_TIP = "SELECT seq, entry_hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 # every entry committed by the appender we waited for: no duplicate can slip in.
 _FIND = "SELECT " + _COLUMNS + " FROM ledger_entries WHERE entry_id = ANY(%(ids)s)"
 _INSERT = (
-    "INSERT INTO ledger_entries (" + _COLUMNS + ") VALUES "
-    "(%(seq)s, %(entry_id)s, %(kind)s, %(recorded_at)s, %(body)s, %(prev_hash)s, %(entry_hash)s)"
+    "INSERT INTO ledger_entries (" + _COLUMNS + ", entry_bytes) VALUES "
+    "(%(seq)s, %(entry_id)s, %(kind)s, %(recorded_at)s, %(body)s, %(prev_hash)s, %(entry_hash)s, "
+    "%(entry_bytes)s)"
 )
 _RECORDS = (
     "SELECT seq, entry_id::text, kind, recorded_at, body, encode(prev_hash, 'hex'), "
     "encode(entry_hash, 'hex') FROM ledger_entries WHERE seq > %(after)s ORDER BY seq"
 )
 _MOVE_TIP = "UPDATE ledger_head SET seq = %(seq)s, entry_hash = %(entry_hash)s WHERE id = 1"
+
+# The stored rows for verify_stored, as raw as Postgres sends them: binary COPY
+# decodes no JSON, dates or UUIDs on either side (a SELECT of the full rows
+# spends most of its time decoding ``body`` into dicts in Python).
+_STORED = (
+    "COPY (SELECT seq, prev_hash, entry_hash, entry_bytes FROM ledger_entries "
+    "WHERE seq > {after} ORDER BY seq) TO STDOUT (FORMAT binary)"
+)
+_COPY_SIGNATURE: Final = b"PGCOPY\n\xff\r\n\x00"
+_COPY_HEADER: Final = struct.Struct(">11sii")  # signature, flags, extension length
+_COPY_FIELD: Final = struct.Struct(">i")
+# A row as written: 4 fields; seq (8 bytes), two 32-byte hashes, then the bytes.
+_STORED_ROW: Final = struct.Struct(">hiqi32si32si")
+_GUARD = (
+    "SELECT c.convalidated, pg_get_constraintdef(c.oid), p.prosrc, l.lanname, p.proconfig, "
+    "pg_get_function_identity_arguments(p.oid) "
+    "FROM pg_constraint c "
+    "LEFT JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = c.oid "
+    "AND d.refclassid = 'pg_proc'::regclass "
+    "LEFT JOIN pg_proc p ON p.oid = d.refobjid "
+    "LEFT JOIN pg_language l ON l.oid = p.prolang "
+    "WHERE c.conrelid = 'ledger_entries'::regclass AND c.conname = %(name)s"
+)
+_GUARD_ARGUMENTS = (
+    "entry_bytes bytea, seq bigint, entry_id uuid, kind text, "
+    "recorded_at timestamp with time zone, body jsonb, prev_hash bytea"
+)
 
 
 def _row_to_entry(row: Sequence[Any]) -> LedgerEntry:
@@ -96,21 +131,23 @@ class PostgresLedgerWriter:
 
     def _seal(self, fresh: Sequence[NewLedgerEntry], seq: int, tip: bytes) -> list[LedgerEntry]:
         sealed: list[LedgerEntry] = []
+        rows: list[dict[str, Any]] = []
         previous, next_seq = tip, seq + 1
         for item in fresh:
-            entry = seal(next_seq, item, previous)
+            entry, data = seal_with_bytes(next_seq, item, previous)
             sealed.append(entry)
+            rows.append(_params(entry, data))
             previous, next_seq = entry.entry_hash, next_seq + 1
         last = sealed[-1]
         if self._defer is not None:
             self._tip = (last.seq, last.entry_hash)
             self._sealed.update({e.entry_id: e for e in sealed})
-            self._defer(_INSERT, [_params(e) for e in sealed])
+            self._defer(_INSERT, rows)
             self._defer(_MOVE_TIP, [{"seq": last.seq, "entry_hash": last.entry_hash}])
             return sealed
         raw = self._psycopg()
         with raw.pipeline(), raw.cursor() as cursor:
-            cursor.executemany(_INSERT, [_params(e) for e in sealed])
+            cursor.executemany(_INSERT, rows)
             cursor.execute(_MOVE_TIP, {"seq": last.seq, "entry_hash": last.entry_hash})
         return sealed
 
@@ -120,7 +157,7 @@ class PostgresLedgerWriter:
         return self._conn.connection.driver_connection
 
 
-def _params(entry: LedgerEntry) -> dict[str, Any]:
+def _params(entry: LedgerEntry, data: bytes) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
 
     return {
@@ -131,6 +168,7 @@ def _params(entry: LedgerEntry) -> dict[str, Any]:
         "body": Jsonb(dict(entry.body)),
         "prev_hash": entry.prev_hash,
         "entry_hash": entry.entry_hash,
+        "entry_bytes": data,
     }
 
 
@@ -197,6 +235,133 @@ class PostgresLedgerReader:
     def verify(self) -> Verification:
         head = self.head()
         return verify_chain(self.entries(), head=head)
+
+    def verify_live(
+        self,
+        checkpoint_note: str,
+        verifier: NoteVerifier,
+        older_notes: Sequence[str] = (),
+        *,
+        strict: bool = False,
+    ) -> VerifyReport:
+        """Verify the stored ledger against signed checkpoints
+        (``quartermaster ledger verify --live``).
+
+        Streams the stored bytes of every entry and hashes them as they are
+        (:func:`~service.ledger.verify.verify_stored`), having first checked
+        that Postgres still enforces that every row's columns are the fields of
+        its bytes (:meth:`entry_bytes_guard`); the table is share-locked
+        meanwhile, so that no DDL changes that between the check and the read.
+        Without the guard the bytes no longer vouch for the columns: both are
+        verified, the columns the slow way (serialised again and hashed), and
+        the missing guard is reported as a failure of its own."""
+        raw = self._engine.raw_connection()
+        try:
+            conn = raw.driver_connection
+            assert conn is not None
+            with conn.transaction():
+                conn.execute("LOCK TABLE ledger_entries IN ACCESS SHARE MODE")
+                problem = _guard_problem(conn)
+                report = verify_stored(
+                    _stored_rows(conn, after_seq=0),
+                    checkpoint_note,
+                    verifier,
+                    older_notes,
+                    strict=strict,
+                )
+                if problem is None:
+                    return report
+                columns = verify_ledger(
+                    self.records(), checkpoint_note, verifier, older_notes, strict=strict
+                )
+        finally:
+            raw.close()
+        columns.add(None, problem)
+        seen = {str(p) for p in columns.problems}
+        for extra in report.problems:
+            if str(extra) not in seen:
+                columns.add(extra.seq, extra.reason)
+        return columns
+
+    def stored(self, after_seq: int = 0) -> Iterator[StoredRow]:
+        """Every entry after ``after_seq`` as stored: ``seq``, ``prev_hash``,
+        ``entry_hash`` and ``entry_bytes``, streamed by binary COPY."""
+        raw = self._engine.raw_connection()
+        try:
+            conn = raw.driver_connection
+            assert conn is not None
+            with conn.transaction():
+                yield from _stored_rows(conn, after_seq)
+        finally:
+            raw.close()
+
+    def entry_bytes_guard(self) -> str | None:
+        """What is wrong with the constraint that ties every row's columns to
+        its ``entry_bytes`` (None: it is in place, validated, unchanged)."""
+        with self._engine.connect() as conn:
+            return _guard_problem(conn.connection.driver_connection)
+
+
+def _guard_problem(conn: Any) -> str | None:
+    """The constraint of migration 0007 must be there, validated, and call
+    exactly the function that migration made; a superuser can drop it (or
+    re-add it NOT VALID) to change columns behind the bytes' back."""
+    found = conn.execute(_GUARD, {"name": ENTRY_MATCHES_CONSTRAINT}).fetchall()
+    if len(found) != 1:
+        return f"the constraint {ENTRY_MATCHES_CONSTRAINT} that ties columns to entry_bytes is gone"
+    validated, definition, source, language, config, arguments = found[0]
+    expected = f"CHECK ({ENTRY_MATCHES_CALL})"
+    if not validated:
+        return f"the constraint {ENTRY_MATCHES_CONSTRAINT} is not validated"
+    if (
+        definition.replace("public.", "", 1) != expected
+        or source != ENTRY_MATCHES_SOURCE
+        or language != "plpgsql"
+        or config != ["search_path=pg_catalog"]
+        or arguments != _GUARD_ARGUMENTS
+    ):
+        return f"the constraint {ENTRY_MATCHES_CONSTRAINT} or its function has been changed"
+    return None
+
+
+def _stored_rows(conn: Any, after_seq: int) -> Iterator[StoredRow]:
+    with conn.cursor() as cursor, cursor.copy(_STORED.format(after=int(after_seq))) as copy:
+        yield from _binary_rows(copy)
+
+
+def _binary_rows(messages: Iterable[Any]) -> Iterator[StoredRow]:
+    """Rows of a binary COPY of (seq, prev_hash, entry_hash, entry_bytes), one
+    per CopyData message; the header comes with the first message."""
+    size = _STORED_ROW.size
+    header = True
+    for message in messages:
+        row = memoryview(message)
+        if header:
+            signature, _, extension = _COPY_HEADER.unpack_from(row)
+            if signature != _COPY_SIGNATURE:
+                raise ValueError("not a binary COPY stream")
+            row, header = row[_COPY_HEADER.size + extension :], False
+        if len(row) == 2:  # the trailer: -1 fields
+            continue
+        if len(row) >= size:
+            fields, n_seq, seq, n_prev, prev, n_hash, stated, n_data = _STORED_ROW.unpack_from(row)
+            if (fields, n_seq, n_prev, n_hash, n_data) == (4, 8, 32, 32, len(row) - size):
+                yield seq, prev, stated, bytes(row[size:])
+                continue
+        yield _any_row(row)
+
+
+def _any_row(row: memoryview) -> StoredRow:
+    """A row whose hashes are not 32 bytes (the table allows any length)."""
+    values: list[bytes] = []
+    offset = 2
+    for _ in range(4):
+        (length,) = _COPY_FIELD.unpack_from(row, offset)
+        offset += 4
+        values.append(bytes(row[offset : offset + max(length, 0)]))
+        offset += max(length, 0)
+    seq, prev, stated, data = values
+    return int.from_bytes(seq, "big", signed=True), prev, stated, data
 
 
 _CHECKPOINT_COLUMNS = "origin, tree_size, root_hash, note"

@@ -23,6 +23,32 @@ from service.eventstore.schema import NAMING
 
 metadata = MetaData(naming_convention=NAMING)
 
+#: The constraint that ties a row's columns to its ``entry_bytes``, and the
+#: body of the function it calls (migration 0007). The live verifier trusts
+#: the bytes to describe the columns only while Postgres shows exactly this
+#: constraint, validated, calling exactly this function: see
+#: ``PostgresLedgerReader.entry_bytes_guard``.
+ENTRY_MATCHES_CONSTRAINT = "ck_ledger_entries_entry_bytes"
+ENTRY_MATCHES_CALL = (
+    "qm_ledger_entry_matches(entry_bytes, seq, entry_id, kind, recorded_at, body, prev_hash)"
+)
+ENTRY_MATCHES_SOURCE = """
+DECLARE
+    document jsonb := convert_from(entry_bytes, 'UTF8')::jsonb;
+BEGIN
+    RETURN coalesce(
+        document -> 'v' = '1'::jsonb
+        AND document -> 'seq' = to_jsonb(seq)
+        AND document ->> 'entry_id' = entry_id::text
+        AND document ->> 'kind' = kind
+        AND (document ->> 'recorded_at')::timestamptz = recorded_at
+        AND document -> 'body' = body
+        AND document ->> 'prev_hash' = encode(prev_hash, 'hex'),
+        false
+    );
+END
+"""
+
 ledger_entries = Table(
     "ledger_entries",
     metadata,
@@ -33,7 +59,11 @@ ledger_entries = Table(
     Column("body", JSONB, nullable=False),
     Column("prev_hash", LargeBinary(32), nullable=False),
     Column("entry_hash", LargeBinary(32), nullable=False),
+    # The RFC 8785 bytes that entry_hash hashes: the Merkle leaf (migration 0007).
+    Column("entry_bytes", LargeBinary, nullable=False),
     UniqueConstraint("entry_id"),
+    # The columns are the fields of entry_bytes (Postgres checks every row).
+    CheckConstraint(ENTRY_MATCHES_CALL, name="entry_bytes"),
     Index("ix_ledger_entries_kind_recorded_at", "kind", "recorded_at"),
     Index("ix_ledger_entries_recorded_at", "recorded_at"),
     # Every field filter of service/ledger/query.py is a containment on body.

@@ -16,6 +16,9 @@ from service.app.uow import SqlUnitOfWork
 from service.config import get_settings
 from service.ledger import NewLedgerEntry
 from service.ledger.cli import app
+from tests.ledger.tampering import superuser, tamper
+
+__all__ = ["superuser"]  # a fixture
 
 T0 = datetime(2026, 11, 29, tzinfo=UTC)
 runner = CliRunner()
@@ -87,19 +90,18 @@ def test_export_checkpoint_and_verify_offline(
 
 
 def test_tampering_in_the_database_fails_live_verification(
-    engine: sa.Engine, database_url: str, keys: Path, tmp_path: Path
+    superuser: sa.Engine, database_url: str, keys: Path, tmp_path: Path
 ) -> None:
     db = ["--database-url", database_url]
-    fill(engine, 0, 5)
+    fill(superuser, 0, 5)
     invoke("checkpoint", "--out", str(tmp_path / "cp"), "--origin", "qm.test/l", *db)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
-        conn.exec_driver_sql("UPDATE ledger_entries SET body = '{\"i\": 99}' WHERE seq = 2")
+    tamper(superuser, "UPDATE ledger_entries SET body = '{\"i\": 99}' WHERE seq = 2", guard="drop")
     result = runner.invoke(
         app,
         ["verify", "--live", *db, "--checkpoint", str(tmp_path / "cp"), "--public-key", str(keys)],
     )
     assert result.exit_code == 1 and "entry 2: entry hash" in result.output
+    assert "ck_ledger_entries_entry_bytes" in result.output
     result = runner.invoke(app, ["checkpoint", "--origin", "qm.test/l", *db])
     assert result.exit_code == 1 and "NOT SIGNED" in result.output
 

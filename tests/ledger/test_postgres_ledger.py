@@ -1,5 +1,6 @@
 """The ledger in Postgres: chained, idempotent, and tampering found by verify
-even when done as a superuser with the append-only triggers switched off."""
+even when done as a superuser with the append-only triggers switched off (and
+migration 0007's constraint dropped, where it would refuse the edit)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import sqlalchemy as sa
 from service.app.uow import SqlUnitOfWork
 from service.ledger import NewLedgerEntry
 from service.ledger.postgres import PostgresLedgerReader
+from tests.ledger.tampering import superuser, tamper
+
+__all__ = ["superuser"]  # a fixture
 
 T0 = datetime(2026, 11, 29, tzinfo=UTC)
 
@@ -31,12 +35,6 @@ def fill(engine: sa.Engine, n: int) -> list[NewLedgerEntry]:
             uow.record(batch)
             uow.commit()
     return entries
-
-
-def behind_the_databases_back(engine: sa.Engine, statement: str) -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
-        conn.exec_driver_sql(statement)
 
 
 def test_chain_verifies_and_appends_are_idempotent(engine: sa.Engine) -> None:
@@ -66,11 +64,13 @@ def test_concurrent_appenders_keep_one_chain(engine: sa.Engine) -> None:
 
 
 @pytest.mark.parametrize("seq", [1, 4, 8])
-def test_altered_entry_is_found(engine: sa.Engine, seq: int) -> None:
+def test_altered_entry_is_found(superuser: sa.Engine, seq: int) -> None:
+    engine = superuser
     fill(engine, 8)
-    behind_the_databases_back(
+    tamper(
         engine,
         f"UPDATE ledger_entries SET body = jsonb_set(body, '{{gpus}}', '999') WHERE seq = {seq}",
+        guard="drop",
     )
     result = PostgresLedgerReader(engine).verify()
     assert not result.ok and result.breaks[0].seq == seq
@@ -79,16 +79,18 @@ def test_altered_entry_is_found(engine: sa.Engine, seq: int) -> None:
 @pytest.mark.parametrize("seq", [1, 5, 8])
 def test_removed_entry_is_found(engine: sa.Engine, seq: int) -> None:
     fill(engine, 8)
-    behind_the_databases_back(engine, f"DELETE FROM ledger_entries WHERE seq = {seq}")
+    tamper(engine, f"DELETE FROM ledger_entries WHERE seq = {seq}")
     assert not PostgresLedgerReader(engine).verify().ok
 
 
-def test_reordered_entries_are_found(engine: sa.Engine) -> None:
+def test_reordered_entries_are_found(superuser: sa.Engine) -> None:
+    engine = superuser
     fill(engine, 8)
-    behind_the_databases_back(
+    tamper(
         engine,
         "UPDATE ledger_entries SET seq = CASE seq WHEN 3 THEN -4 WHEN 4 THEN -3 END "
         "WHERE seq IN (3, 4)",
+        "UPDATE ledger_entries SET seq = -seq WHERE seq < 0",
+        guard="drop",
     )
-    behind_the_databases_back(engine, "UPDATE ledger_entries SET seq = -seq WHERE seq < 0")
     assert not PostgresLedgerReader(engine).verify().ok

@@ -17,6 +17,9 @@ from service.ledger.memory import InMemoryLedger
 from service.ledger.postgres import PostgresCheckpointStore, PostgresLedgerReader
 from service.ledger.proofs import InMemoryCheckpointStore, LedgerTree, publish_checkpoint
 from service.ledger.verify import verify_ledger
+from tests.ledger.tampering import superuser, tamper
+
+__all__ = ["superuser"]  # a fixture
 
 T0 = datetime(2026, 11, 29, tzinfo=UTC)
 ORIGIN = "qm.test/ledger"
@@ -66,12 +69,13 @@ def test_publish_stores_once_per_size_and_verifies(
 
 
 def test_a_rewritten_ledger_is_never_signed(
-    engine: sa.Engine, store: PostgresCheckpointStore
+    superuser: sa.Engine, store: PostgresCheckpointStore
 ) -> None:
+    engine = superuser
     signer = NoteSigner.generate(ORIGIN)[0]
     append(engine, 6)
     publish_checkpoint(LedgerTree(ORIGIN), PostgresLedgerReader(engine), signer, store)
-    as_superuser(engine, "UPDATE ledger_entries SET body = '{\"i\": 99}' WHERE seq = 2")
+    tamper(engine, "UPDATE ledger_entries SET body = '{\"i\": 99}' WHERE seq = 2", guard="drop")
     with pytest.raises(ValueError):  # the content no longer matches its hash
         publish_checkpoint(LedgerTree(ORIGIN), PostgresLedgerReader(engine), signer, store)
     assert len(store.notes()) == 1
