@@ -25,6 +25,7 @@ from service.engine.flavors import (
     PREEMPT,
     RECLAIM,
     Assignment,
+    admit_simply,
     assign_flavors,
     quota_mode_only,
 )
@@ -188,8 +189,8 @@ class _Cycle:
                 continue
             seen.add(key)
             wl = pending[index]
-            priority = state.priority_of(wl)
-            wi = WorkloadInfo(wl, priority, seq, key, state.gang_shape(wl), times[index])
+            shape = state.gang_shape(wl)
+            wi = WorkloadInfo(wl, state.priority_of(wl), seq, key, shape, times[index])
             lq = state.local_queues.get(wi.lq)
             cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
             wi.cq = cq
@@ -379,6 +380,10 @@ class _Cycle:
     def _try_admit(self, wi: WorkloadInfo) -> bool:
         state = self.state
         assert wi.cq is not None
+        simple = admit_simply(state, wi)
+        if simple is not None and simple.placement is not None:
+            self._admit(wi, simple, simple.placement, [])
+            return True
         assignment = assign_flavors(
             state, wi, physical=True, oracle=lambda w, a: find_preemption_plan(state, w, a)
         )
@@ -414,12 +419,33 @@ class _Cycle:
         victims: list[tuple[AdmittedInfo, str]],
     ) -> None:
         assert wi.cq is not None
-        state = self.state
+        cq = wi.cq
+        if victims:
+            self._preempt(wi, victims)
+        self.state.admit(wi, dict(assignment.usage), placement)
+        self.admissions.append(
+            AdmissionDecision(
+                workload=wi.key,
+                cluster_queue=cq.name,
+                admission=Admission(
+                    cluster_queue=cq.name,
+                    cluster=placement.cluster,
+                    pod_set_assignments=_pod_set_assignments(wi, assignment, placement),
+                ),
+                borrowed=_borrowed(cq, assignment.usage),
+                preempted=tuple(v.key for v, _ in victims),
+            )
+        )
+        self.pending.pop(wi.key, None)
+
+    def _preempt(self, wi: WorkloadInfo, victims: list[tuple[AdmittedInfo, str]]) -> None:
+        """Evict the victims whole, each recorded with its reason and its preemptor."""
+        assert wi.cq is not None
         cq = wi.cq
         preemptor_path = cq.node.path()
         for victim, reason in victims:
             victim_path = victim.cq.node.path() if victim.cq is not None else f"/{victim.cq_name}"
-            state.evict(victim)
+            self.state.evict(victim)
             self.preemptions.append(
                 Preemption(
                     workload=victim.key,
@@ -437,52 +463,29 @@ class _Cycle:
                     victim_path=victim_path,
                 )
             )
-        state.admit(wi, dict(assignment.usage), placement)
-        pod_sets = []
-        for index, ps in enumerate(wi.pod_sets):
-            flavors = assignment.pod_set_flavors[index]
-            placed = placement.pod_sets[index]
-            pod_sets.append(
-                PodSetAssignment(
-                    name=ps.name,
-                    count=ps.count,
-                    flavors={r: flavors[r] for r in sorted(flavors)},
-                    resource_usage=dict(sorted(ps.totals.items())),
-                    placement=tuple((node.name, pods) for node, pods in placed.nodes),
-                    islands=placed.islands,
-                )
-            )
-        borrowed = {}
-        node = cq.node
-        for fr in sorted(assignment.usage):
-            quota = node.quotas.get(fr)
-            nominal = quota.nominal if quota is not None else 0
-            above = node.usage.get(fr, 0) - nominal
-            if above > 0:
-                borrowed[fr] = above
-        self.admissions.append(
-            AdmissionDecision(
-                workload=wi.key,
-                cluster_queue=cq.name,
-                admission=Admission(
-                    cluster_queue=cq.name,
-                    cluster=placement.cluster,
-                    pod_set_assignments=tuple(pod_sets),
-                ),
-                borrowed=borrowed,
-                preempted=tuple(v.key for v, _ in victims),
-            )
-        )
-        self.pending.pop(wi.key, None)
 
     # --- 4. why-not and positions ------------------------------------------------------------
 
     def finish(self) -> CycleResult:
         state = self.state
         admitted = {d.workload for d in self.admissions}
+        self._pend_unconsidered(admitted)
+        reasons = self._queued_reasons(admitted)
+        for key, (reason, message, cq, lq) in self.pending.items():
+            if key not in reasons:
+                reasons[key] = PendingReason(key, reason, _text(message), cq, lq)
+        return CycleResult(
+            admissions=tuple(self.admissions),
+            preemptions=tuple(self.preemptions),
+            evictions=tuple(self.evictions),
+            pending={key: reasons[key] for key in sorted(reasons)},
+            local_queue_usage=dict(sorted(state.sampled_usage.items())),
+        )
+
+    def _pend_unconsidered(self, admitted: set[str]) -> None:
+        """Workloads the loop never reached: behind a StrictFIFO blocker, or past the head limit."""
         for name, queue in self.queues.items():
-            waiting = queue.remaining()
-            for wi in waiting:
+            for wi in queue.remaining():
                 if wi.key in self.pending or wi.key in admitted:
                     continue
                 if queue.blocked_by is not None:
@@ -500,43 +503,69 @@ class _Cycle:
                         "Not considered in this cycle (one head per ClusterQueue)",
                         name,
                     )
-        # Positions in queue order, after this cycle's admissions.
+
+    def _queued_reasons(self, admitted: set[str]) -> dict[str, PendingReason]:
+        """Why each queued workload waits, with its positions in queue order after this cycle."""
+        state = self.state
         by_cq: dict[str, list[WorkloadInfo]] = {}
+        ordered: set[str] = set()
         for name, queue in self.queues.items():
-            by_cq.setdefault(name, []).extend(
-                w for w in queue.all_workloads() if w.key not in admitted
-            )
+            by_cq[name] = [w for w in queue.all_workloads() if w.key not in admitted]
+            if queue.in_queue_order():
+                ordered.add(name)
         for name, held in self._held.items():
             by_cq.setdefault(name, []).extend(held)
-        positions: dict[str, tuple[str, int, int]] = {}
+            ordered.discard(name)
         usage = {lq: state.lq_usage(lq) for lq in state.lq_consumed}
+        reasons: dict[str, PendingReason] = {}
+        pending = self.pending
         for name, items in by_cq.items():
-            items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
+            if name not in ordered:
+                items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
             per_lq: dict[str, int] = {}
             for position, wi in enumerate(items):
                 lq_position = per_lq.get(wi.lq, 0)
                 per_lq[wi.lq] = lq_position + 1
-                positions[wi.key] = (name, position, lq_position)
-        pending: dict[str, PendingReason] = {}
-        for key in sorted(self.pending):
-            reason, message, cq, lq = self.pending[key]
-            where = positions.get(key)
-            pending[key] = PendingReason(
-                workload=key,
-                reason=reason,
-                message=message if isinstance(message, str) else message.text(),
-                cluster_queue=where[0] if where is not None else cq,
-                local_queue=lq,
-                position_in_cluster_queue=where[1] if where is not None else None,
-                position_in_local_queue=where[2] if where is not None else None,
-            )
-        return CycleResult(
-            admissions=tuple(self.admissions),
-            preemptions=tuple(self.preemptions),
-            evictions=tuple(self.evictions),
-            pending=pending,
-            local_queue_usage=dict(sorted(state.sampled_usage.items())),
+                reason, message, _, lq = pending[wi.key]
+                reasons[wi.key] = PendingReason(
+                    wi.key, reason, _text(message), name, lq, position, lq_position
+                )
+        return reasons
+
+
+def _pod_set_assignments(
+    wi: WorkloadInfo, assignment: Assignment, placement: GangPlacement
+) -> tuple[PodSetAssignment, ...]:
+    return tuple(
+        PodSetAssignment(
+            name=ps.name,
+            count=ps.count,
+            flavors={r: flavors[r] for r in sorted(flavors)},
+            resource_usage=dict(ps.sorted_totals),
+            placement=tuple([(node.name, pods) for node, pods in placed.nodes]),
+            islands=placed.islands,
         )
+        for ps, flavors, placed in zip(
+            wi.pod_sets, assignment.pod_set_flavors, placement.pod_sets, strict=True
+        )
+    )
+
+
+def _borrowed(cq: CQState, usage: dict[FlavorResource, int]) -> dict[FlavorResource, int]:
+    """Per flavor-resource, how far the ClusterQueue's usage now is above its nominal quota."""
+    borrowed = {}
+    node = cq.node
+    for fr in sorted(usage):
+        quota = node.quotas.get(fr)
+        nominal = quota.nominal if quota is not None else 0
+        above = node.usage.get(fr, 0) - nominal
+        if above > 0:
+            borrowed[fr] = above
+    return borrowed
+
+
+def _text(message: str | _Failure) -> str:
+    return message if isinstance(message, str) else message.text()
 
 
 def _arrival_order(keys: list[str], times: list[float]) -> list[int]:

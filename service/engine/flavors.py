@@ -26,7 +26,7 @@ from service.domain.quota import FlavorFungibility, ResourceFlavor
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
 from service.engine.placement import tolerates
 from service.engine.quota import FlavorResource
-from service.engine.state import CQState, CycleState, PodSetInfo, WorkloadInfo
+from service.engine.state import CQState, CycleState, FlavorPlan, PodSetInfo, WorkloadInfo
 
 __all__ = [
     "FIT",
@@ -36,7 +36,9 @@ __all__ = [
     "RECLAIM",
     "Assignment",
     "PreemptionPlan",
+    "admit_simply",
     "assign_flavors",
+    "flavor_plan",
     "quota_mode_only",
 ]
 
@@ -163,38 +165,59 @@ def _render_quota_note(note: QuotaNote) -> str:
     )
 
 
-def _fits_quota(
-    state: CycleState, cq: CQState, fr: FlavorResource, value: int
-) -> tuple[int, int, str, QuotaNote | None]:
-    """``(mode, borrow, reason, note)`` for ``value`` of one flavor-resource."""
+def _quota_check(cq: CQState, fr: FlavorResource, value: int) -> tuple[int, int, int]:
+    """``(mode, borrow, room)`` for ``value`` of one flavor-resource.
+
+    ``borrow`` is -1 when ``value`` exceeds the most the ClusterQueue could ever
+    use (``room`` is then that maximum); otherwise ``room`` is what is available now.
+    """
     node = cq.node
     flat = node.flat_root(fr)
     if flat is not None:
         # No borrowing or lending limit on the way up: the root's numbers are the answer.
         maximum = flat.subtree_quota.get(fr, 0)
         if value > maximum:
-            return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, maximum)
+            return NO_FIT, -1, maximum
         available = maximum - flat.usage.get(fr, 0)
     else:
         maximum = node.potential_available(fr)
         if value > maximum:
-            return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, maximum)
+            return NO_FIT, -1, maximum
         available = node.available(fr)
     if value <= available:
         if node.parent is None or node.usage.get(fr, 0) + value <= node.subtree_quota.get(fr, 0):
-            return FIT, 0, "", None
-        return FIT, node.borrowing_level(fr, value)[0], "", None
+            return FIT, 0, available
+        return FIT, node.borrowing_level(fr, value)[0], available
     borrow, may_reclaim = node.borrowing_level(fr, value)
-    note = (fr, value - available, None)
+    if may_reclaim or cq.preempts_while_borrowing:
+        return PREEMPT, borrow, available
     quota = node.quotas.get(fr)
     nominal = quota.nominal if quota is not None else 0
-    preemption = cq.spec.preemption
-    can_preempt_while_borrowing = preemption.borrow_within_cohort.policy != "Never" or (
-        state.config.fair_sharing.enable and preemption.reclaim_within_cohort != "Never"
-    )
-    if nominal >= value or may_reclaim or can_preempt_while_borrowing:
-        return PREEMPT, borrow, WAITING_FOR_QUOTA, note
-    return NO_FIT, borrow, WAITING_FOR_QUOTA, note
+    return (PREEMPT if nominal >= value else NO_FIT), borrow, available
+
+
+def _fits_quota(
+    state: CycleState, cq: CQState, fr: FlavorResource, value: int
+) -> tuple[int, int, str, QuotaNote | None]:
+    """``(mode, borrow, reason, note)`` for ``value`` of one flavor-resource."""
+    mode, borrow, room = _quota_check(cq, fr, value)
+    if borrow < 0:
+        return NO_FIT, 0, EXCEEDS_MAX_QUOTA, (fr, value, room)
+    if mode == FIT:
+        return FIT, borrow, "", None
+    return mode, borrow, WAITING_FOR_QUOTA, (fr, value - room, None)
+
+
+def _flavor_mode(cq: CQState, frs: tuple[tuple[FlavorResource, int], ...]) -> tuple[int, int]:
+    """The ``(mode, borrow)`` of one flavor for a gang alone (``_GroupSearch.quota_mode``)."""
+    mode, borrow = FIT, 0
+    for fr, value in frs:
+        fmode, fborrow, _ = _quota_check(cq, fr, value)
+        mode = min(mode, fmode)
+        borrow = max(borrow, fborrow)
+        if fmode == NO_FIT:
+            break
+    return mode, borrow
 
 
 def _can_preempt_at_all(cq: CQState) -> bool:
@@ -254,13 +277,6 @@ class _GroupSearch:
         return self.wi.pod_sets[self.index]
 
     def quota_mode(self, name: str) -> _Trial:
-        if not self.result.usage and len(self.wi.pod_sets) == 1:
-            memo = self.state.quota_memo.get((self.wi.seq, name))
-            if memo is not None and memo[0] == self.state.usage_version.get(self.cq.root, 0):
-                _, mode, need, notes = memo
-                for note, reason in notes:
-                    self.notes.add(note, reason)
-                return _Trial(mode, need=set(need))
         trial = _Trial((FIT, 0))
         for resource in self.resources:
             fr = (name, resource)
@@ -343,54 +359,109 @@ def _mismatch(state: CycleState, name: str, ps: PodSetInfo) -> str | None:
     return found
 
 
-def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | None:
-    """``(mode, borrow)`` of ``assign_flavors(physical=False)`` for one pod set and group.
+def flavor_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
+    """The gang shape's :class:`FlavorPlan` for ``cq``, built once per cycle."""
+    shape = wi.shape
+    plan = shape.plans.get(cq.name)
+    if plan is None:
+        plan = shape.plans[cq.name] = _build_plan(state, wi, cq)
+    return plan
 
-    The cross-ClusterQueue order needs only this, for every head, so it skips
-    building the assignment and its messages. ``None``: use ``assign_flavors``.
-    """
-    cq = wi.cq
-    assert cq is not None
+
+def _build_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
     if len(wi.pod_sets) != 1:
-        return None
+        return FlavorPlan(general=True)
     ps = wi.pod_sets[0]
     group: int | None = None
     for resource in ps.totals:
         found = cq.group_of.get(resource)
         if found is None:
-            return NO_FIT, 0
+            return FlavorPlan(uncovered=True)
         if group is None:
             group = found
         elif group != found:
-            return None
+            return FlavorPlan(general=True)
     if group is None:
+        return FlavorPlan(general=True)
+    return FlavorPlan(
+        flavors=tuple(
+            (name, tuple(((name, r), value) for r, value in ps.totals.items()))
+            for name in cq.groups[group][1]
+            if _mismatch(state, name, ps) is None
+        )
+    )
+
+
+def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | None:
+    """``(mode, borrow)`` of ``assign_flavors(physical=False)`` for one pod set and group.
+
+    The cross-ClusterQueue order needs only this, for every head, so it skips
+    building the assignment and its messages. ``None``: use ``assign_flavors``.
+    The modes found are kept for ``admit_simply``, valid while usage in the
+    quota tree is unchanged.
+    """
+    cq = wi.cq
+    assert cq is not None
+    plan = flavor_plan(state, wi, cq)
+    if plan.general:
         return None
+    if plan.uncovered:
+        return NO_FIT, 0
     fungibility = cq.spec.flavor_fungibility
     best: tuple[int, int] = (NO_FIT, 1 << 30)
-    stamp = state.usage_version.get(cq.root, 0)
-    for name in cq.groups[group][1]:
-        if _mismatch(state, name, ps) is not None:
-            continue
-        mode = (FIT, 0)
-        need: list[FlavorResource] = []
-        notes: list[tuple[QuotaNote, str]] = []
-        for resource, value in ps.totals.items():
-            fr = (name, resource)
-            fmode, borrow, reason, note = _fits_quota(state, cq, fr, value)
-            if note is not None:
-                notes.append((note, reason))
-            mode = _worse(mode, (fmode, borrow))
-            if fmode in (PREEMPT, NO_FIT):
-                need.append(fr)
-            if fmode == NO_FIT:
-                break
-        # The admission attempt that usually follows at once reuses this.
-        state.quota_memo[(wi.seq, name)] = (stamp, mode, need, notes)
+    modes: list[tuple[int, int]] = []
+    state.quota_memo[wi.seq] = (state.usage_version.get(cq.root, 0), modes)
+    for _, frs in plan.flavors:
+        mode = _flavor_mode(cq, frs)
+        modes.append(mode)
         if not should_try_next(mode, fungibility):
             return mode
         if is_preferred(mode, best, fungibility):
             best = mode
     return best if best[0] != NO_FIT else (NO_FIT, 0)
+
+
+def admit_simply(state: CycleState, wi: WorkloadInfo) -> Assignment | None:
+    """The assignment of ``assign_flavors`` when it admits without preemption, found cheaply.
+
+    For a one-pod-set gang in one resource group (a :class:`FlavorPlan`), the
+    flavor search stops at the first flavor with quota and room, unless it
+    borrows and ``whenCanBorrow`` says try the next. Flavors on the way that
+    fail are skipped as the general search skips them, as long as nobody in
+    the quota tree could be preempted (then a flavor that needs preemption
+    has no candidates). ``None``: anything else happened — run the general
+    search, which also explains failures.
+    """
+    cq = wi.cq
+    assert cq is not None
+    plan = flavor_plan(state, wi, cq)
+    if plan.general or plan.uncovered:
+        return None
+    fungibility = cq.spec.flavor_fungibility
+    nobody_to_preempt = not _can_preempt_at_all(cq) or not state.preemptible_in_tree.get(cq.root)
+    memo = state.quota_memo.get(wi.seq)
+    known = memo[1] if memo is not None and memo[0] == state.usage_version.get(cq.root, 0) else []
+    ps = wi.pod_sets[0]
+    for index, (name, frs) in enumerate(plan.flavors):
+        mode = known[index] if index < len(known) else _flavor_mode(cq, frs)
+        if mode[0] == FIT:
+            placement = state.place_simply(wi, name)
+            if placement is not None:
+                if mode[1] > 0 and fungibility.when_can_borrow == "TryNextFlavor":
+                    return None
+                return Assignment(
+                    pod_set_flavors=[{r: name for r in ps.totals}],
+                    usage={fr: value for fr, value in frs},
+                    mode=FIT,
+                    borrow=mode[1],
+                    placement=placement,
+                )
+            request = state.pod_set_request(wi, 0, dict.fromkeys(ps.totals, name))
+            if pristine_fits(state.inventory, [request], state.pristine_cache):
+                mode = (PREEMPT, mode[1])
+        if mode[0] == PREEMPT and not nobody_to_preempt:
+            return None
+    return None
 
 
 def _resource_groups(cq: CQState, ps: PodSetInfo, result: Assignment) -> list[int] | None:

@@ -128,6 +128,10 @@ class ClusterQueueQueue:
             self._version[lq] += 1
             self._push(lq)
 
+    def in_queue_order(self) -> bool:
+        """Whether :meth:`all_workloads` lists them in queue order (one LocalQueue)."""
+        return self._only is not None
+
     def all_workloads(self) -> list[WorkloadInfo]:
         return [wi for items in self._lqs.values() for wi in items]
 

@@ -135,7 +135,10 @@ def _spread_in_cluster(
         primary = islands[0].primary
         amount = dict(shape).get(primary or "", 0)
         if amount > 0:
-            if sum(i.upper_bound(shape, amount) for i in islands) < request.count:
+            # The bound only saves a hopeless walk; one pod needs no bound.
+            if request.count > 1 and sum(i.upper_bound(shape, amount) for i in islands) < (
+                request.count
+            ):
                 return None
             levels = sorted({f for i in islands for f in i.levels_from(amount)})
             nodes = (n for f in levels for i in islands for n in i.buckets.get(f, ()))

@@ -115,6 +115,9 @@ class QuotaNode:
         return max(0, self.subtree_quota.get(fr, 0) - quota.lending_limit)
 
     def local_available(self, fr: FlavorResource) -> int:
+        quota = self.quotas.get(fr)
+        if quota is None or quota.lending_limit is None:
+            return max(0, -self.usage.get(fr, 0))  # no local quota
         return max(0, self.local_quota(fr) - self.usage.get(fr, 0))
 
     def available(self, fr: FlavorResource) -> int:

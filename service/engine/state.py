@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from service.domain.quota import (
     ClusterQueue,
@@ -15,7 +14,7 @@ from service.domain.quota import (
 )
 from service.domain.workload import AdmittedWorkload, PodSet, Workload
 from service.engine.fair_sharing import decay_factor, decayed_usage, weighted_usage
-from service.engine.packing import GangPlacement, PodSetRequest
+from service.engine.packing import GangPlacement, PodSetRequest, place_gang
 from service.engine.placement import Inventory, Island, NodeState, Shape
 from service.engine.quota import FlavorResource, QuotaNode, QuotaTree
 from service.engine.types import LocalQueueUsage, Snapshot
@@ -24,6 +23,7 @@ __all__ = [
     "AdmittedInfo",
     "CQState",
     "CycleState",
+    "FlavorPlan",
     "GangShape",
     "PodSetInfo",
     "WorkloadInfo",
@@ -54,6 +54,7 @@ class PodSetInfo:
         "requests",
         "selector_items",
         "shape",
+        "sorted_totals",
         "tolerations",
         "totals",
     )
@@ -64,6 +65,7 @@ class PodSetInfo:
         self.requests = pod_set.requests
         self.shape = shape_of(pod_set.requests)
         self.totals = {r: a * pod_set.count for r, a in pod_set.requests.items() if a > 0}
+        self.sorted_totals = tuple(sorted(self.totals.items()))
         request = pod_set.topology_request
         self.mode = request.mode if request is not None else "unconstrained"
         self.level = request.level if request is not None else None
@@ -72,10 +74,33 @@ class PodSetInfo:
         self.selector_items = _items(pod_set.node_selector)
 
 
+class FlavorPlan:
+    """How a one-pod-set gang meets one ClusterQueue's quota, whatever the usage.
+
+    ``flavors``: the flavors of the resource group covering all its resources
+    that it may use, in the ClusterQueue's order, each with what it would take
+    of every flavor-resource. ``general``: not that simple (several pod sets or
+    resource groups): search the general way. ``uncovered``: a resource is in
+    no resource group.
+    """
+
+    __slots__ = ("flavors", "general", "uncovered")
+
+    def __init__(
+        self,
+        flavors: tuple[tuple[str, tuple[tuple[FlavorResource, int], ...]], ...] = (),
+        general: bool = False,
+        uncovered: bool = False,
+    ) -> None:
+        self.flavors = flavors
+        self.general = general
+        self.uncovered = uncovered
+
+
 class GangShape:
     """What workloads with equal pod sets share: pod-set infos, totals, signature."""
 
-    __slots__ = ("pod_sets", "resources", "signature")
+    __slots__ = ("plain_signature", "plans", "pod_sets", "requests", "resources", "signature")
 
     def __init__(self, pod_sets: tuple[PodSetInfo, ...]) -> None:
         self.pod_sets = pod_sets
@@ -90,6 +115,12 @@ class GangShape:
         self.signature = tuple(
             (ps.shape, ps.mode, ps.level, ps.tolerations, ps.selector_items) for ps in pod_sets
         )
+        #: :meth:`WorkloadInfo.signature` of a gang of this shape without a cluster selector.
+        self.plain_signature: tuple[object, ...] = (self.signature, None, len(pod_sets))
+        #: ClusterQueue name -> :class:`FlavorPlan` (see ``flavors.flavor_plan``).
+        self.plans: dict[str, FlavorPlan] = {}
+        #: ``(flavor, cluster selector key)`` -> the one pod set's request (``place_simply``).
+        self.requests: dict[tuple[str, object], PodSetRequest] = {}
 
 
 def pod_set_key(pod_set: PodSet) -> tuple[object, ...]:
@@ -150,9 +181,11 @@ class WorkloadInfo:
         """Everything but counts that decides where the gang may go (for fast rejects)."""
         if self._signature is None:
             selector = self.wl.cluster_selector
+            if selector is None:
+                return self.shape.plain_signature
             self._signature = (
                 self.shape.signature,
-                None if selector is None else selector_key(selector),
+                selector_key(selector),
                 len(self.pod_sets),
             )
         return self._signature
@@ -226,7 +259,16 @@ class AdmittedInfo:
 
 
 class CQState:
-    __slots__ = ("group_of", "groups", "name", "node", "preemptible", "root", "spec")
+    __slots__ = (
+        "group_of",
+        "groups",
+        "name",
+        "node",
+        "preemptible",
+        "preempts_while_borrowing",
+        "root",
+        "spec",
+    )
 
     def __init__(self, spec: ClusterQueue, node: QuotaNode) -> None:
         self.spec = spec
@@ -243,6 +285,8 @@ class CQState:
         #: Workloads admitted before this cycle: the only possible preemption victims.
         self.preemptible: dict[str, AdmittedInfo] = {}
         self.root = node.root().name
+        #: Whether a flavor it would borrow in may still need preemption (set per cycle).
+        self.preempts_while_borrowing = False
 
 
 class CycleState:
@@ -275,11 +319,9 @@ class CycleState:
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
         self.mismatch_cache: dict[object, str | None] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
-        #: ``(workload seq, flavor) -> (usage stamp, mode, needs, notes)`` of a quota check
-        #: (see ``flavors.quota_mode_only``); valid while the stamp is unchanged.
-        self.quota_memo: dict[
-            tuple[int, str], tuple[int, tuple[int, int], list[Any], list[Any]]
-        ] = {}
+        #: ``workload seq -> (usage stamp, (mode, borrow) of each flavor tried)`` of a quota
+        #: check (see ``flavors.quota_mode_only``); valid while the stamp is unchanged.
+        self.quota_memo: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         #: Pod-set keys -> the shape workloads with those pod sets share (see ``gang_shape``).
@@ -310,6 +352,12 @@ class CycleState:
                 parent.children.append(node)
             self.cqs[spec.name] = CQState(spec, node)
         tree.finish()
+        fair = self.config.fair_sharing.enable
+        for cq in self.cqs.values():
+            preemption = cq.spec.preemption
+            cq.preempts_while_borrowing = preemption.borrow_within_cohort.policy != "Never" or (
+                fair and preemption.reclaim_within_cohort != "Never"
+            )
 
     def _load_admitted(self, admitted: AdmittedWorkload) -> None:
         wl = admitted.workload
@@ -462,6 +510,16 @@ class CycleState:
             node_flavors = sorted({island.node_flavor for island in eligible.values()})
             self.node_flavors_cache[id(eligible)] = node_flavors
         return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors)
+
+    def place_simply(self, wi: WorkloadInfo, flavor: str) -> GangPlacement | None:
+        """Room now for a one-pod-set gang with every resource in ``flavor``, or ``None``."""
+        selector = wi.wl.cluster_selector
+        key = (flavor, None if selector is None else selector_key(selector))
+        request = wi.shape.requests.get(key)
+        if request is None:
+            flavors = dict.fromkeys(wi.pod_sets[0].totals, flavor)
+            request = wi.shape.requests[key] = self.pod_set_request(wi, 0, flavors)
+        return place_gang(self.inventory, [request])
 
     # --- mutation -------------------------------------------------------------------------
 
