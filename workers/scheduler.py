@@ -23,6 +23,7 @@ from service.app.admission import AdmissionCycle, CycleReport
 from service.app.uow import SqlUnitOfWork
 from service.engine import CycleResult, EngineConfig, LocalQueueUsage
 from service.eventstore.port import ConcurrencyConflict
+from service.ledger.publisher import CheckpointPublisher
 from workers.fleet import FleetLoop
 from workers.leader import Deposed, LeaderLease
 from workers.metrics import SchedulerMetrics
@@ -166,6 +167,10 @@ class Scheduler:
         self.fleet = (
             FleetLoop(engine, settings, on_sync=self.metrics.observe_sync) if fleet else None
         )
+        # Periodic ledger checkpoints, signed by the admission leader only.
+        self.checkpoints = CheckpointPublisher(
+            engine, settings.ledger_signing_key, settings.ledger_checkpoint_interval
+        )
         self._interval = settings.cycle_interval
         self.stop = threading.Event()
         self.cycles = 0
@@ -187,10 +192,18 @@ class Scheduler:
                 daemon=True,
             )
             fleet_thread.start()
+        checkpoint_thread = threading.Thread(
+            target=self.checkpoints.run,
+            args=(lambda: self.leader.lease.leading,),
+            name="ledger-checkpoints",
+            daemon=True,
+        )
+        checkpoint_thread.start()
         try:
             while not self.stop.is_set():
                 self._tick()
         finally:
+            self.checkpoints.halt()
             if self.relay is not None:
                 self.relay.stop.set()
             if self.fleet is not None:
@@ -199,6 +212,7 @@ class Scheduler:
                 relay_thread.join(5)
             if fleet_thread is not None:
                 fleet_thread.join(10)
+            checkpoint_thread.join(10)
             self.leader.lease.release()
             self.waker.close()
 

@@ -72,6 +72,17 @@ class WorkerSettings(BaseSettings):
         default="dev-insecure-secret-key-change-me",
         description="QM_SECRET_KEY, the service's: decrypts member-cluster credentials.",
     )
+    ledger_signing_key: str | None = Field(
+        default=None,
+        description="QM_LEDGER_SIGNING_KEY, the service's: signs the periodic ledger checkpoints "
+        "(unset: none are made, which the scheduler logs once).",
+    )
+    ledger_checkpoint_interval: float = Field(
+        default=60.0,
+        ge=0.0,
+        description="The admission leader signs a ledger checkpoint this often (seconds) when "
+        "the ledger grew since the last one; 0: only on demand.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:

@@ -11,10 +11,12 @@ from service.ledger.chain import (
     LedgerEntry,
     NewLedgerEntry,
     Verification,
+    entry_bytes,
     seal,
     verify_chain,
 )
 from service.ledger.export import ExportRecord, records_of
+from service.ledger.verify import StoredRow
 
 
 class InMemoryLedger:
@@ -45,10 +47,17 @@ class InMemoryLedger:
             return self._tip()
 
     def records(self, after_seq: int = 0, batch: int = 5000) -> Iterator[ExportRecord]:
-        """As :meth:`PostgresLedgerReader.records`: a source for ``LedgerTree.catch_up``."""
+        """As :meth:`PostgresLedgerReader.records`."""
         with self._lock:
             entries = self.entries[after_seq:]
         return records_of(entries)
+
+    def stored(self, after_seq: int = 0) -> Iterator[StoredRow]:
+        """As :meth:`PostgresLedgerReader.stored`: a source for ``LedgerTree.catch_up``."""
+        with self._lock:
+            entries = self.entries[after_seq:]
+        for entry in entries:
+            yield entry.seq, entry.prev_hash, entry.entry_hash, entry_bytes(entry)
 
     def verify(self) -> Verification:
         with self._lock:

@@ -285,12 +285,19 @@ class PostgresLedgerReader:
 
     def stored(self, after_seq: int = 0) -> Iterator[StoredRow]:
         """Every entry after ``after_seq`` as stored: ``seq``, ``prev_hash``,
-        ``entry_hash`` and ``entry_bytes``, streamed by binary COPY."""
+        ``entry_hash`` and ``entry_bytes``, streamed by binary COPY. Raises
+        ``ValueError`` at once if the columns are no longer held to the bytes
+        (:meth:`entry_bytes_guard`): what the tree and the signer read must
+        be what queries and exports show."""
         raw = self._engine.raw_connection()
         try:
             conn = raw.driver_connection
             assert conn is not None
             with conn.transaction():
+                conn.execute("LOCK TABLE ledger_entries IN ACCESS SHARE MODE")
+                problem = _guard_problem(conn)
+                if problem is not None:
+                    raise ValueError(problem)
                 yield from _stored_rows(conn, after_seq)
         finally:
             raw.close()

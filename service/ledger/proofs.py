@@ -1,10 +1,11 @@
 """The Merkle tree of the ledger: checkpoints and proofs by ``seq``.
 
-This is what the auditor endpoints and the checkpoint task use. It lives in
-memory (about 64 bytes per entry): :meth:`LedgerTree.catch_up` fills it from
-the ledger reader at start-up and brings it up to date before answering.
-Entries that do not continue the chain, or whose content does not match
-their hash, are refused, so the tree never silently diverges from the ledger.
+This is what the auditor endpoints and the checkpoint publisher use. It lives
+in memory (about 64 bytes per entry): :meth:`LedgerTree.catch_up` fills it
+from the stored bytes of the entries at start-up and brings it up to date
+before answering. Entries that do not continue the chain, or whose bytes do
+not match their hash, are refused, so the tree never silently diverges from
+the ledger.
 Safe to share between threads. ``seq`` is 1-based; leaf index ``i`` holds
 the entry of ``seq = i + 1``.
 """
@@ -22,6 +23,7 @@ from service.ledger.chain import GENESIS_HASH, LedgerEntry, entry_bytes
 from service.ledger.checkpoint import Checkpoint, CheckpointError, NoteSigner, sign_checkpoint
 from service.ledger.export import ExportRecord
 from service.ledger.merkle import MerkleTree, leaf_hash, verify_inclusion
+from service.ledger.verify import StoredRow, stored_bytes_problem
 
 
 def leaf_of(entry: LedgerEntry) -> bytes:
@@ -43,8 +45,11 @@ class ConsistencyProof:
     hashes: tuple[bytes, ...]
 
 
-class RecordSource(Protocol):
-    def records(self, after_seq: int = 0, batch: int = 5000) -> Iterator[ExportRecord]: ...
+class LedgerSource(Protocol):
+    """Where the tree reads entries from: ``PostgresLedgerReader`` or the
+    in-memory fake."""
+
+    def stored(self, after_seq: int = 0) -> Iterator[StoredRow]: ...
 
 
 class LedgerTree:
@@ -58,20 +63,41 @@ class LedgerTree:
     def size(self) -> int:
         return self._tree.size
 
-    def catch_up(self, source: RecordSource) -> int:
+    def catch_up(self, source: LedgerSource, canonical_after: int = 0) -> int:
         """Add what the ledger has beyond the tree (e.g. a
-        ``PostgresLedgerReader``); the new size."""
+        ``PostgresLedgerReader``); the new size.
+
+        Reads the stored bytes of each entry and hashes them as they are. The
+        bytes of entries after ``canonical_after`` must also be the RFC 8785
+        form of an entry at their place; up to there, give the size of a
+        checkpoint whose root is then compared (as ``publish_checkpoint``
+        does): a root over canonical bytes vouches for the bytes below it."""
         with self._lock:
-            records = source.records(after_seq=self.size)
+            rows = source.stored(after_seq=self.size)
             try:
-                self.extend_records(records)
+                self.extend_stored(rows, canonical_after)
             finally:
-                # A refused record leaves the reader mid-way: close it now, so
-                # that its cursor and transaction end here, not at GC.
-                close = getattr(records, "close", None)
+                # A refused row leaves the reader mid-way: close it now, so
+                # that its COPY and transaction end here, not at GC.
+                close = getattr(rows, "close", None)
                 if close is not None:
                     close()
             return self.size
+
+    def extend_stored(self, rows: Iterable[StoredRow], canonical_after: int = 0) -> None:
+        """:meth:`extend` from stored rows (see :meth:`catch_up`)."""
+        with self._lock:
+            for seq, prev_hash, entry_hash, data in rows:
+                if seq != self.size + 1 or prev_hash != self._tip:
+                    raise ValueError(f"entry {seq} does not continue the tree at {self.size}")
+                if hashlib.sha256(data).digest() != entry_hash:
+                    raise ValueError(f"entry {seq} does not match its hash")
+                if seq > canonical_after and (
+                    problem := stored_bytes_problem(data, seq, prev_hash)
+                ):
+                    raise ValueError(f"entry {seq}: {problem}")
+                self._tree.append(leaf_hash(data))
+                self._tip = entry_hash
 
     def extend(self, entries: Iterable[LedgerEntry]) -> None:
         with self._lock:
@@ -155,7 +181,7 @@ class InMemoryCheckpointStore:
 
 
 def publish_checkpoint(
-    tree: LedgerTree, source: RecordSource, signer: NoteSigner, store: CheckpointStore
+    tree: LedgerTree, source: LedgerSource, signer: NoteSigner, store: CheckpointStore
 ) -> str:
     """Sign and store a checkpoint of the whole ledger — periodically or on
     demand; nothing new since the last one returns the last one.
@@ -164,8 +190,8 @@ def publish_checkpoint(
     (same origin, same root at its size), or ``CheckpointError`` is raised —
     if the stored ledger was rewritten, the signing key must not vouch for it.
     """
-    size = tree.catch_up(source)
     latest = store.latest()
+    size = tree.catch_up(source, canonical_after=latest[0].size if latest else 0)
     if latest is not None:
         published, note = latest
         if published.origin != tree.origin:

@@ -152,8 +152,8 @@ def verify_stored(
             report.add(count, "prev_hash does not match the entry before")
         if sha256(data).digest() != entry_hash:
             report.add(count, "entry hash does not match its content")
-        elif count > signed:
-            _check_unsigned(data, seq, prev_hash, report)
+        elif count > signed and (problem := stored_bytes_problem(data, seq, prev_hash)):
+            report.add(count, problem)
         leaf = leaf_prefix.copy()  # leaf_hash(data), without copying data
         leaf.update(data)
         append(leaf.digest())
@@ -165,23 +165,24 @@ def verify_stored(
     return report
 
 
-def _check_unsigned(data: bytes, seq: int, prev_hash: bytes, report: VerifyReport) -> None:
-    """Bytes no signature covers: are they the RFC 8785 form of an entry, at
-    this row's place in the chain?"""
+def stored_bytes_problem(data: bytes, seq: int, prev_hash: bytes) -> str | None:
+    """For bytes that no signature covers yet: are they the RFC 8785 form of an
+    entry, at this row's place in the chain? The problem, or None."""
     try:
         document = json.loads(data)
         canonical = type(document) is dict and canonical_json(document) == data
     except ValueError:
         canonical = False
     if not canonical:
-        report.add(seq, "stored bytes are not the RFC 8785 form of an entry")
-    elif (
+        return "stored bytes are not the RFC 8785 form of an entry"
+    if (
         set(document) != _DOCUMENT_KEYS
         or document["v"] != CHAIN_VERSION
         or document["seq"] != seq
         or document["prev_hash"] != prev_hash.hex()
     ):
-        report.add(seq, "stored bytes do not describe this entry")
+        return "stored bytes do not describe this entry"
+    return None
 
 
 def _finish(
