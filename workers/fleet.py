@@ -1,6 +1,6 @@
 """The fleet loop: every member cluster synced, then reconciled, each pass
-in its own unit of work; and the connector that turns a Cluster row into a
-rate-limited client.
+in its own unit of work, and deleted clusters collected (workers/collect.py);
+and the connector that turns a Cluster row into a rate-limited client.
 
 The scheduler runs the loop while it leads (the periodic resync, which
 catches whatever a lost outbox hint or a failed pass left); the
@@ -24,6 +24,7 @@ from service.app.crypto import SecretBox
 from service.app.uow import SqlUnitOfWork
 from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError, configuration
+from workers.collect import CollectPolicy, CollectReport, collect, due, waiting
 from workers.reconcile import Report, reconcile
 from workers.records import ClusterRow, clusters
 from workers.settings import WorkerSettings
@@ -63,6 +64,13 @@ class Connector:
                 cached[1].close()
             self._members[row.name] = (stamp, member)
             return member
+
+    def forget(self, name: str) -> None:
+        """Close and drop ``name``'s client (a deleted cluster, collected)."""
+        with self._lock:
+            cached = self._members.pop(name, None)
+        if cached is not None:
+            cached[1].close()
 
     def close(self) -> None:
         with self._lock:
@@ -109,9 +117,12 @@ class FleetLoop:
         clock: Clock = lambda: datetime.now(UTC),
         watch: bool = True,
         on_sync: Callable[[SyncReport], None] | None = None,
+        on_collect: Callable[[CollectReport], None] | None = None,
     ) -> None:
         self.engine = engine
         self.on_sync = on_sync
+        self.on_collect = on_collect
+        self.collect_policy = CollectPolicy.of(settings)
         self.settings = settings
         self.connect = connect or Connector(settings)
         self.clock = clock
@@ -135,16 +146,41 @@ class FleetLoop:
         self._wake.set()
 
     def step(self) -> None:
-        """A full pass: every cluster (and its watches started or renewed)."""
+        """A full pass: every cluster (and its watches started or renewed),
+        then the collections of deleted clusters that are due."""
         with self.engine.connect() as conn:
-            rows = [c for c in clusters(conn) if not c.deleted]
+            every = clusters(conn)
+        rows = [c for c in every if not c.deleted]
         if self.watch:
             self._watch(rows)
         for row in rows:
             if self.stop.is_set():
                 return
             self._one(row.name)
+        self._collect(waiting(every))
         self.passes += 1
+
+    def _collect(self, rows: list[ClusterRow]) -> None:
+        now = self.clock()
+        for row in rows:
+            if self.stop.is_set() or not due(row, now):
+                continue
+            try:
+                report = collect(
+                    self.engine,
+                    lambda: SqlUnitOfWork(self.engine),
+                    row,
+                    self.connect,
+                    self.collect_policy,
+                    now,
+                )
+            except Exception as error:  # the type only: a message could quote credentials
+                log.error("collection of deleted cluster %s failed: %s", row.name, type(error))
+                continue
+            if self.on_collect is not None:
+                self.on_collect(report)
+            if report.final:
+                self.connect.forget(row.name)
 
     def _watch(self, rows: list[ClusterRow]) -> None:
         names = {row.name for row in rows}

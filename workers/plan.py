@@ -32,6 +32,7 @@ from workers.clusters import Ref
 
 __all__ = [
     "ADMISSION_LABEL",
+    "CLUSTER_UID_LABEL",
     "JOB_KINDS",
     "MANAGED",
     "MANAGED_LABEL",
@@ -52,6 +53,10 @@ Obj = dict[str, Any]
 
 MANAGED_LABEL = "quartermaster.dev/managed"
 MANAGED = f"{MANAGED_LABEL}=true"
+#: The uid of the Cluster registration that wrote an object: what a deleted
+#: registration's collection may remove (workers/collect.py), and nothing
+#: a later registration of the same member wrote.
+CLUSTER_UID_LABEL = "quartermaster.dev/cluster-uid"
 WORKLOAD_LABEL = "quartermaster.dev/workload"
 ADMISSION_LABEL = "quartermaster.dev/admission"
 WORKLOAD_ANNOTATION = "quartermaster.dev/workload"
@@ -115,6 +120,8 @@ class ClusterView:
     topologies: Mapping[str, Mapping[str, Any]]
     #: Central ClusterQueue specs by name: their resource groups are mirrored.
     cluster_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The Cluster's uid, labelled on every object written (none if empty).
+    cluster_uid: str = ""
 
 
 @dataclass
@@ -216,10 +223,12 @@ Placed = tuple[str, str | None]
 @dataclass(frozen=True)
 class _Use:
     """One admitted pod set here: per resource, the central flavor (and the
-    island it is pinned to) and the amount it reserved."""
+    island it is pinned to) and the amount it reserved; the node selector
+    that pins its pods (every flavor's labels, and its island)."""
 
     flavors: Mapping[str, Placed]
     usage: Mapping[str, int]
+    selector: Mapping[str, str]
 
 
 def _island_label(view: ClusterView, flavor: str) -> str | None:
@@ -234,9 +243,7 @@ def _node_labels(view: ClusterView, flavor: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items()}
 
 
-def _use(view: ClusterView, assignment: Mapping[str, Any]) -> tuple[_Use, dict[str, str]]:
-    """One pod set assignment: its use of member flavors, and the node
-    selector that pins its pods (every flavor's labels, and its island)."""
+def _use(view: ClusterView, assignment: Mapping[str, Any]) -> _Use:
     islands = list(assignment.get("islands") or ())
     island = str(islands[0]) if len(islands) == 1 else None
     flavors: dict[str, Placed] = {}
@@ -249,12 +256,11 @@ def _use(view: ClusterView, assignment: Mapping[str, Any]) -> tuple[_Use, dict[s
         if key is not None and pinned is not None:
             selector[key] = pinned
     usage = canonical_resources(dict(assignment.get("resourceUsage") or {}))
-    return _Use(flavors, usage), selector
+    return _Use(flavors, usage, selector)
 
 
-def _flavor(view: ClusterView, name: str, placed: Placed) -> Obj:
+def _flavor_labels(view: ClusterView, placed: Placed) -> dict[str, str]:
     central, island = placed
-    source = view.flavors.get(central) or {}
     labels = _node_labels(view, central)
     key = _island_label(view, central)
     first: list[tuple[str, str]] = []
@@ -262,7 +268,12 @@ def _flavor(view: ClusterView, name: str, placed: Placed) -> Obj:
         labels.pop(key, None)
         first = [(key, island)]
     # Kueue allows 8 node labels; the island's is the one that must stay.
-    spec: Obj = {"nodeLabels": dict((first + sorted(labels.items()))[:MAX_NODE_LABELS])}
+    return dict((first + sorted(labels.items()))[:MAX_NODE_LABELS])
+
+
+def _flavor(view: ClusterView, name: str, placed: Placed) -> Obj:
+    source = view.flavors.get(placed[0]) or {}
+    spec: Obj = {"nodeLabels": _flavor_labels(view, placed)}
     for field_name in ("nodeTaints", "tolerations"):
         if source.get(field_name):
             spec[field_name] = copy.deepcopy(list(source[field_name]))
@@ -369,9 +380,18 @@ def _collapsed(
     return out
 
 
+@dataclass
+class _MemberQueue:
+    queue: Obj
+    #: Member flavor name → the central flavor and island it stands for.
+    flavors: dict[str, Placed]
+    #: A pod set's (central flavor, island) → the member flavor it takes.
+    names: dict[Placed, str]
+
+
 def _member_queue(
     view: ClusterView, name: str, spec: Mapping[str, Any], uses: Sequence[_Use]
-) -> tuple[Obj, dict[str, Placed]]:
+) -> _MemberQueue:
     """The member ClusterQueue mirroring ``spec``'s resource groups, each
     member flavor's nominal quota exactly what the centre admitted there;
     and the member flavors it lists."""
@@ -393,22 +413,30 @@ def _member_queue(
     flavors: dict[str, Placed] = {}
     resource_groups = []
     for covered, centrals in groups:
+        placed_here = [
+            (rank, placed)
+            for rank, central in enumerate(centrals)
+            for placed in sorted({member((central, i)) for i in islands[central]}, key=_unpinned)
+        ]
+        # Fewest node labels first (the island-less flavor before its
+        # islands', h100 before h100-on-spot): Kueue takes the first flavor
+        # that suits a pod set, and a pod set suits every flavor whose labels
+        # hold its own; then the centre's order.
+        placed_here.sort(key=lambda item: (len(_flavor_labels(view, item[1])), item[0]))
         entries = []
-        for central in centrals:
-            # The island-less flavor first: a pod set pinned to no island
-            # matches every island's flavor too, and must take its own quota.
-            for placed in sorted({member((central, i)) for i in islands[central]}, key=_unpinned):
-                flavors[flavor_name(*placed)] = placed
-                entries.append(
-                    {
-                        "name": flavor_name(*placed),
-                        "resources": [
-                            {"name": r, "nominalQuota": format_amount(r, quota[placed].get(r, 0))}
-                            for r in covered
-                        ],
-                    }
-                )
+        for _, placed in placed_here:
+            flavors[flavor_name(*placed)] = placed
+            entries.append(
+                {
+                    "name": flavor_name(*placed),
+                    "resources": [
+                        {"name": r, "nominalQuota": format_amount(r, quota[placed].get(r, 0))}
+                        for r in covered
+                    ],
+                }
+            )
         resource_groups.append({"coveredResources": covered, "flavors": entries})
+    names = {p: flavor_name(*member(p)) for use in uses for p in use.flavors.values()}
     queue = {
         "apiVersion": _API_VERSIONS["ClusterQueue"],
         "kind": "ClusterQueue",
@@ -419,7 +447,36 @@ def _member_queue(
             "resourceGroups": resource_groups,
         },
     }
-    return queue, flavors
+    return _MemberQueue(queue, flavors, names)
+
+
+def _suits(labels: Mapping[str, Any], selector: Mapping[str, str], keys: set[str]) -> bool:
+    """Kueue's flavor match: the pod set's node selector, on the label keys
+    the group's flavors use, against the flavor's node labels."""
+    return all(str(labels.get(k)) == v for k, v in selector.items() if k in keys)
+
+
+def _unambiguous(view: ClusterView, member: _MemberQueue, uses: Sequence[_Use]) -> bool:
+    """Whether the member's Kueue, taking per group the first flavor that
+    suits a pod set, takes the very flavor that holds its quota — in any
+    order of arrival, so it admits every admission and leaves nothing over.
+    (Flavors whose labels are a subset of another's in one group, say, or a
+    flavor that the centre's groups changed under, can break this.)"""
+    labels = {n: _flavor_labels(view, placed) for n, placed in member.flavors.items()}
+    groups = []
+    for group in member.queue["spec"]["resourceGroups"]:
+        names = [f["name"] for f in group["flavors"]]
+        keys = {k for n in names for k in labels[n]}
+        groups.append((set(group["coveredResources"]), names, keys))
+    for use in uses:
+        for covered, names, keys in groups:
+            own = {member.names[p] for r, p in use.flavors.items() if r in covered}
+            if not own:
+                continue
+            first = next((n for n in names if _suits(labels[n], use.selector, keys)), None)
+            if {first} != own:
+                return False
+    return True
 
 
 def _unpinned(placed: Placed) -> tuple[bool, str]:
@@ -563,7 +620,6 @@ class _Admitted:
     """A workload admitted here, as desired() gathers it."""
 
     workload: WorkloadView
-    cluster_queue: str
     uses: list[_Use]
     selectors: dict[str, dict[str, str]]
 
@@ -576,28 +632,42 @@ def _links(uses: Iterable[_Use]) -> list[list[str]]:
     return [sorted(resources) for resources in used.values()]
 
 
-def _compatible(uses: Sequence[_Use]) -> bool:
-    return _one_flavor_per_group(_components(_links(uses)), uses)
+def _holds(
+    view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[_Admitted]
+) -> _MemberQueue | None:
+    """The one member ClusterQueue that admits exactly ``admitted``, if any."""
+    uses = [u for a in admitted for u in a.uses]
+    if not _one_flavor_per_group(_components(_links(uses)), uses):
+        return None
+    member = _member_queue(view, "", spec, uses)
+    return member if _unambiguous(view, member, uses) else None
 
 
-def _generations(admitted: Sequence[_Admitted]) -> list[list[_Admitted]]:
-    """Admissions of one central ClusterQueue that one member ClusterQueue
-    can hold: all of them, unless the centre's resource groups changed
-    between them (a flavor covering cpu and GPUs then, cpu alone now); then
-    the earliest admissions first, the rest in further generations."""
-    if _compatible([u for a in admitted for u in a.uses]):
-        return [list(admitted)]
-    out: list[list[_Admitted]] = []
+def _generations(
+    view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[_Admitted]
+) -> list[tuple[list[_Admitted], _MemberQueue]]:
+    """Admissions of one central ClusterQueue with the member ClusterQueue
+    that holds them: one for all, unless no one can (the centre's resource
+    groups changed between them: a flavor covering cpu and GPUs then, cpu
+    alone now); then the earliest admissions first, the rest in further
+    generations, each its own member ClusterQueue."""
+    whole = _holds(view, spec, admitted)
+    if whole is not None:
+        return [(list(admitted), whole)]
+    out: list[tuple[list[_Admitted], _MemberQueue]] = []
     order = sorted(
         admitted, key=lambda a: (str(a.workload.admission.get("admittedAt")), a.workload.key)
     )
     for entry in order:
-        for generation in out:
-            if _compatible([u for a in (*generation, entry) for u in a.uses]):
-                generation.append(entry)
+        for index, (generation, _) in enumerate(out):
+            member = _holds(view, spec, [*generation, entry])
+            if member is not None:
+                out[index] = ([*generation, entry], member)
                 break
         else:
-            out.append([entry])
+            # Alone it always fits: the centre admitted it as one flavor per group.
+            alone = _holds(view, spec, [entry]) or _member_queue(view, "", spec, entry.uses)
+            out.append(([entry], alone))
     return out
 
 
@@ -627,11 +697,11 @@ def desired(view: ClusterView) -> _Desired:
         if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
             continue
         central = str(workload.admission["clusterQueue"])
-        entry = _Admitted(workload, central, [], {})
+        entry = _Admitted(workload, [], {})
         for assignment in workload.admission.get("podSetAssignments") or ():
-            use, selector = _use(view, assignment)
+            use = _use(view, assignment)
             entry.uses.append(use)
-            entry.selectors.setdefault(str(assignment.get("name")), {}).update(selector)
+            entry.selectors.setdefault(str(assignment.get("name")), {}).update(use.selector)
         by_queue.setdefault(central, []).append(entry)
         out.namespaces.setdefault(
             workload.namespace,
@@ -653,12 +723,11 @@ def desired(view: ClusterView) -> _Desired:
         )
     for central, admitted in sorted(by_queue.items()):
         spec = view.cluster_queues.get(central) or {}
-        for generation, entries in enumerate(_generations(admitted)):
+        for generation, (entries, member) in enumerate(_generations(view, spec, admitted)):
             cq = _generation_name(f"qm-{_dns(central)}", generation, 253)
-            uses = [u for e in entries for u in e.uses]
-            queue_obj, flavors = _member_queue(view, cq, spec, uses)
-            out.queues[Ref("ClusterQueue", "", cq)] = queue_obj
-            for name, placed in flavors.items():
+            member.queue["metadata"]["name"] = cq
+            out.queues[Ref("ClusterQueue", "", cq)] = member.queue
+            for name, placed in member.flavors.items():
                 out.queues.setdefault(Ref("ResourceFlavor", "", name), _flavor(view, name, placed))
             for entry in entries:
                 workload = entry.workload
@@ -680,6 +749,9 @@ def desired(view: ClusterView) -> _Desired:
                 out.jobs[(workload.key, admission)] = _job(
                     workload, queue, entry.selectors, admission
                 )
+    if view.cluster_uid:
+        for obj in (*out.namespaces.values(), *out.queues.values(), *out.jobs.values()):
+            obj["metadata"]["labels"][CLUSTER_UID_LABEL] = view.cluster_uid
     return out
 
 

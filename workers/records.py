@@ -94,7 +94,11 @@ class ClusterRow:
     def state(self) -> str:
         return str(self.status.get("state", "Ready"))
 
-    def data(self, status: Mapping[str, Any]) -> Obj:
+    def data(self, status: Mapping[str, Any], *, keep_secret: bool = True) -> Obj:
+        """The Cluster's whole state with ``status``; ``keep_secret=False``
+        drops its credentials from the read model (a deleted Cluster's,
+        once nothing needs them)."""
+        secret = self.secret if keep_secret else None
         return {
             "kind": "Cluster",
             "namespace": "",
@@ -106,8 +110,9 @@ class ClusterRow:
             "spec": dict(self.spec),
             "status": dict(status),
             # The row's secret travels with every state, or the upsert drops it.
-            "secret": base64.b64encode(self.secret).decode() if self.secret else None,
+            "secret": base64.b64encode(secret).decode() if secret else None,
             "created_at": self.created_at.isoformat(),
+            "deleted": self.deleted,
         }
 
 
@@ -150,7 +155,7 @@ def workload_rows(conn: Connection, cluster: str) -> list[WorkloadRow]:
     ]
 
 
-def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow]) -> ClusterView:
+def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str = "") -> ClusterView:
     config: dict[str, dict[str, Mapping[str, Any]]] = {
         "ResourceFlavor": {},
         "Topology": {},
@@ -166,6 +171,7 @@ def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow]) -> Cluster
         flavors=config["ResourceFlavor"],
         topologies=config["Topology"],
         cluster_queues=config["ClusterQueue"],
+        cluster_uid=uid,
     )
 
 
@@ -175,7 +181,7 @@ def load(engine: Engine, cluster: str) -> tuple[ClusterRow | None, list[Workload
     with engine.connect().execution_options(**options) as conn, conn.begin():
         found = clusters(conn, cluster)
         rows = workload_rows(conn, cluster)
-        cluster_view = view(conn, cluster, rows)
+        cluster_view = view(conn, cluster, rows, found[0].uid if found else "")
     return (found[0] if found else None), rows, cluster_view
 
 
@@ -238,6 +244,9 @@ def append_cluster(
     actor: str,
     now: datetime,
     ledger: Sequence[NewLedgerEntry] = (),
+    *,
+    keep_secret: bool = True,
 ) -> None:
     stream = stream_name("Cluster", "", row.name)
-    append(uow, stream, row.version, kind, row.data(status), actor, now, ledger)
+    data = row.data(status, keep_secret=keep_secret)
+    append(uow, stream, row.version, kind, data, actor, now, ledger)

@@ -455,46 +455,8 @@ def lose(
     """Mark ``row`` Lost and requeue its gangs whole (their quota released
     now: the centre cannot reach the jobs, and when the cluster returns the
     stale ones are removed before anything new runs there)."""
-    requeued: list[str] = []
-    entries: list[NewLedgerEntry] = []
     message = f"Cluster {row.name} lost: no heartbeat since {last and rfc3339(last)}"
-    for w in rows:
-        state = str(w.status.get("state", "Pending"))
-        admission = w.status.get("admission") or {}
-        here = admission.get("cluster") == row.name
-        evicted_here = (
-            state == "Evicted" and (w.status.get("eviction") or {}).get("cluster") == row.name
-        )
-        if not (here and state in HOLDS_QUOTA) and not evicted_here:
-            continue
-        if state == "Cancelling":
-            append_workload(
-                uow, w, "WorkloadCancelled", {**w.status, "state": "Cancelled"}, ACTOR, now
-            )
-            continue
-        status = {k: v for k, v in w.status.items() if k not in ("admission", "podsReady")}
-        status.update(
-            state="Pending",
-            queuedAt=rfc3339(now),
-            conditions=_set_condition(
-                w.status.get("conditions") or (), "Requeued", "True", "ClusterLost", message, now
-            ),
-        )
-        if here:
-            body = ledger.WorkloadEvicted(
-                namespace=w.namespace,
-                workload=w.name,
-                local_queue=str(w.spec.get("queueName")),
-                cluster_queue=str(admission.get("clusterQueue")),
-                cluster=row.name,
-                reason="ClusterLost",
-                message=message,
-                requeued=True,
-                released=_amounts(admission),
-            )
-            entries.append(ledger.new_entry(body, uuid4(), now))
-        append_workload(uow, w, REQUEUED, status, ACTOR, now)
-        requeued.append(w.key)
+    requeued, entries = requeue(uow, row.name, rows, "ClusterLost", message, ACTOR, now)
     lost = ledger.ClusterLost(cluster=row.name, last_heartbeat=last, requeued=sorted(requeued))
     entries.append(ledger.new_entry(lost, uuid4(), now))
     status = dict(row.status)
@@ -503,4 +465,59 @@ def lose(
     return requeued
 
 
-__all__ = ["ACTOR", "LOST", "SYNCED", "SyncReport", "inventory", "lose", "sync"]
+def requeue(
+    uow: SqlUnitOfWork,
+    cluster: str,
+    rows: Sequence[WorkloadRow],
+    reason: str,
+    message: str,
+    actor: str,
+    now: datetime,
+) -> tuple[list[str], list[NewLedgerEntry]]:
+    """Requeue whole every gang of ``rows`` that ``cluster`` holds (admitted,
+    running; a cancelling one is Cancelled) or that was evicted from it and
+    waits there; the ledger entries of the quota released, for the caller
+    to record with its own."""
+    requeued: list[str] = []
+    entries: list[NewLedgerEntry] = []
+    for w in rows:
+        state = str(w.status.get("state", "Pending"))
+        admission = w.status.get("admission") or {}
+        here = admission.get("cluster") == cluster
+        evicted_here = (
+            state == "Evicted" and (w.status.get("eviction") or {}).get("cluster") == cluster
+        )
+        if not (here and state in HOLDS_QUOTA) and not evicted_here:
+            continue
+        if state == "Cancelling":
+            append_workload(
+                uow, w, "WorkloadCancelled", {**w.status, "state": "Cancelled"}, actor, now
+            )
+            continue
+        status = {k: v for k, v in w.status.items() if k not in ("admission", "podsReady")}
+        status.update(
+            state="Pending",
+            queuedAt=rfc3339(now),
+            conditions=_set_condition(
+                w.status.get("conditions") or (), "Requeued", "True", reason, message, now
+            ),
+        )
+        if here:
+            body = ledger.WorkloadEvicted(
+                namespace=w.namespace,
+                workload=w.name,
+                local_queue=str(w.spec.get("queueName")),
+                cluster_queue=str(admission.get("clusterQueue")),
+                cluster=cluster,
+                reason=reason,
+                message=message,
+                requeued=True,
+                released=_amounts(admission),
+            )
+            entries.append(ledger.new_entry(body, uuid4(), now))
+        append_workload(uow, w, REQUEUED, status, actor, now)
+        requeued.append(w.key)
+    return requeued, entries
+
+
+__all__ = ["ACTOR", "LOST", "SYNCED", "SyncReport", "inventory", "lose", "requeue", "sync"]

@@ -203,6 +203,11 @@ MIXED_FLAVORS = {
     **FLAVORS,
     "a100": {"nodeLabels": {"example.com/gpu": "a100"}, "topologyName": "fabric"},
     "std": {"nodeLabels": {"example.com/cpu": "std"}},
+    # h100's labels and one more: an h100 pod set suits it too
+    "h100s": {
+        "nodeLabels": {"example.com/gpu": "h100", "example.com/spot": "true"},
+        "topologyName": "fabric",
+    },
 }
 
 
@@ -217,9 +222,13 @@ def _group(covered: list[str], *flavors: str) -> dict[str, Any]:
 
 
 #: cpu and memory from one flavor, GPUs from another (Kueue's usual layout).
-TWO_GROUPS = {"resourceGroups": [_group(["cpu", "memory"], "std"), _group([GPU], "h100", "a100")]}
+TWO_GROUPS = {
+    "resourceGroups": [_group(["cpu", "memory"], "std"), _group([GPU], "h100", "a100", "h100s")]
+}
 #: One group: each flavor provides everything.
-ONE_GROUP = {"resourceGroups": [_group(["cpu", "memory", GPU], "h100", "a100")]}
+#: The superset flavor first: its admissions and h100's cannot share one
+#: member ClusterQueue (Kueue would give h100's quota to an h100s pod set).
+ONE_GROUP = {"resourceGroups": [_group(["cpu", "memory", GPU], "h100s", "h100", "a100")]}
 
 PodSet = tuple[int, dict[str, int], dict[str, str], list[str]]  # count, per pod, flavors, islands
 
@@ -360,6 +369,22 @@ def test_a_mixed_flavor_admission_gets_one_member_group_per_central_group() -> N
     assert set(left.values()) == {0}  # and nothing more
 
 
+def test_a_flavor_whose_labels_hold_anothers_comes_after_it() -> None:
+    """The centre lists h100s (h100's labels and spot) first; the member's
+    Kueue would give an h100 pod set h100s's quota, so the member lists it
+    after h100."""
+    cluster = mixed_view(
+        gang_of("s", (1, {"cpu": 1, GPU: 8}, {"cpu": "h100s", GPU: "h100s"}, ["i0"])),
+        gang_of("h", (1, {"cpu": 1, GPU: 8}, {"cpu": "h100", GPU: "h100"}, ["i0"])),
+        spec=ONE_GROUP,
+    )
+    (queue,) = [o for o in desired(cluster).queues.values() if o["kind"] == "ClusterQueue"]
+    (group,) = queue["spec"]["resourceGroups"]
+    assert [f["name"] for f in group["flavors"]] == ["qm-h100-i0", "qm-h100s-i0"]
+    for order in (1, -1):
+        assert set(member_kueue_admits(cluster, order).values()) == {0}
+
+
 def test_flavors_of_one_group_keep_the_centres_order_the_unpinned_one_first() -> None:
     cluster = mixed_view(
         gang_of("a", (1, {"cpu": 1, GPU: 8}, {"cpu": "h100", GPU: "h100"}, ["i1"])),
@@ -439,7 +464,7 @@ def _gangs(draw: st.DrawFn, layout: str) -> list[WorkloadView]:
         shape = draw(st.sampled_from(["one", "two"])) if layout == "changed" else layout
         pod_sets: list[PodSet] = []
         for _ in range(draw(st.integers(1, 2))):
-            gpu = draw(st.sampled_from(["h100", "a100"]))
+            gpu = draw(st.sampled_from(["h100", "a100", "h100s"]))
             cpu = "std" if shape == "two" else gpu
             islands = draw(
                 st.lists(st.sampled_from(["i0", "i1", "i2"]), min_size=1, max_size=2, unique=True)
