@@ -1,11 +1,20 @@
 """Prometheus metrics of the scheduler, with Kueue's names where Kueue has
 them (``pending_workloads``, ``admitted_workloads_total``,
-``admission_wait_time_seconds``, ``cluster_queue_resource_usage``, …), under
-the ``qm_`` prefix the API's metrics use."""
+``admission_wait_time_seconds``, ``cluster_queue_resource_usage``,
+``admission_attempts_total``, ``admission_attempt_duration_seconds``,
+``preempted_workloads_total``, ``evicted_workloads_total``), under the
+``qm_`` prefix the API's metrics use; and our own: the reconcile lag
+(admission to the job on its member), member readiness, the outbox depth,
+leadership. ``quartermaster scheduler --metrics-port`` serves them.
+
+The cycle's gauges are set by the leader's cycles: a ClusterQueue that had
+pending workloads or usage reads 0 once it has none (not a vanished
+series)."""
 
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -54,6 +63,19 @@ class SchedulerMetrics:
             ["cluster_queue", "flavor", "resource"],
             registry=r,
         )
+        self.attempts = Counter(
+            "qm_admission_attempts",
+            "Admission cycles, by result: success (something admitted) or inadmissible",
+            ["result"],
+            registry=r,
+        )
+        self.attempt_duration = Histogram(
+            "qm_admission_attempt_duration_seconds",
+            "One admission cycle, by result",
+            ["result"],
+            buckets=_CYCLE_BUCKETS,
+            registry=r,
+        )
         self.cycle = Histogram(
             "qm_admission_cycle_duration_seconds",
             "One admission cycle: snapshot, engine and commit",
@@ -79,13 +101,17 @@ class SchedulerMetrics:
         self.leader = Gauge(
             "qm_admission_leader", "1 while this process leads admission", registry=r
         )
+        self._pending_seen: set[tuple[str, ...]] = set()
+        self._usage_seen: set[tuple[str, ...]] = set()
 
     def observe(self, report: CycleReport) -> None:
         self.cycle.observe(report.seconds)
+        if report.result.admissions or report.result.pending:  # something was tried
+            result = "success" if report.result.admissions else "inadmissible"
+            self.attempts.labels(result).inc()
+            self.attempt_duration.labels(result).observe(report.seconds)
         pending = Tally(p.cluster_queue or "" for p in report.result.pending.values())
-        self.pending.clear()
-        for cq, count in pending.items():
-            self.pending.labels(cq).set(count)
+        _set_all(self.pending, {(cq,): n for cq, n in pending.items()}, self._pending_seen)
         for decision in report.result.admissions:
             self.admitted.labels(decision.cluster_queue).inc()
         for cq, seconds in report.plan.waits:
@@ -94,11 +120,21 @@ class SchedulerMetrics:
             self.preempted.labels(preemption.preemptor_cluster_queue, preemption.reason).inc()
         for eviction in report.result.evictions:
             self.evicted.labels(eviction.cluster_queue, eviction.reason).inc()
-        self.usage.clear()
-        for (cq, flavor, resource), amount in report.usage.items():
-            self.usage.labels(cq, flavor, resource).set(amount)
+        usage: dict[tuple[str, ...], float] = {k: float(v) for k, v in report.usage.items()}
+        _set_all(self.usage, usage, self._usage_seen)
 
     def observe_sync(self, report: SyncReport) -> None:
         self.cluster_ready.labels(report.cluster).set(1 if report.reachable else 0)
         for seconds in report.lags:
             self.reconcile_lag.labels(report.cluster).observe(seconds)
+
+
+def _set_all(
+    gauge: Gauge, values: Mapping[tuple[str, ...], float], seen: set[tuple[str, ...]]
+) -> None:
+    """Every series ``values`` names, and 0 for those seen before but not now."""
+    for labels in seen - set(values):
+        gauge.labels(*labels).set(0)
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    seen.update(values)

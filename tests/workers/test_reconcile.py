@@ -5,11 +5,13 @@ process (the consumer path is tested with a Celery worker in test_sync.py)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from service.app.admission import AdmissionCycle
@@ -29,11 +31,12 @@ from tests.workers.members import (
     setup_central,
     watch_jobs,
 )
-from workers.clusters import Member, MemberError
+from workers.clusters import Member, MemberError, RateLimiter
 from workers.fleet import Connector, reconcile_once, sync_once
 from workers.outbox import Send
 from workers.plan import JOB_KINDS
-from workers.records import ClusterRow
+from workers.records import ClusterRow, clusters
+from workers.settings import WorkerSettings
 
 
 def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
@@ -347,3 +350,49 @@ def test_a_mixed_flavor_admission_runs_on_its_member(
     assert member_job is not None and not member_job["spec"].get("suspend")
     selector = member_job["spec"]["template"]["spec"]["nodeSelector"]
     assert selector[ISLAND] == island and selector["example.com/cpu"] == "sapphire"
+
+
+def test_member_requests_are_held_to_qm_member_qps_and_burst(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set deliberately, not client-go's 5 QPS (kueue#8564): the connector
+    builds each member's client with QM_MEMBER_QPS / QM_MEMBER_BURST, and a
+    member is never asked faster than that."""
+    assert WorkerSettings().member_qps >= 50  # the default, well above client-go's 5
+    monkeypatch.setenv("QM_MEMBER_QPS", "20")
+    monkeypatch.setenv("QM_MEMBER_BURST", "5")
+    config = WorkerSettings(database_url=database_url, broker_url=broker)
+    assert (config.member_qps, config.member_burst) == (20, 5)
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1])
+        connect = Connector(config)
+        try:
+            with engine.connect() as conn:
+                (row,) = clusters(conn, "c1")
+            member = connect(row)
+            started = time.monotonic()
+            for _ in range(25):
+                assert len(member.nodes()) == 4
+            elapsed = time.monotonic() - started
+        finally:
+            connect.close()
+    # 5 at once, then 20 at 20 a second: never under a second
+    assert elapsed >= (25 - 5) / 20 - 0.05, elapsed
+
+
+def test_the_rate_limiter_bursts_then_paces() -> None:
+    limiter = RateLimiter(qps=20, burst=5)
+    started = time.monotonic()
+    for _ in range(5):
+        limiter.acquire()
+    burst = time.monotonic() - started
+    for _ in range(10):
+        limiter.acquire()
+    paced = time.monotonic() - started - burst
+    assert burst < 0.2, burst
+    assert 10 / 20 - 0.05 <= paced < 10 / 20 + 0.5, paced

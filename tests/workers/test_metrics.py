@@ -1,0 +1,112 @@
+"""The scheduler's Prometheus metrics, scraped over HTTP as an operator's
+Prometheus would, move with what happens: gangs queued, admitted, running on
+a member, cancelled; the outbox filling and draining; a member going silent."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app.bootstrap import Services
+from service.runtime.embedded import free_port
+from tests.workers.conftest import ADMIN, GPU, wait_for, workload_status
+from tests.workers.members import gang, members, scheduling, settings, setup_central
+from workers.outbox import Send, relay_once
+
+Labels = tuple[tuple[str, str], ...]
+Samples = dict[tuple[str, Labels], float]
+
+
+@contextmanager
+def _served(registry: CollectorRegistry) -> Iterator[Callable[[], Samples]]:
+    """``registry`` on ``/metrics`` of a free port; yields a scraper."""
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+
+    def scrape() -> Samples:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    try:
+        yield scrape
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_scheduler_metrics_move_and_are_scraped(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    cq = {"cluster_queue": "cq"}
+    gpus = {"cluster_queue": "cq", "flavor": "h100", "resource": GPU}
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        # No relay in this scheduler: the outbox fills until the test drains it.
+        with (
+            scheduling(engine, settings(database_url, broker), send) as scheduler,
+            _served(scheduler.metrics.registry) as scrape,
+        ):
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+            services.submissions.submit(ADMIN, "team-a", gang("b", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            first = wait_for(
+                lambda: (
+                    (m := scrape())
+                    and _value(m, "qm_reconcile_lag_seconds_count", cluster="c1")
+                    and m
+                ),
+                10,
+            )
+            assert _value(first, "qm_pending_workloads", **cq) == 1  # b: no quota left
+            assert _value(first, "qm_admitted_workloads_total", **cq) == 1
+            assert _value(first, "qm_admission_wait_time_seconds_count", **cq) == 1
+            assert _value(first, "qm_cluster_queue_resource_usage", **gpus) == 16
+            assert _value(first, "qm_admission_attempts_total", result="success") == 1
+            assert (_value(first, "qm_admission_attempts_total", result="inadmissible") or 0) >= 1
+            assert _value(first, "qm_reconcile_lag_seconds_count", cluster="c1") == 1
+            assert _value(first, "qm_member_cluster_ready", cluster="c1") == 1
+            assert _value(first, "qm_admission_leader") == 1
+            assert (_value(first, "qm_outbox_depth") or 0) >= 2  # wakes and reconcile hints
+            relay_once(engine, send)
+            wait_for(lambda: _value(scrape(), "qm_outbox_depth") == 0, 10)
+
+            services.submissions.cancel(ADMIN, "team-a", "a")
+            wait_for(lambda: workload_status(engine, "team-a", "b")["state"] == "Running", 20)
+            then = wait_for(
+                lambda: (
+                    (m := scrape())
+                    and _value(m, "qm_reconcile_lag_seconds_count", cluster="c1") == 2
+                    and m
+                ),
+                10,
+            )
+            assert _value(then, "qm_admitted_workloads_total", **cq) == 2
+            assert _value(then, "qm_pending_workloads", **cq) == 0  # 0, not a vanished series
+            assert _value(then, "qm_admission_wait_time_seconds_count", **cq) == 2
+            assert _value(then, "qm_cluster_queue_resource_usage", **gpus) == 16  # b's alone
+            assert _value(then, "qm_admission_attempts_total", result="success") == 2
+
+            c1.partition()
+            wait_for(lambda: _value(scrape(), "qm_member_cluster_ready", cluster="c1") == 0, 10)
+            c1.heal()
+            wait_for(lambda: _value(scrape(), "qm_member_cluster_ready", cluster="c1") == 1, 10)
