@@ -51,11 +51,20 @@ class Connector:
             cached = self._members.get(row.name)
             if cached is not None and cached[0] == stamp:
                 return cached[1]
-            secret = json.loads(self._box.open(row.secret)) if row.secret else None
+            try:
+                secret = json.loads(self._box.open(row.secret)) if row.secret else None
+                config = configuration(row.spec, secret)
+            except Exception as error:
+                # The type only, and no chained cause: a decryption, JSON or
+                # kubeconfig error can quote the credentials, in a message or
+                # in a traceback's locals.
+                raise MemberError(
+                    f"{row.name}: credentials unusable ({type(error).__name__})"
+                ) from None
             s = self._settings
             member = Member(
                 row.name,
-                configuration(row.spec, secret),
+                config,
                 qps=s.member_qps,
                 burst=s.member_burst,
                 timeout=(s.member_connect_timeout, s.member_read_timeout),

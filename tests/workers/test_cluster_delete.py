@@ -5,17 +5,21 @@ records how it ended, and requeues the gangs still tied to the cluster."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import kubernetes
 import pytest
 import sqlalchemy as sa
+import yaml
 
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
+from service.app.crypto import SecretBox
 from service.app.errors import InUse
 from service.app.uow import SqlUnitOfWork
 from sim.kubesim.testing import RunningCluster
@@ -29,11 +33,12 @@ from tests.workers.members import (
     settings,
     setup_central,
 )
+from workers.clusters import MemberError
 from workers.collect import CollectPolicy, collect, due, waiting
 from workers.fleet import Connector, reconcile_once, sync_once
 from workers.outbox import Send
 from workers.plan import CLUSTER_UID_LABEL
-from workers.records import clusters
+from workers.records import ClusterRow, clusters
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
 SWEPT = [("batch/v1", "Job")] + [
@@ -230,3 +235,34 @@ def _deactivate(cluster: RunningCluster, workload: dict[str, Any]) -> None:
 def _evicted(engine: sa.Engine, name: str, connect: Connector, config: Any, now: Any) -> bool:
     sync_once(engine, name, connect, config, now)
     return bool(workload_status(engine, "team-a", "ev")["state"] == "Evicted")
+
+
+def test_unusable_credentials_are_reported_without_quoting_them(
+    database_url: str, broker: str
+) -> None:
+    """A kubeconfig YAML cannot parse: the parser's message quotes the line
+    (the token on it); what we raise, log and record names only the type."""
+    config = settings(database_url, broker)
+    broken = {"kubeconfig": "users:\n- name: x\n  user: {token: s3cr3t-t0ken: oops}\n"}
+    secret = SecretBox(config.secret_key).seal(json.dumps(broken).encode())
+    row = ClusterRow(
+        "c9",
+        str(uuid4()),
+        1,
+        1,
+        {},
+        {},
+        {"server": "https://c9.example"},
+        {},
+        secret,
+        datetime.now(UTC),
+        True,
+    )
+    with pytest.raises(yaml.YAMLError, match="s3cr3t"):  # what the parser would say
+        yaml.safe_load(broken["kubeconfig"])
+    connect = Connector(config)
+    with pytest.raises(MemberError) as raised:
+        connect(row)
+    error = raised.value
+    assert "s3cr3t" not in str(error) and "ParserError" in str(error)
+    assert error.__cause__ is None and error.__suppress_context__
