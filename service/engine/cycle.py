@@ -177,24 +177,28 @@ class _Cycle:
     # --- 2. which pending workloads may queue at all ----------------------------------------
 
     def classify(self, pending: list[Workload]) -> None:
+        """Sort the pending workloads into ClusterQueues, or give each a reason it cannot queue.
+
+        Everything about one workload is derived in input order (reading the
+        workloads in memory order); only ``seq`` waits for the arrival order.
+        """
         state = self.state
+        infos = [self._prepare(wl) for wl in pending]
+        problems = [self._queueing_problem(wi) for wi in infos]
         by_cq: dict[str, list[WorkloadInfo]] = {}
         seen: set[str] = set()
         admitted = state.admitted
-        keys = [wl.key for wl in pending]
-        times = [wl.ordering_time for wl in pending]
+        keys = [wi.key for wi in infos]
+        times = [wi.time for wi in infos]
         for seq, index in enumerate(_arrival_order(keys, times)):
             key = keys[index]
             if key in seen or key in admitted:
                 continue
             seen.add(key)
-            wl = pending[index]
-            shape = state.gang_shape(wl)
-            wi = WorkloadInfo(wl, state.priority_of(wl), seq, key, shape, times[index])
-            lq = state.local_queues.get(wi.lq)
-            cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
-            wi.cq = cq
-            problem = self._queueing_problem(wi, lq is not None, cq)
+            wi = infos[index]
+            wi.seq = seq
+            cq = wi.cq
+            problem = problems[index]
             if problem is None:
                 assert cq is not None
                 queue = by_cq.get(cq.name)
@@ -211,17 +215,23 @@ class _Cycle:
         for name in sorted(by_cq):
             self.queues[name] = ClusterQueueQueue(name, by_cq[name], state.lq_usage)
 
-    def _queueing_problem(
-        self, wi: WorkloadInfo, lq_exists: bool, cq: CQState | None
-    ) -> tuple[str, str, bool] | None:
+    def _prepare(self, wl: Workload) -> WorkloadInfo:
+        """The workload's info, with its ClusterQueue; ``seq`` is set once arrivals are sorted."""
+        state = self.state
+        wi = WorkloadInfo(wl, state.priority_of(wl), -1, wl.key, state.gang_shape(wl))
+        lq = state.local_queues.get(wi.lq)
+        wi.cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
+        return wi
+
+    def _queueing_problem(self, wi: WorkloadInfo) -> tuple[str, str, bool] | None:
         """``(reason, message, stays queued)`` when the workload cannot be tried now."""
         wl = wi.wl
-        state = self.state
+        cq = wi.cq
+        lq = self.state.local_queues.get(wi.lq)
         if not wl.active:
             return "Inactive", "The workload is deactivated", False
-        if not lq_exists:
+        if lq is None:
             return "LocalQueueNotFound", f"LocalQueue {wl.queue_name} doesn't exist", False
-        lq = state.local_queues[wi.lq]
         if cq is None:
             return "ClusterQueueNotFound", f"ClusterQueue {lq.cluster_queue} doesn't exist", False
         requeue_at = wl.requeue_state.requeue_at if wl.requeue_state is not None else None

@@ -25,7 +25,7 @@ from service.domain.quantity import format_amount
 from service.domain.quota import FlavorFungibility, ResourceFlavor
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
 from service.engine.placement import tolerates
-from service.engine.quota import FlavorResource
+from service.engine.quota import FlavorResource, QuotaNode
 from service.engine.state import CQState, CycleState, FlavorPlan, PodSetInfo, WorkloadInfo
 
 __all__ = [
@@ -174,26 +174,64 @@ def _quota_check(cq: CQState, fr: FlavorResource, value: int) -> tuple[int, int,
     node = cq.node
     flat = node.flat_root(fr)
     if flat is not None:
-        # No borrowing or lending limit on the way up: the root's numbers are the answer.
-        maximum = flat.subtree_quota.get(fr, 0)
-        if value > maximum:
-            return NO_FIT, -1, maximum
-        available = maximum - flat.usage.get(fr, 0)
-    else:
-        maximum = node.potential_available(fr)
-        if value > maximum:
-            return NO_FIT, -1, maximum
-        available = node.available(fr)
+        return _flat_quota_check(cq, flat, fr, value)
+    maximum = node.potential_available(fr)
+    if value > maximum:
+        return NO_FIT, -1, maximum
+    available = node.available(fr)
     if value <= available:
         if node.parent is None or node.usage.get(fr, 0) + value <= node.subtree_quota.get(fr, 0):
             return FIT, 0, available
         return FIT, node.borrowing_level(fr, value)[0], available
     borrow, may_reclaim = node.borrowing_level(fr, value)
+    return _short(cq, fr, value, borrow, may_reclaim), borrow, available
+
+
+def _short(cq: CQState, fr: FlavorResource, value: int, borrow: int, may_reclaim: bool) -> int:
+    """The mode of a flavor-resource without enough quota available: preemption may help?"""
     if may_reclaim or cq.preempts_while_borrowing:
-        return PREEMPT, borrow, available
-    quota = node.quotas.get(fr)
+        return PREEMPT
+    quota = cq.node.quotas.get(fr)
     nominal = quota.nominal if quota is not None else 0
-    return (PREEMPT if nominal >= value else NO_FIT), borrow, available
+    return PREEMPT if nominal >= value else NO_FIT
+
+
+def _flat_quota_check(
+    cq: CQState, root: QuotaNode, fr: FlavorResource, value: int
+) -> tuple[int, int, int]:
+    """``_quota_check`` when no node up to ``root`` limits borrowing or lending of ``fr``.
+
+    Then no node keeps local quota (its local available is ``max(0, -usage)``)
+    and the root's numbers give both the maximum and what is available now;
+    this is ``QuotaNode.borrowing_level`` with that arithmetic inlined.
+    """
+    maximum = root.subtree_quota.get(fr, 0)
+    if value > maximum:
+        return NO_FIT, -1, maximum
+    available = maximum - root.usage.get(fr, 0)
+    node = cq.node
+    if node.parent is None:
+        borrow, may_reclaim = 0, False
+    else:
+        used = node.usage.get(fr, 0)
+        if used + value <= node.subtree_quota.get(fr, 0):
+            borrow, may_reclaim = 0, True
+        else:
+            borrow, may_reclaim = _flat_level(node, fr, value - max(0, -used))
+    if value <= available:
+        return FIT, borrow, available
+    return _short(cq, fr, value, borrow, may_reclaim), borrow, available
+
+
+def _flat_level(node: QuotaNode, fr: FlavorResource, remaining: int) -> tuple[int, bool]:
+    """Height of the lowest ancestor whose subtree fits ``remaining`` more, flat quota."""
+    ancestor = node
+    for ancestor in node.lineage:
+        used = ancestor.usage.get(fr, 0)
+        if used + remaining <= ancestor.subtree_quota.get(fr, 0):
+            return ancestor.height, ancestor.parent is not None
+        remaining -= max(0, -used)
+    return ancestor.height, ancestor.parent is not None
 
 
 def _fits_quota(

@@ -166,7 +166,8 @@ class PlainSelector:
         self._head = head
         self._key = key
         self._stamp = stamp
-        self._heap: list[tuple[tuple[object, ...], int, str]] = []
+        #: ``(*key, version, cq)``: flat tuples compare faster than nested ones.
+        self._heap: list[tuple[object, ...]] = []
         self._version: dict[str, int] = {}
         #: cq -> usage stamp its heap key was computed at.
         self._stamps: dict[str, int] = {}
@@ -184,21 +185,24 @@ class PlainSelector:
         self._stamps.pop(cq, None)
         wi = self._head(cq)
         if wi is not None:
-            heapq.heappush(self._heap, ((0, -wi.priority, wi.time, wi.seq), version, cq))
+            heapq.heappush(self._heap, (0, -wi.priority, wi.time, wi.seq, version, cq))
 
     def pop(self) -> str | None:
         heap = self._heap
+        versions = self._version
         while heap:
-            key, version, cq = heapq.heappop(heap)
-            if version != self._version.get(cq):
+            entry = heapq.heappop(heap)
+            cq = entry[5]
+            assert isinstance(cq, str)
+            if entry[4] != versions.get(cq):
                 continue
             if self._stamps.get(cq) == self._stamp(cq):
                 return cq
             fresh = self._keyed(cq)
             if fresh is None:
                 continue
-            if fresh != key and heap and fresh > heap[0][0]:
-                heapq.heappush(heap, (fresh, version, cq))
+            if heap and fresh > heap[0][:4] and fresh != entry[:4]:
+                heapq.heappush(heap, (*fresh, entry[4], cq))
                 continue
             return cq
         return None

@@ -8,8 +8,9 @@ by name, then islands by flavor and name), which keeps decisions deterministic.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from service.domain.inventory import HOSTNAME_LABEL
 from service.engine.placement import (
@@ -42,9 +43,11 @@ class PodSetRequest:
     eligible: Mapping[int, Island]
     #: The node flavors of the eligible islands, sorted (``None``: compute).
     node_flavors: list[str] | None = None
+    #: Cluster seq -> its eligible islands, in the cluster's order (memoised).
+    by_cluster: dict[int, list[Island]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GangPlacement:
     cluster: str
     pod_sets: tuple[PodSetPlacement, ...]
@@ -120,7 +123,13 @@ def _place_in_one_island(
 
 
 def _cluster_islands(request: PodSetRequest, cluster: ClusterState) -> list[Island]:
-    return [i for i in cluster.islands if i.seq in request.eligible]
+    islands = request.by_cluster.get(cluster.seq)
+    if islands is None:
+        eligible = request.eligible
+        islands = request.by_cluster[cluster.seq] = [
+            i for i in cluster.islands if i.seq in eligible
+        ]
+    return islands
 
 
 def _spread_in_cluster(
@@ -140,6 +149,8 @@ def _spread_in_cluster(
                 request.count
             ):
                 return None
+            if request.count == 1:
+                return _best_fit_node(islands, shape, amount)
             levels = sorted({f for i in islands for f in i.levels_from(amount)})
             nodes = (n for f in levels for i in islands for n in i.buckets.get(f, ()))
             return fill_domain(nodes, shape, request.count)
@@ -150,6 +161,29 @@ def _spread_in_cluster(
         (n for i in islands for n in i.nodes), key=lambda n: (sum(n.free.values()), n.name)
     )
     return fill_domain(nodes_sorted, shape, request.count)
+
+
+def _best_fit_node(
+    islands: Sequence[Island], shape: Shape, amount: int
+) -> list[tuple[NodeState, int]] | None:
+    """One pod: the first node that fits in (free primary, island, bucket) order.
+
+    The order of the general walk over the union of the islands' levels; each
+    island stops at its own first fit, or as soon as it cannot beat the best.
+    """
+    best: NodeState | None = None
+    best_level = 0
+    for island in islands:
+        levels = island.levels
+        for position in range(bisect.bisect_left(levels, amount), len(levels)):
+            level = levels[position]
+            if best is not None and level >= best_level:
+                break
+            node = next((n for n in island.buckets[level] if pods_fitting(n.free, shape)), None)
+            if node is not None:
+                best, best_level = node, level
+                break
+    return None if best is None else [(best, 1)]
 
 
 def _fewest_islands_in_cluster(

@@ -155,7 +155,7 @@ class Island:
             del self.levels[bisect.bisect_left(self.levels, key)]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PodSetPlacement:
     """Pods per node for one pod set, and the islands it spans."""
 

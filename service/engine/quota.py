@@ -169,10 +169,15 @@ class QuotaNode:
         return all(self.usage.get(fr, 0) <= self.subtree_quota.get(fr, 0) for fr in frs)
 
     def add_usage(self, fr: FlavorResource, value: int) -> None:
-        local_available = self.local_available(fr)
-        self.usage[fr] = self.usage.get(fr, 0) + value
-        if self.parent is not None and value > local_available:
-            self.parent.add_usage(fr, value - local_available)
+        """Use ``value`` more; what local quota cannot hold is used from the parent, and up."""
+        node: QuotaNode | None = self
+        while node is not None:
+            local_available = node.local_available(fr)
+            node.usage[fr] = node.usage.get(fr, 0) + value
+            if value <= local_available:
+                return
+            value -= local_available
+            node = node.parent
 
     def remove_usage(self, fr: FlavorResource, value: int) -> None:
         stored_in_parent = self.usage.get(fr, 0) - self.local_quota(fr)

@@ -235,19 +235,26 @@ class AdmittedInfo:
         placements: list[tuple[NodeState, int, Shape]],
         admitted_at: float,
         fresh: bool,
+        pending: WorkloadInfo | None = None,
     ) -> None:
+        """``pending``: the workload's info when it is admitted this cycle (derived values)."""
         self.wl = wl
-        self.key = wl.key
         self.cq_name = cq_name
         self.cq = cq
         self.priority = priority
-        self.time = wl.ordering_time
         self.cluster = cluster
         self.usage = usage
         self.placements = placements
         self.admitted_at = admitted_at
         self.fresh = fresh
         self.pods_ready: bool | None = None
+        if pending is not None and len(pending.pod_sets) == 1:
+            # One pod set: its totals are the usage summed over flavors, in the same order.
+            self.key, self.time, self.lq = pending.key, pending.time, pending.lq
+            self.resources = pending.resources
+            return
+        self.key = wl.key
+        self.time = wl.ordering_time
         self.lq = wl.queue_key
         resources: dict[str, int] = {}
         for (_, r), a in usage.items():
@@ -564,7 +571,9 @@ class CycleState:
     ) -> AdmittedInfo:
         assert wi.cq is not None
         placements = [
-            (node, pods, wi.pod_sets[index].shape) for index, node, pods in placement.node_pods()
+            (node, pods, ps.shape)
+            for ps, placed in zip(wi.pod_sets, placement.pod_sets, strict=True)
+            for node, pods in placed.nodes
         ]
         info = AdmittedInfo(
             wl=wi.wl,
@@ -576,6 +585,7 @@ class CycleState:
             placements=placements,
             admitted_at=self.now,
             fresh=True,
+            pending=wi,
         )
         self.admitted[info.key] = info
         self._hold(info)
