@@ -5,25 +5,32 @@
 Measured in one run, each beside its baseline:
 
 * appends per second through the Postgres ledger writer (tip lock, hash
-  chain, idempotency check), one transaction per append, for 1 and 4 writer
-  processes and batches of 1 and 100 — baseline: plain INSERTs of the same
-  rows into a table of the same shape, one transaction each;
-* then ``--entries`` entries are sealed and loaded with COPY, and a signed
-  checkpoint made (plus an older one at half the size); the query indexes
-  are built afterwards, as a restore would;
+  chain, idempotency check, the bytes hashed stored beside the columns and
+  checked against them by migration 0007's constraint), one transaction per
+  append, for 1 and 4 writer processes and batches of 1 and 100 — baseline:
+  plain INSERTs of the same rows into a table of the same shape (without the
+  constraint), one transaction each;
+* then ``--entries`` entries are sealed and loaded with COPY (the constraint
+  checking every row), and a signed checkpoint made (plus an older one at
+  half the size); the query indexes are built afterwards, as a restore would;
 * full verification (every hash, the chain, the Merkle root against the
-  signed checkpoint, consistency with the older one) of the live ledger
-  streamed from Postgres, and of its NDJSON export file (target ≤ 10 s);
+  signed checkpoint, consistency with the older one) of the live ledger —
+  its stored bytes streamed by binary COPY and hashed as they are — and of
+  its NDJSON export file (target ≤ 10 s); beside it, the floor (the same rows
+  received by binary COPY, nothing else) and the way verify --live went
+  before migration 0007 (every row read as columns and serialised again);
 * export rate and peak memory streaming all entries to NDJSON, and peak
   memory exporting a tenth of them (constant memory: the two peaks match);
 * p50/p99 of one page of typical filtered auditor queries (in-process,
   through the reader), against an unfiltered page;
 * baseline: a plain server-side-cursor ``SELECT`` of the same rows.
 
-Verification and export run in fresh processes so that their peak RSS is
-theirs alone. Progress goes to stderr; one JSON line to stdout. Without
---database-url it uses a scratch database on 127.0.0.1:5432 (or an embedded
-server) and drops it afterwards; the export file is deleted too.
+Verification and export run in fresh processes so that their peak RSS and
+CPU time (``cpu_seconds``: the client's, not the database server's) are
+theirs alone; ``load_1m`` is the load average as each began and ended.
+Progress goes to stderr; one JSON line to stdout. Without --database-url it
+uses a scratch database on 127.0.0.1:5432 (or an embedded server) and drops
+it afterwards; the export file is deleted too.
 """
 
 from __future__ import annotations
@@ -178,8 +185,8 @@ def raw_step(url: str, batch: int) -> tuple[Step, Callable[[], None]]:
     """The same rows, no chain: hashes are random bytes, seq a BIGSERIAL."""
     conn = psycopg.connect(libpq(url))
     sql = (
-        "INSERT INTO bench_raw_ledger (entry_id, kind, recorded_at, body, prev_hash, entry_hash) "
-        "VALUES (%s, %s, %s, %s, %s, %s)"
+        "INSERT INTO bench_raw_ledger (entry_id, kind, recorded_at, body, prev_hash, entry_hash, "
+        "entry_bytes) VALUES (%s, %s, %s, %s, %s, %s, %s)"
     )
 
     def step(w: int, i: int) -> int:
@@ -194,6 +201,7 @@ def raw_step(url: str, batch: int) -> tuple[Step, Callable[[], None]]:
                     Jsonb(dict(item.body)),
                     os.urandom(32),
                     os.urandom(32),
+                    json.dumps(dict(item.body)).encode(),
                 )
             )
         with conn.cursor() as cur:
@@ -210,7 +218,7 @@ def create_raw_table(url: str) -> None:
         conn.execute(
             "CREATE TABLE bench_raw_ledger (seq bigserial PRIMARY KEY, entry_id uuid NOT NULL "
             "UNIQUE, kind text NOT NULL, recorded_at timestamptz NOT NULL, body jsonb NOT NULL, "
-            "prev_hash bytea NOT NULL, entry_hash bytea NOT NULL)"
+            "prev_hash bytea NOT NULL, entry_hash bytea NOT NULL, entry_bytes bytea NOT NULL)"
         )
         # The same indexes as ledger_entries (0001 and 0004), so that only the
         # ledger's own work differs.
@@ -282,8 +290,12 @@ def in_child(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any
 
 
 def _child(queue: Any, target: Callable[..., dict[str, Any]], *args: Any) -> None:
-    before = _peak_mb()
+    before, load, cpu = _peak_mb(), os.getloadavg()[0], time.process_time()
     result = target(*args)
+    # This process's CPU time: unlike the wall time, hardly moved by what else
+    # runs on the machine (the database server's share is not in it).
+    result["cpu_seconds"] = round(time.process_time() - cpu, 2)
+    result["load_1m"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     result["peak_rss_mb"] = round(_peak_mb(), 1)
     result["rss_growth_mb"] = round(_peak_mb() - before, 1)
     queue.put(result)
@@ -301,6 +313,19 @@ def plain_select(url: str) -> dict[str, Any]:
         for _ in cur:
             rows += 1
     return {"rows": rows, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def copy_stored(url: str) -> dict[str, Any]:
+    """What verify_live reads, received and nothing more: its floor."""
+    started, rows = time.perf_counter(), 0
+    sql = (
+        "COPY (SELECT seq, prev_hash, entry_hash, entry_bytes FROM ledger_entries ORDER BY seq) "
+        "TO STDOUT (FORMAT binary)"
+    )
+    with psycopg.connect(url) as conn, conn.cursor() as cur, cur.copy(sql) as copy:
+        for _ in copy:
+            rows += 1
+    return {"rows": rows - 1, "seconds": round(time.perf_counter() - started, 2)}
 
 
 def verify_live(url: str, note: str, older: str, vkey: str) -> dict[str, Any]:
@@ -504,6 +529,14 @@ def main() -> None:
         live = in_child(verify_live, url, note, older, signer.verifier_key)
         results["verify_live"] = live
         log(f"  {live}")
+        log("  its floor: the same rows received by binary COPY, no hashing")
+        results["copy_stored"] = in_child(copy_stored, libpq(url))
+        log(f"  {results['copy_stored']}")
+        log("  the way it went before migration 0007: columns read and serialised again")
+        results["verify_live_from_columns"] = in_child(
+            verify_live_from_columns, url, note, older, signer.verifier_key
+        )
+        log(f"  {results['verify_live_from_columns']}")
 
         path = str(Path(tmp) / "ledger.ndjson")
         log("export a tenth, then everything")

@@ -134,6 +134,24 @@ def test_consistency_proofs_match_the_reference_and_verify(n: int) -> None:
 def test_consistency_bound_is_tight_at_three_of_four() -> None:
     data = data_of(4)
     assert len(tree_of(data).consistency_proof(3, 4)) == 3
+    assert ref_proof(3, data) == [ref_mth(data[2:3]), ref_mth(data[3:4]), ref_mth(data[0:2])]
+
+
+def test_the_true_consistency_bound_for_every_size_up_to_300() -> None:
+    """What docs/ledger.md states: an RFC 6962 consistency proof from m to n
+    has at most ⌈log2 n⌉ + 1 hashes, every n ≥ 4 has an m that needs them all
+    (m = 3 is one), and when m is a power of two ⌈log2 n⌉ suffice (the old
+    root is a node of the new tree, which the verifier already holds)."""
+    data = data_of(300)
+    tree = tree_of(data)
+    for n in range(2, 301):
+        lengths = {m: len(tree.consistency_proof(m, n)) for m in range(1, n)}
+        assert max(lengths.values()) <= ceil_log2(n) + 1
+        if n >= 4:
+            assert lengths[3] == ceil_log2(n) + 1, n
+        for m, length in lengths.items():
+            if m & (m - 1) == 0:
+                assert length <= ceil_log2(n), (m, n)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 16, 17])

@@ -65,6 +65,12 @@ def test_verifies_in_any_database_time_zone(engine: sa.Engine, database_url: str
         assert reader.verify().ok
         assert verify_ledger(reader.records(), note, signer.verifier()).ok
         assert verify_ledger(records_of(reader.entries()), note, signer.verifier()).ok
+        assert reader.verify_live(note, signer.verifier()).ok
+        # An append here: migration 0007's constraint reads its recorded_at
+        # under this time zone too.
+        with SqlUnitOfWork(elsewhere) as uow:
+            uow.record([NewLedgerEntry(uuid.uuid4(), "quota.changed", {}, T0)])
+            uow.commit()
     finally:
         elsewhere.dispose()
         with engine.connect() as conn:
