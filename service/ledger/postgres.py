@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -333,29 +334,34 @@ def _guard_problem(conn: Any) -> str | None:
 
 def _stored_rows(conn: Any, after_seq: int) -> Iterator[StoredRow]:
     with conn.cursor() as cursor, cursor.copy(_STORED.format(after=int(after_seq))) as copy:
-        yield from _binary_rows(copy)
+        # read() gives one CopyData message, empty at the end; iter() calls
+        # it without another generator in between (this runs once per row).
+        yield from _binary_rows(iter(copy.read, b""))
 
 
 def _binary_rows(messages: Iterable[Any]) -> Iterator[StoredRow]:
     """Rows of a binary COPY of (seq, prev_hash, entry_hash, entry_bytes), one
     per CopyData message; the header comes with the first message."""
-    size = _STORED_ROW.size
-    header = True
-    for message in messages:
-        row = memoryview(message)
-        if header:
-            signature, _, extension = _COPY_HEADER.unpack_from(row)
-            if signature != _COPY_SIGNATURE:
-                raise ValueError("not a binary COPY stream")
-            row, header = row[_COPY_HEADER.size + extension :], False
-        if len(row) == 2:  # the trailer: -1 fields
+    messages = iter(messages)
+    first = next(messages, None)
+    if first is None:
+        return
+    head = memoryview(first)
+    signature, _, extension = _COPY_HEADER.unpack_from(head)
+    if signature != _COPY_SIGNATURE:
+        raise ValueError("not a binary COPY stream")
+    unpack, size = _STORED_ROW.unpack_from, _STORED_ROW.size
+    for row in itertools.chain((head[_COPY_HEADER.size + extension :],), messages):
+        length = len(row)
+        if length < size:
+            if length != 2:  # 2 bytes: the trailer (-1 fields)
+                yield _any_row(memoryview(row))
             continue
-        if len(row) >= size:
-            fields, n_seq, seq, n_prev, prev, n_hash, stated, n_data = _STORED_ROW.unpack_from(row)
-            if (fields, n_seq, n_prev, n_hash, n_data) == (4, 8, 32, 32, len(row) - size):
-                yield seq, prev, stated, bytes(row[size:])
-                continue
-        yield _any_row(row)
+        fields, n_seq, seq, n_prev, prev, n_hash, stated, n_data = unpack(row)
+        if fields == 4 and n_seq == 8 and n_prev == 32 and n_hash == 32 and n_data == length - size:
+            yield seq, prev, stated, bytes(row[size:])
+        else:  # hashes of another length: the table does not forbid them
+            yield _any_row(memoryview(row))
 
 
 def _any_row(row: memoryview) -> StoredRow:
