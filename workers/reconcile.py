@@ -99,7 +99,7 @@ def reconcile(
     """One pass over ``cluster``; its records are written in ``uow`` (the
     caller commits)."""
     report = Report(cluster)
-    row, rows, view = load(engine, cluster)
+    row, _, _ = load(engine, cluster)
     if row is None or row.deleted:
         report.skipped = "no such cluster"
         return report
@@ -107,7 +107,15 @@ def reconcile(
         report.skipped = "lost"  # sync brings it back first
         return report
     member = connect(row)
+    # The member is read before the centre: a view older than the listing
+    # would take a job that another pass dispatched meanwhile (for a gang
+    # admitted after this view was read) for a stray, delete it, and the
+    # next pass would dispatch the same admission again.
     actual = managed(member)
+    row, rows, view = load(engine, cluster)
+    if row is None or row.deleted or row.state == "Lost":
+        report.skipped = "gone or lost meanwhile"
+        return report
     actions = plan(view, actual)
     if actions.draining:
         for ref in actions.delete:
@@ -122,7 +130,12 @@ def reconcile(
             report.waiting = left
             log.info("%s: waiting for %d deletions", cluster, len(left))
             return report
-        actions = plan(view, managed(member))
+        actual = managed(member)
+        row, rows, view = load(engine, cluster)  # after the listing, as above
+        if row is None or row.deleted or row.state == "Lost":
+            report.skipped = "gone or lost meanwhile"
+            return report
+        actions = plan(view, actual)
         if actions.draining:  # deleted by someone else meanwhile: next pass
             report.waiting = [f"admission {a}" for a in actions.draining]
             return report
