@@ -117,6 +117,8 @@ class _Cycle:
         self._held: dict[str, list[WorkloadInfo]] = {}
         self._last_epoch = 0
         self._queueing_cache: dict[object, tuple[str, str, bool] | None] = {}
+        #: ClusterQueue -> the root of its quota tree.
+        self._root_of = {name: cq.root for name, cq in self.state.cqs.items()}
 
     # --- 1. evictions that do not depend on pending work ------------------------------------
 
@@ -319,6 +321,9 @@ class _Cycle:
         signature = wi.signature()
         epoch = self.state.epoch
         for failure in failures:
+            # The cheap half of ``covers`` first: most failures are of other shapes.
+            if failure.signature is not signature and failure.signature != signature:
+                continue
             if failure.covers(wi, signature, epoch):
                 return failure
         return None
@@ -340,7 +345,7 @@ class _Cycle:
         return (borrow, -wi.priority, wi.time, wi.seq)
 
     def _usage_stamp(self, name: str) -> int:
-        return self.state.usage_version.get(self.state.cqs[name].root, 0)
+        return self.state.usage_version.get(self._root_of[name], 0)
 
     def _nominee(self, name: str) -> tuple[WorkloadInfo, dict[FlavorResource, int]] | None:
         wi = self._head(name)
@@ -530,8 +535,16 @@ class _Cycle:
         reasons: dict[str, PendingReason] = {}
         pending = self.pending
         for name, items in by_cq.items():
-            if name not in ordered:
-                items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
+            if name in ordered:
+                # One LocalQueue: the position in it is the position in the ClusterQueue.
+                for position, wi in enumerate(items):
+                    reason, message, _, lq = pending[wi.key]
+                    text = message if type(message) is str else _text(message)
+                    reasons[wi.key] = PendingReason(
+                        wi.key, reason, text, name, lq, position, position
+                    )
+                continue
+            items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
             per_lq: dict[str, int] = {}
             for position, wi in enumerate(items):
                 lq_position = per_lq.get(wi.lq, 0)
@@ -546,19 +559,21 @@ class _Cycle:
 def _pod_set_assignments(
     wi: WorkloadInfo, assignment: Assignment, placement: GangPlacement
 ) -> tuple[PodSetAssignment, ...]:
-    return tuple(
-        PodSetAssignment(
-            name=ps.name,
-            count=ps.count,
-            flavors={r: flavors[r] for r in sorted(flavors)},
-            resource_usage=dict(ps.sorted_totals),
-            placement=tuple([(node.name, pods) for node, pods in placed.nodes]),
-            islands=placed.islands,
+    result = []
+    for index, ps in enumerate(wi.pod_sets):
+        flavors = assignment.pod_set_flavors[index]
+        placed = placement.pod_sets[index]
+        result.append(
+            PodSetAssignment(
+                name=ps.name,
+                count=ps.count,
+                flavors={r: flavors[r] for r in sorted(flavors)},
+                resource_usage=dict(ps.sorted_totals),
+                placement=tuple([(node.name, pods) for node, pods in placed.nodes]),
+                islands=placed.islands,
+            )
         )
-        for ps, flavors, placed in zip(
-            wi.pod_sets, assignment.pod_set_flavors, placement.pod_sets, strict=True
-        )
-    )
+    return tuple(result)
 
 
 def _borrowed(cq: CQState, usage: dict[FlavorResource, int]) -> dict[FlavorResource, int]:

@@ -26,7 +26,14 @@ from service.domain.quota import FlavorFungibility, ResourceFlavor
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
 from service.engine.placement import tolerates
 from service.engine.quota import FlavorResource, QuotaNode
-from service.engine.state import CQState, CycleState, FlavorPlan, PodSetInfo, WorkloadInfo
+from service.engine.state import (
+    CQState,
+    CycleState,
+    FlavorPlan,
+    PlannedFlavor,
+    PodSetInfo,
+    WorkloadInfo,
+)
 
 __all__ = [
     "FIT",
@@ -246,11 +253,22 @@ def _fits_quota(
     return mode, borrow, WAITING_FOR_QUOTA, (fr, value - room, None)
 
 
-def _flavor_mode(cq: CQState, frs: tuple[tuple[FlavorResource, int], ...]) -> tuple[int, int]:
+def _flavor_mode(cq: CQState, frs: PlannedFlavor) -> tuple[int, int]:
     """The ``(mode, borrow)`` of one flavor for a gang alone (``_GroupSearch.quota_mode``)."""
     mode, borrow = FIT, 0
-    for fr, value in frs:
-        fmode, fborrow, _ = _quota_check(cq, fr, value)
+    node = cq.node
+    for fr, value, root in frs:
+        if root is not None and node.parent is not None:
+            maximum = root.subtree_quota.get(fr, 0)
+            fits = value <= maximum and value <= maximum - root.usage.get(fr, 0)
+            if fits and node.usage.get(fr, 0) + value <= node.subtree_quota.get(fr, 0):
+                # ``_flat_quota_check``'s most common answer, without the call: it
+                # fits, within the ClusterQueue's own quota (so no borrowing).
+                continue
+        if root is not None:
+            fmode, fborrow, _ = _flat_quota_check(cq, root, fr, value)
+        else:
+            fmode, fborrow, _ = _quota_check(cq, fr, value)
         mode = min(mode, fmode)
         borrow = max(borrow, fborrow)
         if fmode == NO_FIT:
@@ -421,9 +439,15 @@ def _build_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
             return FlavorPlan(general=True)
     if group is None:
         return FlavorPlan(general=True)
+    node = cq.node
     return FlavorPlan(
         flavors=tuple(
-            (name, tuple(((name, r), value) for r, value in ps.totals.items()))
+            (
+                name,
+                tuple(
+                    ((name, r), value, node.flat_root((name, r))) for r, value in ps.totals.items()
+                ),
+            )
             for name in cq.groups[group][1]
             if _mismatch(state, name, ps) is None
         )
@@ -489,7 +513,7 @@ def admit_simply(state: CycleState, wi: WorkloadInfo) -> Assignment | None:
                     return None
                 return Assignment(
                     pod_set_flavors=[{r: name for r in ps.totals}],
-                    usage={fr: value for fr, value in frs},
+                    usage={fr: value for fr, value, _ in frs},
                     mode=FIT,
                     borrow=mode[1],
                     placement=placement,

@@ -172,13 +172,6 @@ class PlainSelector:
         #: cq -> usage stamp its heap key was computed at.
         self._stamps: dict[str, int] = {}
 
-    def _keyed(self, cq: str) -> tuple[object, ...] | None:
-        wi = self._head(cq)
-        if wi is None:
-            return None
-        self._stamps[cq] = self._stamp(cq)
-        return self._key(cq, wi)
-
     def update(self, cq: str) -> None:
         version = self._version.get(cq, 0) + 1
         self._version[cq] = version
@@ -196,12 +189,16 @@ class PlainSelector:
             assert isinstance(cq, str)
             if entry[4] != versions.get(cq):
                 continue
-            if self._stamps.get(cq) == self._stamp(cq):
+            stamp = self._stamp(cq)
+            if self._stamps.get(cq) == stamp:
                 return cq
-            fresh = self._keyed(cq)
-            if fresh is None:
+            wi = self._head(cq)
+            if wi is None:
                 continue
-            if heap and fresh > heap[0][:4] and fresh != entry[:4]:
+            self._stamps[cq] = stamp
+            fresh = self._key(cq, wi)
+            # ``fresh > heap[0]`` compares the top's key first: as ``fresh > heap[0][:4]``.
+            if heap and fresh > heap[0] and fresh != entry[:4]:
                 heapq.heappush(heap, (*fresh, entry[4], cq))
                 continue
             return cq

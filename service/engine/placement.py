@@ -173,16 +173,24 @@ class ClusterState:
         self.islands: list[Island] = []
 
 
+#: Sequence numbers (of islands, of clusters) stay below this: ``free * _SEQS + seq``
+#: orders like ``(free, seq)`` (free amounts are never negative), and ints bisect faster.
+_SEQS = 1 << 32
+
+
 class _FlavorIndex:
-    """Islands and clusters of one node flavor, sorted by free primary resource."""
+    """Islands and clusters of one node flavor, sorted by free primary resource.
+
+    Keys are ``free * _SEQS + seq``: the order of ``(free, seq)``.
+    """
 
     __slots__ = ("cluster_free", "cluster_keys", "island_keys", "islands")
 
     def __init__(self) -> None:
         self.islands: dict[int, Island] = {}
-        self.island_keys: list[tuple[int, int]] = []
+        self.island_keys: list[int] = []
         self.cluster_free: dict[int, int] = {}
-        self.cluster_keys: list[tuple[int, int]] = []
+        self.cluster_keys: list[int] = []
 
 
 class Inventory:
@@ -225,8 +233,10 @@ class Inventory:
             cseq = self.clusters[island.cluster].seq
             index.cluster_free[cseq] = index.cluster_free.get(cseq, 0) + island.primary_free()
         for index in self._index.values():
-            index.island_keys = sorted((i.primary_free(), s) for s, i in index.islands.items())
-            index.cluster_keys = sorted((f, c) for c, f in index.cluster_free.items())
+            index.island_keys = sorted(
+                i.primary_free() * _SEQS + s for s, i in index.islands.items()
+            )
+            index.cluster_keys = sorted(f * _SEQS + c for c, f in index.cluster_free.items())
         self._cluster_by_seq = {c.seq: c for c in self.clusters.values()}
 
     @staticmethod
@@ -258,43 +268,43 @@ class Inventory:
 
     def _change(self, node: NodeState, shape: Shape, pods: int, sign: int) -> None:
         island = node.island
+        free = node.free
         if island is None or not node.schedulable:
             for resource, amount in shape:
-                node.free[resource] = node.free.get(resource, 0) - sign * amount * pods
+                free[resource] = free.get(resource, 0) - sign * amount * pods
             return
         primary = island.primary
-        old_primary = node.free.get(primary, 0) if primary else 0
+        old_primary = free.get(primary, 0) if primary else 0
         totals = island.free_total
         for resource, amount in shape:
-            before = node.free.get(resource, 0)
+            before = free.get(resource, 0)
             after = before - sign * amount * pods
-            node.free[resource] = after
-            totals[resource] = totals.get(resource, 0) + max(0, after) - max(0, before)
+            free[resource] = after
+            # Totals count only what is free: a node over-committed adds nothing.
+            gained = (after if after > 0 else 0) - (before if before > 0 else 0)
+            totals[resource] = totals.get(resource, 0) + gained
         if primary is None:
             return
-        new_primary = node.free.get(primary, 0)
-        if new_primary == old_primary:
-            return
-        if max(0, old_primary) != max(0, new_primary):
+        new_primary = free.get(primary, 0)
+        old_level = old_primary if old_primary > 0 else 0
+        new_level = new_primary if new_primary > 0 else 0
+        if old_level != new_level:
             island.bucket_remove(node, old_primary)
             island.bucket_add(node, new_primary)
-        delta = max(0, new_primary) - max(0, old_primary)
-        if delta:
-            self._reindex(island, delta)
+            self._reindex(island, new_level - old_level)
 
     def _reindex(self, island: Island, delta: int) -> None:
         index = self._index[island.node_flavor]
         new_free = island.primary_free()
         keys = index.island_keys
-        old_key = (new_free - delta, island.seq)
-        keys.pop(bisect.bisect_left(keys, old_key))
-        bisect.insort(keys, (new_free, island.seq))
+        keys.pop(bisect.bisect_left(keys, (new_free - delta) * _SEQS + island.seq))
+        bisect.insort(keys, new_free * _SEQS + island.seq)
         cseq = self.clusters[island.cluster].seq
         old = index.cluster_free[cseq]
         index.cluster_free[cseq] = old + delta
         ckeys = index.cluster_keys
-        ckeys.pop(bisect.bisect_left(ckeys, (old, cseq)))
-        bisect.insort(ckeys, (old + delta, cseq))
+        ckeys.pop(bisect.bisect_left(ckeys, old * _SEQS + cseq))
+        bisect.insort(ckeys, (old + delta) * _SEQS + cseq)
 
     def allocate(self, nodes: Iterable[tuple[NodeState, int]], shape: Shape) -> None:
         for node, pods in nodes:
@@ -314,10 +324,10 @@ class Inventory:
         if index is None:
             return
         keys = index.island_keys
-        position = bisect.bisect_left(keys, (need, -1))
+        position = bisect.bisect_left(keys, need * _SEQS)
         # Copy the tail: the caller may allocate while iterating.
-        for _, seq in keys[position:]:
-            island = eligible.get(seq)
+        for key in keys[position:]:
+            island = eligible.get(key % _SEQS)
             if island is not None:
                 yield island
 
@@ -326,8 +336,9 @@ class Inventory:
         if index is None:
             return []
         keys = index.cluster_keys
-        position = bisect.bisect_left(keys, (need, -1))
-        return [self._cluster_by_seq[seq] for _, seq in keys[position:]]
+        position = bisect.bisect_left(keys, need * _SEQS)
+        by_seq = self._cluster_by_seq
+        return [by_seq[key % _SEQS] for key in keys[position:]]
 
     def cluster_free(self, node_flavor: str, cluster: ClusterState) -> int:
         index = self._index.get(node_flavor)

@@ -25,6 +25,7 @@ __all__ = [
     "CycleState",
     "FlavorPlan",
     "GangShape",
+    "PlannedFlavor",
     "PodSetInfo",
     "WorkloadInfo",
     "selector_key",
@@ -74,6 +75,11 @@ class PodSetInfo:
         self.selector_items = _items(pod_set.node_selector)
 
 
+#: What a gang would take of each flavor-resource of one flavor, with the root that
+#: answers for it when no node up to the root limits it (``QuotaNode.flat_root``).
+PlannedFlavor = tuple[tuple[FlavorResource, int, QuotaNode | None], ...]
+
+
 class FlavorPlan:
     """How a one-pod-set gang meets one ClusterQueue's quota, whatever the usage.
 
@@ -88,7 +94,7 @@ class FlavorPlan:
 
     def __init__(
         self,
-        flavors: tuple[tuple[str, tuple[tuple[FlavorResource, int], ...]], ...] = (),
+        flavors: tuple[tuple[str, PlannedFlavor], ...] = (),
         general: bool = False,
         uncovered: bool = False,
     ) -> None:
