@@ -32,6 +32,7 @@ reconcile workers meet them):
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -785,7 +786,15 @@ class AdmissionCycle:
         started = time.perf_counter()
         loaded = load(self._engine, self.config, usage or {}, self._cache)
         now = self._clock()
-        result = admission_cycle(loaded.snapshot, now)
+        # The engine allocates much and frees nothing until it returns: pause the
+        # collector, which would rescan the snapshot over and over (service.engine).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            result = admission_cycle(loaded.snapshot, now)
+        finally:
+            if collecting:
+                gc.enable()
         writes = plan(loaded, result, now)
         self.commit(writes, guard, result, before_commit, now)
         return CycleReport(

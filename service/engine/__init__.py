@@ -21,11 +21,18 @@ The same snapshot and clock always give the same result. Callers apply the
 result: evict every victim (whole) before starting the preemptor's pods, store
 the admissions, requeue evicted workloads, and persist
 ``result.local_queue_usage`` for the next cycle.
+
+A big cycle allocates hundreds of thousands of objects that live until it
+ends and form no garbage cycles; with a large snapshot alive, Python's
+generational collector rescans them over and over (at 100,000 pending gangs it
+costs more than half again the cycle's own time). The engine leaves the
+process-wide collector alone: callers that run big cycles pause it around the
+call (``gc.disable()`` / ``gc.enable()``), as the service, the replay
+simulator and ``bench/engine.py`` do.
 """
 
 from __future__ import annotations
 
-import gc
 from datetime import datetime
 
 from service.engine.cycle import run_cycle
@@ -65,14 +72,4 @@ def admission_cycle(snapshot: Snapshot, now: datetime | float) -> CycleResult:
     Pure: reads ``snapshot``, never mutates it, performs no I/O.
     """
     clock = now.timestamp() if isinstance(now, datetime) else float(now)
-    # A cycle allocates hundreds of thousands of objects that live until it
-    # ends and form no garbage cycles worth collecting meanwhile; the
-    # generational collector would rescan them over and over (a third of a
-    # 100k-pending cycle). Pause it, and restore whatever the caller had.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return run_cycle(snapshot, clock)
-    finally:
-        if collecting:
-            gc.enable()
+    return run_cycle(snapshot, clock)

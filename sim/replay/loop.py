@@ -20,6 +20,7 @@ fabric island (all-reduce traffic stays on the island's fabric).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -329,7 +330,7 @@ class Simulator:
             self.stats.max_pending = max(self.stats.max_pending, len(self.pending))
             if self.pending:
                 clock = time.perf_counter()
-                result = admission_cycle(self.snapshot(), now)
+                result = _cycle(self.snapshot(), now)
                 self.stats.engine_s += time.perf_counter() - clock
                 self.stats.cycles += 1
                 self.apply(result, now)
@@ -403,6 +404,17 @@ class Simulator:
             "engine_s": round(stats.engine_s, 2),
             "wall_s": round(wall_s, 2),
         }
+
+
+def _cycle(snapshot: Snapshot, now: float) -> CycleResult:
+    """One admission cycle with the garbage collector paused (see ``service.engine``)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return admission_cycle(snapshot, now)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def replay(
