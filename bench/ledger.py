@@ -362,12 +362,11 @@ def verify_live_from_columns(url: str, note: str, older: str, vkey: str) -> dict
 
 def verify_file(path: str, note: str, older: str, vkey: str) -> dict[str, Any]:
     from service.ledger.checkpoint import NoteVerifier
-    from service.ledger.export import read_ndjson
-    from service.ledger.verify import verify_ledger
+    from service.ledger.verify import verify_export
 
     started = time.perf_counter()
     with open(path, "rb") as handle:
-        report = verify_ledger(read_ndjson(handle), note, NoteVerifier.from_key(vkey), [older])
+        report = verify_export(handle, note, NoteVerifier.from_key(vkey), [older])
     seconds = time.perf_counter() - started
     return {"ok": report.ok, "entries": report.entries, "seconds": round(seconds, 2)}
 

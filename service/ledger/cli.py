@@ -19,7 +19,7 @@ import typer
 from service.ledger.chain import LedgerEntry
 from service.ledger.checkpoint import DEFAULT_ORIGIN, CheckpointError, NoteSigner, NoteVerifier
 from service.ledger.export import read_ndjson
-from service.ledger.verify import VerifyReport, verify_ledger
+from service.ledger.verify import VerifyReport, verify_export
 
 if TYPE_CHECKING:
     from service.ledger.postgres import PostgresLedgerReader
@@ -106,9 +106,7 @@ def verify(
     note = _read(checkpoint, "checkpoint")
     older_notes = [_read(p, "older checkpoint") for p in older or []]
     if export is not None:
-        report = verify_ledger(
-            read_ndjson(_lines(export)), note, verifier, older_notes, strict=strict
-        )
+        report = verify_export(_lines(export), note, verifier, older_notes, strict=strict)
     else:
         with _live_reader(_database_url(database_url)) as reader:
             report = reader.verify_live(note, verifier, older_notes, strict=strict)

@@ -85,21 +85,31 @@ def records_of(entries: Iterable[LedgerEntry]) -> Iterator[ExportRecord]:
         yield record_of(entry)
 
 
-def parse_line(line: bytes | str) -> ExportRecord:
+def verbatim_parts(line: bytes | str) -> tuple[bytes, str] | None:
+    """The entry's bytes and the stated hash of a line in the layout that
+    :func:`export_line` writes, unparsed; None for any other layout."""
     raw = line.encode() if isinstance(line, str) else line
     raw = raw.rstrip(b"\r\n")
     if raw.startswith(_PREFIX) and raw[-_SUFFIX_LENGTH:].startswith(_SUFFIX_START):
-        data = raw[len(_PREFIX) : -_SUFFIX_LENGTH]
         stated = raw[-_SUFFIX_LENGTH + len(_SUFFIX_START) : -2]
         if raw.endswith(b'"}') and stated.isascii():
-            try:
-                document = json.loads(data)
-            except ValueError:
-                pass  # not this layout after all: parse the line as a whole
-            else:
-                if type(document) is dict:
-                    return ExportRecord(document, stated.decode(), data)
-    return _parse_general(raw)
+            return raw[len(_PREFIX) : -_SUFFIX_LENGTH], stated.decode()
+    return None
+
+
+def parse_line(line: bytes | str) -> ExportRecord:
+    parts = verbatim_parts(line)
+    if parts is not None:
+        data, stated = parts
+        try:
+            document = json.loads(data)
+        except ValueError:
+            pass  # not this layout after all: parse the line as a whole
+        else:
+            if type(document) is dict:
+                return ExportRecord(document, stated, data)
+    raw = line.encode() if isinstance(line, str) else line
+    return _parse_general(raw.rstrip(b"\r\n"))
 
 
 def _parse_general(raw: bytes) -> ExportRecord:

@@ -15,7 +15,7 @@ from service.ledger.checkpoint import NoteSigner
 from service.ledger.export import export_line, export_ndjson, read_ndjson, records_of
 from service.ledger.memory import InMemoryLedger
 from service.ledger.proofs import LedgerTree, entry_is_included
-from service.ledger.verify import VerifyReport, verify_ledger
+from service.ledger.verify import VerifyReport, verify_export, verify_ledger
 
 T0 = datetime(2026, 11, 29, tzinfo=UTC)
 ORIGIN = "qm.test/ledger"
@@ -60,7 +60,14 @@ def note_for(entries: Sequence[LedgerEntry], signer: NoteSigner, size: int | Non
 def verify_lines(
     lines: Sequence[bytes], note: str, signer: NoteSigner, older: Sequence[str] = ()
 ) -> VerifyReport:
-    return verify_ledger(read_ndjson(lines), note, signer.verifier(), older)
+    """Both ways of verifying an export — every line parsed (verify_ledger), or
+    only what must be (verify_export, what the CLI runs) — must agree."""
+    report = verify_ledger(read_ndjson(lines), note, signer.verifier(), older)
+    fast = verify_export(lines, note, signer.verifier(), older)
+    assert fast.ok == report.ok, (fast.problems, report.problems)
+    assert fast.entries == report.entries
+    assert fast.root_hash == report.root_hash or not report.ok
+    return report
 
 
 @pytest.fixture(scope="module")
