@@ -447,6 +447,7 @@ def _build_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
                 tuple(
                     ((name, r), value, node.flat_root((name, r))) for r, value in ps.totals.items()
                 ),
+                (cq.root, name),
             )
             for name in cq.groups[group][1]
             if _mismatch(state, name, ps) is None
@@ -454,13 +455,29 @@ def _build_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
     )
 
 
+def _known_flavor_mode(
+    state: CycleState, cq: CQState, frs: PlannedFlavor, version_key: tuple[str, str]
+) -> tuple[int, int]:
+    """``_flavor_mode``, memoised while usage of that flavor in the quota tree is unchanged.
+
+    Once a flavor is used up in a quota tree, every later head that tries it
+    finds the same answer: most checks late in a big cycle are such repeats.
+    """
+    version = state.flavor_version.get(version_key, 0)
+    known = state.flavor_modes.get(id(frs))
+    if known is not None and known[0] == version:
+        return known[1]
+    mode = _flavor_mode(cq, frs)
+    # ``frs`` lives in its plan for the whole cycle: its id is stable.
+    state.flavor_modes[id(frs)] = (version, mode)
+    return mode
+
+
 def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | None:
     """``(mode, borrow)`` of ``assign_flavors(physical=False)`` for one pod set and group.
 
     The cross-ClusterQueue order needs only this, for every head, so it skips
     building the assignment and its messages. ``None``: use ``assign_flavors``.
-    The modes found are kept for ``admit_simply``, valid while usage in the
-    quota tree is unchanged.
     """
     cq = wi.cq
     assert cq is not None
@@ -471,11 +488,8 @@ def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | No
         return NO_FIT, 0
     fungibility = cq.spec.flavor_fungibility
     best: tuple[int, int] = (NO_FIT, 1 << 30)
-    modes: list[tuple[int, int]] = []
-    state.quota_memo[wi.seq] = (state.usage_version.get(cq.root, 0), modes)
-    for _, frs in plan.flavors:
-        mode = _flavor_mode(cq, frs)
-        modes.append(mode)
+    for _, frs, version_key in plan.flavors:
+        mode = _known_flavor_mode(state, cq, frs, version_key)
         if not should_try_next(mode, fungibility):
             return mode
         if is_preferred(mode, best, fungibility):
@@ -501,11 +515,9 @@ def admit_simply(state: CycleState, wi: WorkloadInfo) -> Assignment | None:
         return None
     fungibility = cq.spec.flavor_fungibility
     nobody_to_preempt = not _can_preempt_at_all(cq) or not state.preemptible_in_tree.get(cq.root)
-    memo = state.quota_memo.get(wi.seq)
-    known = memo[1] if memo is not None and memo[0] == state.usage_version.get(cq.root, 0) else []
     ps = wi.pod_sets[0]
-    for index, (name, frs) in enumerate(plan.flavors):
-        mode = known[index] if index < len(known) else _flavor_mode(cq, frs)
+    for name, frs, version_key in plan.flavors:
+        mode = _known_flavor_mode(state, cq, frs, version_key)
         if mode[0] == FIT:
             placement = state.place_simply(wi, name)
             if placement is not None:

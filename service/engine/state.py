@@ -25,6 +25,7 @@ __all__ = [
     "CycleState",
     "FlavorPlan",
     "GangShape",
+    "PlanEntry",
     "PlannedFlavor",
     "PodSetInfo",
     "WorkloadInfo",
@@ -78,6 +79,9 @@ class PodSetInfo:
 #: What a gang would take of each flavor-resource of one flavor, with the root that
 #: answers for it when no node up to the root limits it (``QuotaNode.flat_root``).
 PlannedFlavor = tuple[tuple[FlavorResource, int, QuotaNode | None], ...]
+#: A flavor of a :class:`FlavorPlan`: its name, what the gang would take of it, and
+#: the ``(quota-tree root, flavor)`` key of ``CycleState.flavor_version``.
+PlanEntry = tuple[str, PlannedFlavor, tuple[str, str]]
 
 
 class FlavorPlan:
@@ -94,7 +98,7 @@ class FlavorPlan:
 
     def __init__(
         self,
-        flavors: tuple[tuple[str, PlannedFlavor], ...] = (),
+        flavors: tuple[PlanEntry, ...] = (),
         general: bool = False,
         uncovered: bool = False,
     ) -> None:
@@ -325,6 +329,8 @@ class CycleState:
         self.preemptible_in_tree: dict[str, int] = {}
         #: Per quota-tree root, bumped on every usage change in the tree.
         self.usage_version: dict[str, int] = {}
+        #: ``(quota-tree root, flavor)`` -> bumped on every usage change of that flavor there.
+        self.flavor_version: dict[tuple[str, str], int] = {}
         for admitted in sorted(snapshot.admitted, key=lambda a: a.workload.key):
             self._load_admitted(admitted)
         self.lendable_cache: dict[str, dict[str, int]] = {}
@@ -332,9 +338,9 @@ class CycleState:
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
         self.mismatch_cache: dict[object, str | None] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
-        #: ``workload seq -> (usage stamp, (mode, borrow) of each flavor tried)`` of a quota
-        #: check (see ``flavors.quota_mode_only``); valid while the stamp is unchanged.
-        self.quota_memo: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        #: ``id`` of a planned flavor -> ``(flavor_version, (mode, borrow))`` of its quota check
+        #: (see ``flavors.quota_mode_only``).
+        self.flavor_modes: dict[int, tuple[int, tuple[int, int]]] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         #: Pod-set keys -> the shape workloads with those pod sets share (see ``gang_shape``).
@@ -540,18 +546,25 @@ class CycleState:
         cq = info.cq
         if cq is not None:
             cq.node.add(info.usage)
-            self.usage_version[cq.root] = self.usage_version.get(cq.root, 0) + 1
+            self._usage_changed(cq.root, info)
             if not info.fresh:
                 cq.preemptible[info.key] = info
                 self.preemptible_in_tree[cq.root] = self.preemptible_in_tree.get(cq.root, 0) + 1
         for node, pods, shape in info.placements:
             self.inventory._change(node, shape, pods, 1)
 
+    def _usage_changed(self, root: str, info: AdmittedInfo) -> None:
+        self.usage_version[root] = self.usage_version.get(root, 0) + 1
+        versions = self.flavor_version
+        for flavor, _ in info.usage:
+            key = (root, flavor)
+            versions[key] = versions.get(key, 0) + 1
+
     def _unhold(self, info: AdmittedInfo) -> None:
         cq = info.cq
         if cq is not None:
             cq.node.remove(info.usage)
-            self.usage_version[cq.root] = self.usage_version.get(cq.root, 0) + 1
+            self._usage_changed(cq.root, info)
             if cq.preemptible.pop(info.key, None) is not None:
                 self.preemptible_in_tree[cq.root] -= 1
         for node, pods, shape in info.placements:
