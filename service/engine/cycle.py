@@ -294,30 +294,29 @@ class _Cycle:
         if queue is None or queue.blocked_by is not None:
             return None
         limit = self._limit
+        failures = self.failures.get(name)
+        pending = self.pending
         while True:
             if limit is not None and queue.attempted >= limit:
                 return None
             wi = queue.head()
             if wi is None or wi is queue.verified:
                 return wi
-            failure = self._known_failure(wi)
+            failure = self._known_failure(wi, failures) if failures else None
             if failure is None:
                 # Only this queue's own failed attempt adds to its failure memory,
                 # and that attempt moves the head on: the verdict stays valid.
                 queue.verified = wi
                 return wi
             queue.attempted += 1
-            self.pending[wi.key] = (failure.reason, failure, name, wi.lq)
+            pending[wi.key] = (failure.reason, failure, name, wi.lq)
             queue.advance()
             if self._strict(wi):
                 queue.blocked_by = wi
                 return None
 
-    def _known_failure(self, wi: WorkloadInfo) -> _Failure | None:
-        assert wi.cq is not None
-        failures = self.failures.get(wi.cq.name)
-        if not failures:
-            return None
+    def _known_failure(self, wi: WorkloadInfo, failures: list[_Failure]) -> _Failure | None:
+        """The first remembered failure of the queue that covers ``wi``, if any."""
         signature = wi.signature()
         epoch = self.state.epoch
         for failure in failures:
@@ -330,7 +329,7 @@ class _Cycle:
 
     def _strict(self, wi: WorkloadInfo) -> bool:
         assert wi.cq is not None
-        return wi.cq.spec.queueing_strategy == "StrictFIFO"
+        return wi.cq.strict
 
     def _quota_usage(self, wi: WorkloadInfo) -> tuple[Assignment, dict[FlavorResource, int]]:
         assignment = assign_flavors(self.state, wi, physical=False)

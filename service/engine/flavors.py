@@ -98,6 +98,8 @@ class Assignment:
 
 
 #: ``oracle(workload, assignment so far) -> plan or None``, for the preemption search.
+#: Victims are workloads admitted before the cycle: where the quota tree holds none
+#: (``CycleState.preemptible_in_tree``) an oracle finds no plan, and is not asked.
 Oracle = Callable[[WorkloadInfo, "Assignment"], PreemptionPlan | None]
 
 
@@ -373,6 +375,10 @@ class _GroupSearch:
             return
         if self.oracle is None or len(self.wi.pod_sets) != 1:
             return
+        if not self.state.preemptible_in_tree.get(self.cq.root):
+            # What any search would find: nobody (see ``Oracle``).
+            trial.mode = (NO_CANDIDATES, trial.mode[1])
+            return
         attempt = Assignment(
             pod_set_flavors=[flavors_now],
             usage=_usage_with(self.result.usage, ps, flavors_now),
@@ -478,6 +484,8 @@ def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | No
 
     The cross-ClusterQueue order needs only this, for every head, so it skips
     building the assignment and its messages. ``None``: use ``assign_flavors``.
+    The answer is the plan's (the gang shape's in this ClusterQueue), kept
+    while usage in the quota tree is unchanged.
     """
     cq = wi.cq
     assert cq is not None
@@ -486,6 +494,13 @@ def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | No
         return None
     if plan.uncovered:
         return NO_FIT, 0
+    stamp = state.usage_version.get(cq.root, 0)
+    if plan.stamp != stamp:
+        plan.stamp, plan.mode = stamp, _plan_mode(state, cq, plan)
+    return plan.mode
+
+
+def _plan_mode(state: CycleState, cq: CQState, plan: FlavorPlan) -> tuple[int, int]:
     fungibility = cq.spec.flavor_fungibility
     best: tuple[int, int] = (NO_FIT, 1 << 30)
     for _, frs, version_key in plan.flavors:

@@ -45,6 +45,11 @@ class PodSetRequest:
     node_flavors: list[str] | None = None
     #: Cluster seq -> its eligible islands, in the cluster's order (memoised).
     by_cluster: dict[int, list[Island]] = field(default_factory=dict)
+    #: Per-pod amount of each resource (``dict(shape)``, kept).
+    amounts: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.amounts = dict(self.shape)
 
 
 @dataclass(slots=True)
@@ -63,7 +68,7 @@ def _primary_need(island: Island, request: PodSetRequest) -> int:
     primary = island.primary
     if primary is None:
         return 0
-    return dict(request.shape).get(primary, 0) * request.count
+    return request.amounts.get(primary, 0) * request.count
 
 
 def _node_flavors(request: PodSetRequest) -> list[str]:
@@ -139,10 +144,9 @@ def _spread_in_cluster(
     if not islands:
         return None
     shape = request.shape
-    primaries = {i.primary for i in islands}
-    if len(primaries) == 1 and None not in primaries:
-        primary = islands[0].primary
-        amount = dict(shape).get(primary or "", 0)
+    primary = islands[0].primary
+    if primary is not None and all(i.primary == primary for i in islands):
+        amount = request.amounts.get(primary, 0)
         if amount > 0:
             # The bound only saves a hopeless walk; one pod needs no bound.
             if request.count > 1 and sum(i.upper_bound(shape, amount) for i in islands) < (

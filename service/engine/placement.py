@@ -324,10 +324,9 @@ class Inventory:
         if index is None:
             return
         keys = index.island_keys
-        position = bisect.bisect_left(keys, need * _SEQS)
-        # Copy the tail: the caller may allocate while iterating.
-        for key in keys[position:]:
-            island = eligible.get(key % _SEQS)
+        # Callers do not allocate while iterating (the index would move under them).
+        for position in range(bisect.bisect_left(keys, need * _SEQS), len(keys)):
+            island = eligible.get(keys[position] % _SEQS)
             if island is not None:
                 yield island
 

@@ -94,7 +94,7 @@ class FlavorPlan:
     no resource group.
     """
 
-    __slots__ = ("flavors", "general", "uncovered")
+    __slots__ = ("flavors", "general", "mode", "stamp", "uncovered")
 
     def __init__(
         self,
@@ -105,6 +105,10 @@ class FlavorPlan:
         self.flavors = flavors
         self.general = general
         self.uncovered = uncovered
+        #: ``flavors.quota_mode_only``'s answer, valid while the quota tree's usage
+        #: stamp (``CycleState.usage_version``) is ``stamp``.
+        self.stamp = -1
+        self.mode: tuple[int, int] = (0, 0)
 
 
 class GangShape:
@@ -185,14 +189,15 @@ class WorkloadInfo:
         self.shape = shape
         self.pod_sets = shape.pod_sets
         self.resources = shape.resources
-        self._signature: tuple[object, ...] | None = None
+        self._signature: tuple[object, ...] | None = (
+            shape.plain_signature if wl.cluster_selector is None else None
+        )
 
     def signature(self) -> tuple[object, ...]:
         """Everything but counts that decides where the gang may go (for fast rejects)."""
         if self._signature is None:
             selector = self.wl.cluster_selector
-            if selector is None:
-                return self.shape.plain_signature
+            assert selector is not None
             self._signature = (
                 self.shape.signature,
                 selector_key(selector),
@@ -285,6 +290,7 @@ class CQState:
         "preempts_while_borrowing",
         "root",
         "spec",
+        "strict",
     )
 
     def __init__(self, spec: ClusterQueue, node: QuotaNode) -> None:
@@ -304,6 +310,7 @@ class CQState:
         self.root = node.root().name
         #: Whether a flavor it would borrow in may still need preemption (set per cycle).
         self.preempts_while_borrowing = False
+        self.strict = spec.queueing_strategy == "StrictFIFO"
 
 
 class CycleState:
