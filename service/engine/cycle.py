@@ -97,6 +97,8 @@ class _Failure:
         if not self.no_victims and (wi.priority > self.priority or wi.time < self.time):
             return False
         totals = wi.resources
+        if totals is self.totals:  # the same gang shape
+            return True
         return all(totals.get(r, 0) >= a for r, a in self.totals.items())
 
 
@@ -341,7 +343,8 @@ class _Cycle:
             assignment = self._quota_usage(wi)[0]
             mode = (assignment.mode, assignment.borrow)
         borrow = mode[1] if mode[0] != NO_FIT else 1 << 20
-        return (borrow, -wi.priority, wi.time, wi.seq)
+        # ``seq`` follows ordering time: ``(time, seq)`` and ``seq`` order alike.
+        return (borrow, -wi.priority, wi.seq)
 
     def _usage_stamp(self, name: str) -> int:
         return self.state.usage_version.get(self._root_of[name], 0)

@@ -147,7 +147,8 @@ class ClusterQueueQueue:
 class PlainSelector:
     """Kueue's classical entry order across ClusterQueues, keyed lazily.
 
-    The key of a head is ``(borrowing level, -priority, time, seq)``; the
+    The key of a head is ``(borrowing level, -priority, seq)`` (``seq`` follows
+    the ordering time, so this is Kueue's ``(borrowing, priority, time)``); the
     borrowing level needs a quota check against current usage. A new head
     enters the heap with level 0, a lower bound, and its true key is computed
     when it reaches the top (the admission attempt that follows reuses that
@@ -178,16 +179,16 @@ class PlainSelector:
         self._stamps.pop(cq, None)
         wi = self._head(cq)
         if wi is not None:
-            heapq.heappush(self._heap, (0, -wi.priority, wi.time, wi.seq, version, cq))
+            heapq.heappush(self._heap, (0, -wi.priority, wi.seq, version, cq))
 
     def pop(self) -> str | None:
         heap = self._heap
         versions = self._version
         while heap:
             entry = heapq.heappop(heap)
-            cq = entry[5]
+            cq = entry[4]
             assert isinstance(cq, str)
-            if entry[4] != versions.get(cq):
+            if entry[3] != versions.get(cq):
                 continue
             stamp = self._stamp(cq)
             if self._stamps.get(cq) == stamp:
@@ -197,9 +198,9 @@ class PlainSelector:
                 continue
             self._stamps[cq] = stamp
             fresh = self._key(cq, wi)
-            # ``fresh > heap[0]`` compares the top's key first: as ``fresh > heap[0][:4]``.
-            if heap and fresh > heap[0] and fresh != entry[:4]:
-                heapq.heappush(heap, (*fresh, entry[4], cq))
+            # ``fresh > heap[0]`` compares the top's key first: as ``fresh > heap[0][:3]``.
+            if heap and fresh > heap[0] and fresh != entry[:3]:
+                heapq.heappush(heap, (*fresh, entry[3], cq))
                 continue
             return cq
         return None

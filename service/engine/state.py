@@ -114,7 +114,7 @@ class FlavorPlan:
 class GangShape:
     """What workloads with equal pod sets share: pod-set infos, totals, signature."""
 
-    __slots__ = ("plain_signature", "plans", "pod_sets", "requests", "resources", "signature")
+    __slots__ = ("plain_signature", "plans", "pod_sets", "resources", "signature")
 
     def __init__(self, pod_sets: tuple[PodSetInfo, ...]) -> None:
         self.pod_sets = pod_sets
@@ -133,8 +133,6 @@ class GangShape:
         self.plain_signature: tuple[object, ...] = (self.signature, None, len(pod_sets))
         #: ClusterQueue name -> :class:`FlavorPlan` (see ``flavors.flavor_plan``).
         self.plans: dict[str, FlavorPlan] = {}
-        #: ``(flavor, cluster selector key)`` -> the one pod set's request (``place_simply``).
-        self.requests: dict[tuple[str, object], PodSetRequest] = {}
 
 
 def pod_set_key(pod_set: PodSet) -> tuple[object, ...]:
@@ -348,6 +346,8 @@ class CycleState:
         #: ``id`` of a planned flavor -> ``(flavor_version, (mode, borrow))`` of its quota check
         #: (see ``flavors.quota_mode_only``).
         self.flavor_modes: dict[int, tuple[int, tuple[int, int]]] = {}
+        #: ``(pod set, flavor names, cluster selector key)`` -> request (``pod_set_request``).
+        self._requests: dict[tuple[PodSetInfo, tuple[str, ...], object], PodSetRequest] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         #: Pod-set keys -> the shape workloads with those pod sets share (see ``gang_shape``).
@@ -518,11 +518,28 @@ class CycleState:
     def pod_set_request(
         self, wi: WorkloadInfo, index: int, flavors: Mapping[str, str]
     ) -> PodSetRequest:
+        """Pod set ``index`` to place with ``flavors`` (resource -> flavor), memoised."""
+        return self._request(wi, index, tuple(sorted(set(flavors.values()))))
+
+    def place_simply(self, wi: WorkloadInfo, flavor: str) -> GangPlacement | None:
+        """Room now for a one-pod-set gang with every resource in ``flavor``, or ``None``."""
+        return place_gang(self.inventory, [self._request(wi, 0, (flavor,))])
+
+    def _request(self, wi: WorkloadInfo, index: int, names: tuple[str, ...]) -> PodSetRequest:
+        # Requests depend only on the pod set, the flavors and the cluster selector, and
+        # are not changed by placing (only their memos fill in): share them.
         ps = wi.pod_sets[index]
-        names = tuple(sorted(set(flavors.values())))
-        eligible = self.eligible_islands(
-            names, ps.tolerations, ps.node_selector, wi.wl.cluster_selector
-        )
+        selector = wi.wl.cluster_selector
+        key = (ps, names, None if selector is None else selector_key(selector))
+        request = self._requests.get(key)
+        if request is None:
+            request = self._requests[key] = self._new_request(ps, names, selector)
+        return request
+
+    def _new_request(
+        self, ps: PodSetInfo, names: tuple[str, ...], cluster_selector: LabelSelector | None
+    ) -> PodSetRequest:
+        eligible = self.eligible_islands(names, ps.tolerations, ps.node_selector, cluster_selector)
         level = ps.level
         if ps.mode != "unconstrained" and level is not None:
             for name in names:
@@ -536,16 +553,6 @@ class CycleState:
             node_flavors = sorted({island.node_flavor for island in eligible.values()})
             self.node_flavors_cache[id(eligible)] = node_flavors
         return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors)
-
-    def place_simply(self, wi: WorkloadInfo, flavor: str) -> GangPlacement | None:
-        """Room now for a one-pod-set gang with every resource in ``flavor``, or ``None``."""
-        selector = wi.wl.cluster_selector
-        key = (flavor, None if selector is None else selector_key(selector))
-        request = wi.shape.requests.get(key)
-        if request is None:
-            flavors = dict.fromkeys(wi.pod_sets[0].totals, flavor)
-            request = wi.shape.requests[key] = self.pod_set_request(wi, 0, flavors)
-        return place_gang(self.inventory, [request])
 
     # --- mutation -------------------------------------------------------------------------
 
