@@ -193,8 +193,7 @@ class _Cycle:
         seen: set[str] = set()
         admitted = state.admitted
         keys = [wi.key for wi in infos]
-        times = [wi.time for wi in infos]
-        for seq, index in enumerate(_arrival_order(keys, times)):
+        for seq, index in enumerate(_arrival_order(keys, [wi.time for wi in infos])):
             key = keys[index]
             if key in seen or key in admitted:
                 continue
@@ -222,7 +221,8 @@ class _Cycle:
     def _prepare(self, wl: Workload) -> WorkloadInfo:
         """The workload's info, with its ClusterQueue; ``seq`` is set once arrivals are sorted."""
         state = self.state
-        wi = WorkloadInfo(wl, state.priority_of(wl), -1, wl.key, state.gang_shape(wl))
+        priority = wl.priority if wl.priority is not None else state.priority_of(wl)
+        wi = WorkloadInfo(wl, priority, -1, wl.key, state.gang_shape(wl))
         lq = state.local_queues.get(wi.lq)
         wi.cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
         return wi
@@ -246,10 +246,13 @@ class _Cycle:
                 True,
             )
         # The rest depends only on the queue, namespace, class and cluster selector.
-        key = (wi.lq, wl.workload_class, selector_key(wl.cluster_selector))
-        if key not in self._queueing_cache:
-            self._queueing_cache[key] = self._queue_problem(wl, lq, cq)
-        return self._queueing_cache[key]
+        selector = wl.cluster_selector
+        key = (wi.lq, wl.workload_class, None if selector is None else selector_key(selector))
+        try:
+            return self._queueing_cache[key]
+        except KeyError:
+            problem = self._queueing_cache[key] = self._queue_problem(wl, lq, cq)
+            return problem
 
     def _queue_problem(
         self, wl: Workload, lq: LocalQueue, cq: CQState
@@ -541,7 +544,7 @@ class _Cycle:
                 # One LocalQueue: the position in it is the position in the ClusterQueue.
                 for position, wi in enumerate(items):
                     reason, message, _, lq = pending[wi.key]
-                    text = message if type(message) is str else _text(message)
+                    text = message.text() if isinstance(message, _Failure) else message
                     reasons[wi.key] = PendingReason(
                         wi.key, reason, text, name, lq, position, position
                     )

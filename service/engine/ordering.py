@@ -16,6 +16,7 @@ lowest (then priority, then time), as Kueue's ``fair_sharing_iterator.go``.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Callable
 
 from service.engine.fair_sharing import Share, dominant_resource_share
@@ -29,8 +30,7 @@ def queue_key(wi: WorkloadInfo) -> tuple[int, float, int]:
     return (-wi.priority, wi.time, wi.seq)
 
 
-def _priority(wi: WorkloadInfo) -> int:
-    return wi.priority
+_PRIORITY = operator.attrgetter("priority")
 
 
 class ClusterQueueQueue:
@@ -63,7 +63,7 @@ class ClusterQueueQueue:
         for items in self._lqs.values():
             # ``workloads`` come in ``seq`` order, which sorts by ordering time first:
             # a stable sort by priority alone gives ``queue_key`` order.
-            items.sort(key=_priority, reverse=True)
+            items.sort(key=_PRIORITY, reverse=True)
         self._pos = dict.fromkeys(self._lqs, 0)
         #: Each LocalQueue's admission fair-sharing value, until its usage changes.
         self._usage_of = {lq: usage(lq) for lq in self._lqs}
