@@ -23,6 +23,7 @@ node where it fits (kueue#5243 admits gangs kube-scheduler cannot place).
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -76,9 +77,12 @@ class NodeState:
         self.labels = node.labels
         self.taints = node.taints
         self.schedulable = node.schedulable
-        self.pristine: dict[str, int] = {
-            r: a - node.reserved.get(r, 0) for r, a in node.allocatable.items()
-        }
+        reserved = node.reserved
+        self.pristine: dict[str, int] = (
+            {r: a - reserved.get(r, 0) for r, a in node.allocatable.items()}
+            if reserved
+            else dict(node.allocatable)
+        )
         self.free: dict[str, int] = dict(self.pristine)
 
 
@@ -209,7 +213,7 @@ class Inventory:
         self.islands: list[Island] = []
         self._index: dict[str, _FlavorIndex] = {}
         islands: dict[tuple[str, str, str], Island] = {}
-        for node in sorted(nodes, key=lambda n: (n.cluster, n.flavor, n.island, n.name)):
+        for node in sorted(nodes, key=operator.attrgetter("cluster", "flavor", "island", "name")):
             cluster_state = self.clusters.get(node.cluster)
             if cluster_state is None:
                 # Nodes of an unknown cluster still hold usage but take nothing new.
@@ -247,9 +251,9 @@ class Inventory:
         for node in nodes:
             for taint in node.taints:
                 taints[taint] = None
-            for k in list(common):
-                if node.labels.get(k) != common[k]:
-                    del common[k]
+            labels = node.labels
+            if any(labels.get(k) != v for k, v in common.items()):
+                common = {k: v for k, v in common.items() if labels.get(k) == v}
         island.labels = common
         island.primary = next(
             (a for a in accelerators if any(n.pristine.get(a, 0) > 0 for n in nodes)), None
