@@ -105,7 +105,8 @@ class CheckpointPublisher:
             # The stored ledger no longer continues our tree (rewritten, or
             # emptied): read it again from the start; publish_checkpoint then
             # signs it only if it still extends the published checkpoints.
-            log.warning("ledger tree rebuilt from the start: %s", error)
+            if self._refused is None:  # not again while the refusal stands
+                log.warning("ledger tree rebuilt from the start: %s", error)
             self._tree = LedgerTree(self._origin)
         try:
             return publish_checkpoint(self._tree, self._reader, signer, self._store)
