@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,16 +116,20 @@ def _fresh_venv(where: Path, env: dict[str, str]) -> Path:
 
 
 @pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[Standalone]:
-    env = {k: v for k, v in os.environ.items() if k not in OURS and k != "VIRTUAL_ENV"}
-    env["QMCTL_CONFIG"] = str(tmp_path / "qmctl-config")
-    bin = _fresh_venv(tmp_path, env)
-    run = Standalone(tmp_path / "data", free_port(), env, bin)
-    try:
-        yield run
-    finally:
-        if run.process.poll() is None:
-            run.interrupt()
+def standalone() -> Iterator[Standalone]:
+    # A directory of our own, not pytest's tmp_path: another pytest session
+    # on the machine prunes old tmp_path trees, and this one lives minutes.
+    with tempfile.TemporaryDirectory(prefix="qm-tour-") as where:
+        root = Path(where)
+        env = {k: v for k, v in os.environ.items() if k not in OURS and k != "VIRTUAL_ENV"}
+        env["QMCTL_CONFIG"] = str(root / "qmctl-config")
+        bin = _fresh_venv(root, env)
+        run = Standalone(root / "data", free_port(), env, bin)
+        try:
+            yield run
+        finally:
+            if run.process.poll() is None:
+                run.interrupt()
 
 
 def _check(step: Step, stdout: str) -> None:
