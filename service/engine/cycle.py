@@ -16,6 +16,8 @@ workloads admitted before the cycle can), priority and age do not matter.
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Iterator
+
 from service.domain.quota import LocalQueue
 from service.domain.workload import Admission, PodSetAssignment, RequeueState, Workload
 from service.engine.backoff import next_requeue_state
@@ -110,7 +112,9 @@ class _Cycle:
         self.preemptions: list[Preemption] = []
         self.evictions: list[Eviction] = []
         #: key -> (reason, message or the failure that explains it, ClusterQueue, LocalQueue).
-        self.pending: dict[str, tuple[str, str | _Failure, str | None, str]] = {}
+        #: A workload that failed, or that a remembered failure covers, holds just that
+        #: failure (its ClusterQueue and LocalQueue are the workload's own).
+        self.pending: dict[str, tuple[str, str | _Failure, str | None, str] | _Failure] = {}
         self.queues: dict[str, ClusterQueueQueue] = {}
         self.failures: dict[str, list[_Failure]] = {}
         self.quota_usage: dict[tuple[str, int], dict[FlavorResource, int]] = {}
@@ -190,14 +194,14 @@ class _Cycle:
         infos = [self._prepare(wl) for wl in pending]
         problems = [self._queueing_problem(wi) for wi in infos]
         by_cq: dict[str, list[WorkloadInfo]] = {}
-        seen: set[str] = set()
-        admitted = state.admitted
         keys = [wi.key for wi in infos]
-        for seq, index in enumerate(_arrival_order(keys, [wi.time for wi in infos])):
-            key = keys[index]
-            if key in seen or key in admitted:
-                continue
-            seen.add(key)
+        order = _arrival_order(keys, [wi.time for wi in infos])
+        distinct = set(keys)
+        if len(distinct) == len(keys) and distinct.isdisjoint(state.admitted):
+            arrivals: Iterable[tuple[int, int]] = enumerate(order)
+        else:
+            arrivals = _first_arrivals(order, keys, state.admitted)
+        for seq, index in arrivals:
             wi = infos[index]
             wi.seq = seq
             cq = wi.cq
@@ -314,7 +318,7 @@ class _Cycle:
                 queue.verified = wi
                 return wi
             queue.attempted += 1
-            pending[wi.key] = (failure.reason, failure, name, wi.lq)
+            pending[wi.key] = failure
             queue.advance()
             if self._strict(wi):
                 queue.blocked_by = wi
@@ -425,7 +429,7 @@ class _Cycle:
         # leave with an eviction (a new epoch): none now means none this epoch.
         no_victims = not state.preemptible_in_tree.get(wi.cq.root)
         failure = _Failure(wi, reason, assignment, state.epoch, no_victims)
-        self._pend(wi, reason, failure, wi.cq.name)
+        self.pending[wi.key] = failure
         memory.append(failure)
         if len(memory) > _FAILURE_MEMORY:
             del memory[0]
@@ -491,8 +495,11 @@ class _Cycle:
         admitted = {d.workload for d in self.admissions}
         self._pend_unconsidered(admitted)
         reasons = self._queued_reasons(admitted)
-        for key, (reason, message, cq, lq) in self.pending.items():
+        for key, entry in self.pending.items():
             if key not in reasons:
+                # Failures are all of queued workloads: this is a reason tuple.
+                assert not isinstance(entry, _Failure)
+                reason, message, cq, lq = entry
                 reasons[key] = PendingReason(key, reason, _text(message), cq, lq)
         return CycleResult(
             admissions=tuple(self.admissions),
@@ -543,10 +550,9 @@ class _Cycle:
             if name in ordered:
                 # One LocalQueue: the position in it is the position in the ClusterQueue.
                 for position, wi in enumerate(items):
-                    reason, message, _, lq = pending[wi.key]
-                    text = message.text() if isinstance(message, _Failure) else message
+                    reason, text = _reason_of(pending[wi.key])
                     reasons[wi.key] = PendingReason(
-                        wi.key, reason, text, name, lq, position, position
+                        wi.key, reason, text, name, wi.lq, position, position
                     )
                 continue
             items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
@@ -554,9 +560,9 @@ class _Cycle:
             for position, wi in enumerate(items):
                 lq_position = per_lq.get(wi.lq, 0)
                 per_lq[wi.lq] = lq_position + 1
-                reason, message, _, lq = pending[wi.key]
+                reason, text = _reason_of(pending[wi.key])
                 reasons[wi.key] = PendingReason(
-                    wi.key, reason, _text(message), name, lq, position, lq_position
+                    wi.key, reason, text, name, wi.lq, position, lq_position
                 )
         return reasons
 
@@ -594,8 +600,30 @@ def _borrowed(cq: CQState, usage: dict[FlavorResource, int]) -> dict[FlavorResou
     return borrowed
 
 
+def _reason_of(
+    entry: tuple[str, str | _Failure, str | None, str] | _Failure,
+) -> tuple[str, str]:
+    """``(reason, message)`` of a pending entry."""
+    if isinstance(entry, _Failure):
+        return entry.reason, entry.text()
+    return entry[0], _text(entry[1])
+
+
 def _text(message: str | _Failure) -> str:
     return message if isinstance(message, str) else message.text()
+
+
+def _first_arrivals(
+    order: list[int], keys: list[str], admitted: Container[str]
+) -> Iterator[tuple[int, int]]:
+    """``(seq, index)`` in arrival order, without repeats or workloads already admitted."""
+    seen: set[str] = set()
+    for seq, index in enumerate(order):
+        key = keys[index]
+        if key in seen or key in admitted:
+            continue
+        seen.add(key)
+        yield seq, index
 
 
 def _arrival_order(keys: list[str], times: list[float]) -> list[int]:
