@@ -445,20 +445,39 @@ def _build_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
             return FlavorPlan(general=True)
     if group is None:
         return FlavorPlan(general=True)
-    node = cq.node
+    totals = ps.totals
     return FlavorPlan(
         flavors=tuple(
+            (name, tuple((fr, totals[fr[1]], root) for fr, root in frs), version_key)
+            for name, frs, version_key in _plan_skeleton(state, cq, group, ps)
+        )
+    )
+
+
+#: A flavor a pod set may use: its name, each flavor-resource with its flat root
+#: (``QuotaNode.flat_root``), and its ``CycleState.flavor_version`` key.
+_SkeletonEntry = tuple[str, tuple[tuple[FlavorResource, QuotaNode | None], ...], tuple[str, str]]
+
+
+def _plan_skeleton(
+    state: CycleState, cq: CQState, group: int, ps: PodSetInfo
+) -> tuple[_SkeletonEntry, ...]:
+    """What a plan holds but the amounts: shared by gang shapes with the same constraints."""
+    key = (cq.name, group, ps.tolerations, ps.selector_items, ps.mode, ps.level, tuple(ps.totals))
+    skeleton = state.plan_skeletons.get(key)
+    if skeleton is None:
+        node = cq.node
+        skeleton = tuple(
             (
                 name,
-                tuple(
-                    ((name, r), value, node.flat_root((name, r))) for r, value in ps.totals.items()
-                ),
+                tuple(((name, r), node.flat_root((name, r))) for r in ps.totals),
                 (cq.root, name),
             )
             for name in cq.groups[group][1]
             if _mismatch(state, name, ps) is None
         )
-    )
+        state.plan_skeletons[key] = skeleton
+    return skeleton
 
 
 def _known_flavor_mode(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from service.domain.quota import (
     ClusterQueue,
@@ -342,6 +343,8 @@ class CycleState:
         self.eligible_cache: dict[object, dict[int, Island]] = {}
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
         self.mismatch_cache: dict[object, str | None] = {}
+        #: See ``flavors._plan_skeleton``.
+        self.plan_skeletons: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
         #: ``id`` of a planned flavor -> ``(flavor_version, (mode, borrow))`` of its quota check
         #: (see ``flavors.quota_mode_only``).
