@@ -634,6 +634,8 @@ def _arrival_order(keys: list[str], times: list[float]) -> list[int]:
     of the cost of sorting tuples.
     """
     order = sorted(range(len(times)), key=times.__getitem__)
+    if len(set(times)) == len(times):
+        return order  # no equal times: nothing to re-sort
     ordered = [times[i] for i in order]
     start = 0
     for position in range(1, len(ordered) + 1):
