@@ -405,14 +405,14 @@ class _Cycle:
         state = self.state
         assert wi.cq is not None
         simple = admit_simply(state, wi)
-        if simple is not None and simple.placement is not None:
-            self._admit(wi, simple, simple.placement, [])
+        if simple is not None:
+            self._admit(wi, *simple, [])
             return True
         assignment = assign_flavors(
             state, wi, physical=True, oracle=lambda w, a: find_preemption_plan(state, w, a)
         )
         if assignment.mode == FIT and assignment.placement is not None:
-            self._admit(wi, assignment, assignment.placement, [])
+            self._admit(wi, assignment.usage, assignment.pod_set_flavors, assignment.placement, [])
             return True
         if assignment.mode in (PREEMPT, RECLAIM):
             plan = assignment.plan or find_preemption_plan(state, wi, assignment)
@@ -421,7 +421,9 @@ class _Cycle:
                 for victim, reason in plan.victims:
                     assert isinstance(victim, AdmittedInfo)
                     victims.append((victim, reason))
-                self._admit(wi, assignment, plan.placement, victims)
+                self._admit(
+                    wi, assignment.usage, assignment.pod_set_flavors, plan.placement, victims
+                )
                 return True
         reason = assignment.reason or "WaitingForQuota"
         memory = self.failures.setdefault(wi.cq.name, [])
@@ -438,7 +440,8 @@ class _Cycle:
     def _admit(
         self,
         wi: WorkloadInfo,
-        assignment: Assignment,
+        usage: dict[FlavorResource, int],
+        pod_set_flavors: list[dict[str, str]],
         placement: GangPlacement,
         victims: list[tuple[AdmittedInfo, str]],
     ) -> None:
@@ -446,7 +449,7 @@ class _Cycle:
         cq = wi.cq
         if victims:
             self._preempt(wi, victims)
-        self.state.admit(wi, dict(assignment.usage), placement)
+        self.state.admit(wi, dict(usage), placement)
         self.admissions.append(
             AdmissionDecision(
                 workload=wi.key,
@@ -454,9 +457,9 @@ class _Cycle:
                 admission=Admission(
                     cluster_queue=cq.name,
                     cluster=placement.cluster,
-                    pod_set_assignments=_pod_set_assignments(wi, assignment, placement),
+                    pod_set_assignments=_pod_set_assignments(wi, pod_set_flavors, placement),
                 ),
-                borrowed=_borrowed(cq, assignment.usage),
+                borrowed=_borrowed(cq, usage),
                 preempted=tuple(v.key for v, _ in victims),
             )
         )
@@ -568,11 +571,11 @@ class _Cycle:
 
 
 def _pod_set_assignments(
-    wi: WorkloadInfo, assignment: Assignment, placement: GangPlacement
+    wi: WorkloadInfo, pod_set_flavors: list[dict[str, str]], placement: GangPlacement
 ) -> tuple[PodSetAssignment, ...]:
     result = []
     for index, ps in enumerate(wi.pod_sets):
-        flavors = assignment.pod_set_flavors[index]
+        flavors = pod_set_flavors[index]
         placed = placement.pod_sets[index]
         result.append(
             PodSetAssignment(

@@ -531,8 +531,10 @@ def _plan_mode(state: CycleState, cq: CQState, plan: FlavorPlan) -> tuple[int, i
     return best if best[0] != NO_FIT else (NO_FIT, 0)
 
 
-def admit_simply(state: CycleState, wi: WorkloadInfo) -> Assignment | None:
-    """The assignment of ``assign_flavors`` when it admits without preemption, found cheaply.
+def admit_simply(
+    state: CycleState, wi: WorkloadInfo
+) -> tuple[dict[FlavorResource, int], list[dict[str, str]], GangPlacement] | None:
+    """``assign_flavors``' usage, flavors and placement when it admits without preemption.
 
     For a one-pod-set gang in one resource group (a :class:`FlavorPlan`), the
     flavor search stops at the first flavor with quota and room, unless it
@@ -557,12 +559,10 @@ def admit_simply(state: CycleState, wi: WorkloadInfo) -> Assignment | None:
             if placement is not None:
                 if mode[1] > 0 and fungibility.when_can_borrow == "TryNextFlavor":
                     return None
-                return Assignment(
-                    pod_set_flavors=[{r: name for r in ps.totals}],
-                    usage={fr: value for fr, value, _ in frs},
-                    mode=FIT,
-                    borrow=mode[1],
-                    placement=placement,
+                return (
+                    {fr: value for fr, value, _ in frs},
+                    [dict.fromkeys(ps.totals, name)],
+                    placement,
                 )
             request = state.pod_set_request(wi, 0, dict.fromkeys(ps.totals, name))
             if pristine_fits(state.inventory, [request], state.pristine_cache):
