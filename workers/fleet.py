@@ -241,7 +241,13 @@ class FleetLoop:
                 self._wake.clear()
                 if time.monotonic() >= due:
                     self._take()
-                    self.step()
+                    try:
+                        self.step()
+                    except Exception:
+                        # The database restarting (or anything else) must not
+                        # end the loop: a leader whose fleet loop died would
+                        # never sync, requeue or reconcile again.
+                        log.exception("fleet pass failed; the next one retries")
                     due = time.monotonic() + self.settings.resync_interval
                 else:
                     for name in self._take():
