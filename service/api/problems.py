@@ -113,5 +113,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        # The handlers above answer what the routes raise; this one also
+        # answers what a middleware raises (the Idempotency-Key store reads
+        # Postgres before any route runs): the database down is 503 there too.
+        if isinstance(error, OperationalError | psycopg.OperationalError):
+            return await database_down(request, error)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem(500, "internal", "Internal error", "an unexpected error; it was logged")

@@ -44,6 +44,10 @@ class InFlight:
 
 Outcome = Claimed | Replay | Mismatch | InFlight
 
+#: How long a claim without a response counts as in flight (longer than any
+#: request takes, a bulk submission included).
+IN_FLIGHT_LEASE = timedelta(seconds=60)
+
 
 def request_hash(method: str, path: str, query: str, body: bytes) -> bytes:
     digest = hashlib.sha256()
@@ -98,7 +102,18 @@ class IdempotencyStore:
             if bytes(row.request_hash) != fingerprint:
                 return Mismatch()
             if row.status_code is None:
-                return InFlight()
+                if row.created_at >= now - IN_FLIGHT_LEASE:
+                    return InFlight()
+                # Its request never finished: the process died, or the database
+                # went away before the response could be stored or the claim
+                # released. Run it again rather than answer 409 for the whole ttl
+                # (what it committed, if anything, answers the retry itself).
+                conn.execute(
+                    update(idempotency_keys)
+                    .where(idempotency_keys.c.principal == principal, idempotency_keys.c.key == key)
+                    .values(created_at=now)
+                )
+                return Claimed()
             headers: Any = row.headers or []
             return Replay(row.status_code, [(str(k), str(v)) for k, v in headers], bytes(row.body))
 
