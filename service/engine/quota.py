@@ -172,8 +172,13 @@ class QuotaNode:
         """Use ``value`` more; what local quota cannot hold is used from the parent, and up."""
         node: QuotaNode | None = self
         while node is not None:
-            local_available = node.local_available(fr)
-            node.usage[fr] = node.usage.get(fr, 0) + value
+            used = node.usage.get(fr, 0)
+            quota = node.quotas.get(fr)
+            if quota is None or quota.lending_limit is None:
+                local_available = -used if used < 0 else 0  # no local quota
+            else:
+                local_available = max(0, node.local_quota(fr) - used)
+            node.usage[fr] = used + value
             if value <= local_available:
                 return
             value -= local_available
