@@ -18,7 +18,9 @@ snapshot: the machine is shared, and the cycle is pure), admissions,
 admissions per second, the process's peak resident memory (which includes
 the snapshot), and the same for the baseline. ``cycle_cpu_s`` is the
 process CPU time of the fastest run, a check on wall time when other work
-shares the machine. Progress goes to stderr.
+shares the machine. Python's garbage collector is paused around each cycle,
+as the service and the replay simulator pause it (see ``service.engine``).
+Progress goes to stderr.
 """
 
 from __future__ import annotations
