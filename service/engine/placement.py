@@ -393,7 +393,12 @@ def fill_domain(
 def fill_island(island: Island, shape: Shape, count: int) -> list[tuple[NodeState, int]] | None:
     """Place all ``count`` pods inside one island, best fit first, or ``None``."""
     primary = island.primary
-    amount = dict(shape).get(primary, 0) if primary else 0
+    amount = 0
+    if primary:
+        for resource, per_pod in shape:
+            if resource == primary:
+                amount = per_pod
+                break
     if amount > 0:
         if island.upper_bound(shape, amount) < count:
             return None
