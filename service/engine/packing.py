@@ -178,16 +178,26 @@ def _best_fit_node(
     best: NodeState | None = None
     best_level = 0
     for island in islands:
-        levels = island.levels
-        for position in range(bisect.bisect_left(levels, amount), len(levels)):
-            level = levels[position]
-            if best is not None and level >= best_level:
-                break
-            node = next((n for n in island.buckets[level] if pods_fitting(n.free, shape)), None)
-            if node is not None:
-                best, best_level = node, level
-                break
+        found = _first_fit_in_island(island, shape, amount, best_level if best else None)
+        if found is not None:
+            best, best_level = found
     return None if best is None else [(best, 1)]
+
+
+def _first_fit_in_island(
+    island: Island, shape: Shape, amount: int, below: int | None
+) -> tuple[NodeState, int] | None:
+    """The island's first node (by free primary, then bucket order) where a pod fits,
+    with its level, looking only at levels below ``below`` (``None``: any)."""
+    levels = island.levels
+    for position in range(bisect.bisect_left(levels, amount), len(levels)):
+        level = levels[position]
+        if below is not None and level >= below:
+            return None
+        for node in island.buckets[level]:
+            if pods_fitting(node.free, shape):
+                return node, level
+    return None
 
 
 def _fewest_islands_in_cluster(

@@ -293,8 +293,18 @@ class Inventory:
         old_level = old_primary if old_primary > 0 else 0
         new_level = new_primary if new_primary > 0 else 0
         if old_level != new_level:
-            island.bucket_remove(node, old_primary)
-            island.bucket_add(node, new_primary)
+            # ``Island.bucket_remove`` then ``bucket_add``, inlined: the hottest path.
+            buckets = island.buckets
+            bucket = buckets[old_level]
+            del bucket[node]
+            if not bucket:
+                del buckets[old_level]
+                del island.levels[bisect.bisect_left(island.levels, old_level)]
+            bucket = buckets.get(new_level)
+            if bucket is None:
+                bucket = buckets[new_level] = {}
+                bisect.insort(island.levels, new_level)
+            bucket[node] = None
             self._reindex(island, new_level - old_level)
 
     def _reindex(self, island: Island, delta: int) -> None:
