@@ -300,11 +300,11 @@ class Inventory:
             if not bucket:
                 del buckets[old_level]
                 del island.levels[bisect.bisect_left(island.levels, old_level)]
-            bucket = buckets.get(new_level)
-            if bucket is None:
-                bucket = buckets[new_level] = {}
+            target = buckets.get(new_level)
+            if target is None:
+                target = buckets[new_level] = {}
                 bisect.insort(island.levels, new_level)
-            bucket[node] = None
+            target[node] = None
             self._reindex(island, new_level - old_level)
 
     def _reindex(self, island: Island, delta: int) -> None:
