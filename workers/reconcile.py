@@ -41,6 +41,7 @@ from workers.plan import (
     MANAGED,
     WORKLOAD_ANNOTATION,
     Actions,
+    member_status,
     plan,
 )
 from workers.records import ClusterRow, append, append_workload, load, rfc3339, unchanged
@@ -118,27 +119,35 @@ def reconcile(
         return report
     actions = plan(view, actual)
     if actions.draining:
-        for ref in actions.delete:
-            member.delete(ref)
-        report.deleted = [str(r) for r in actions.delete]
-        jobs = [Ref.of(o) for o in actual if o.get("kind") in JOB_KINDS]
-        gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
-        ids = sorted({a for a in actions.draining if a})  # a stray job may have none
-        pods = f"{ADMISSION_LABEL} in ({','.join(ids)})" if ids else None
-        left = member.wait_gone(gone, pods, delete_wait)
-        if left:
-            report.waiting = left
-            log.info("%s: waiting for %d deletions", cluster, len(left))
-            return report
-        actual = managed(member)
-        row, rows, view = load(engine, cluster)  # after the listing, as above
-        if row is None or row.deleted or row.state == "Lost":
-            report.skipped = "gone or lost meanwhile"
-            return report
-        actions = plan(view, actual)
-        if actions.draining:  # deleted by someone else meanwhile: next pass
-            report.waiting = [f"admission {a}" for a in actions.draining]
-            return report
+        _delete(member, actions, report)
+        running = _holding(actual, actions.draining)
+        if running:
+            # What the deleted jobs' pods hold must be free before anything
+            # new starts: a preemptor never runs beside its victims.
+            jobs = [
+                Ref.of(o)
+                for o in actual
+                if o.get("kind") in JOB_KINDS and _admission_of(o) in running
+            ]
+            gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
+            ids = sorted(a for a in running if a)  # a stray job may have none
+            pods = f"{ADMISSION_LABEL} in ({','.join(ids)})" if ids else None
+            left = member.wait_gone(gone, pods, delete_wait)
+            if left:
+                report.waiting = left
+                log.info("%s: waiting for %d deletions", cluster, len(left))
+                return report
+            actual = managed(member)
+            row, rows, view = load(engine, cluster)  # after the listing, as above
+            if row is None or row.deleted or row.state == "Lost":
+                report.skipped = "gone or lost meanwhile"
+                return report
+            actions = plan(view, actual)
+            _delete(member, actions, report)
+            still = _holding(actual, actions.draining)
+            if still:  # deleted by someone else meanwhile, or newly preempted: next pass
+                report.waiting = [f"admission {a}" for a in still]
+                return report
     by_key = {r.key: r for r in rows}
     if actions.dispatch:
         # A view read before a cycle preempted one of these must not start
@@ -148,6 +157,30 @@ def reconcile(
     _carry_out(member, actions, report)
     _record(uow, actions, by_key, report, clock())
     return report
+
+
+def _delete(member: Member, actions: Actions, report: Report) -> None:
+    for ref in actions.delete:
+        member.delete(ref)
+        report.deleted.append(str(ref))
+
+
+def _holding(actual: list[dict[str, Any]], draining: list[str]) -> list[str]:
+    """The admissions among ``draining`` whose pods may still hold nodes:
+    all but those whose job the member reports Succeeded (every pod of it
+    completed). A job that finished must not hold back what is dispatched
+    next: under steady churn some always have, and dispatch would wait on
+    them pass after pass."""
+    succeeded = {
+        _admission_of(o)
+        for o in actual
+        if o.get("kind") in JOB_KINDS and member_status(o, None)["phase"] == "Succeeded"
+    }
+    return [a for a in draining if not a or a not in succeeded]
+
+
+def _admission_of(obj: dict[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(ADMISSION_LABEL, ""))
 
 
 def _workload_of(obj: dict[str, Any]) -> str:

@@ -1,4 +1,6 @@
-"""Two reconcilers of one member cluster (a Celery worker's and the fleet
+"""Reconcile against a stand-in member, passes in this process.
+
+Two reconcilers of one member cluster (a Celery worker's and the fleet
 loop's, as in production): a pass that read the centre before a gang was
 admitted never takes that gang's job, dispatched meanwhile by the other
 pass, for a stray. (Found by the 200-gang end-to-end test: the job was
@@ -11,14 +13,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import sqlalchemy as sa
 
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
-from tests.workers.conftest import ADMIN, workload_status
+from tests.workers.conftest import ADMIN, wait_for, workload_status
 from tests.workers.members import gang, job, members, settings, setup_central
 from workers.clusters import Member
 from workers.fleet import Connector, reconcile_once, sync_once
+from workers.plan import member_status
 from workers.records import ClusterRow
 from workers.settings import WorkerSettings
 
@@ -79,3 +83,47 @@ def test_a_pass_never_deletes_a_job_dispatched_for_a_gang_admitted_while_it_ran(
             this.close()
             other.close()
     assert workload_status(engine, "team-a", "late")["state"] == "Admitted"
+
+
+def test_a_finished_job_whose_removal_lingers_does_not_hold_back_the_next_dispatch(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    tmp_path: Path,
+) -> None:
+    """Its pods have all completed: nothing to wait for. (Under steady churn
+    some job has always just finished, and dispatch waited pass after pass:
+    found by bench/e2e.py.) A finalizer of someone else's keeps the job."""
+    config = settings(database_url, broker, delete_wait=2.0)
+    now = lambda: datetime.now(UTC)  # noqa: E731
+    held = {"metadata": {"finalizers": ["example.com/keep"]}}
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        connect = Connector(config)
+        cycle = AdmissionCycle(engine, services.unit_of_work)
+        try:
+            assert sync_once(engine, "c1", connect, config, now).heartbeat
+            services.submissions.submit(ADMIN, "team-a", gang("done", count=1, duration="10s"))
+            cycle.run(lambda uow: None)
+            assert reconcile_once(engine, "c1", connect, config, now).dispatched
+            wait_for(lambda: member_status(job(c1, "done") or {}, None)["phase"] == "Succeeded", 10)
+            with c1.api_client() as api:
+                kubernetes.client.BatchV1Api(api).patch_namespaced_job(
+                    "done", "team-a", held, _preload_content=False
+                )
+            sync_once(engine, "c1", connect, config, now)
+            assert workload_status(engine, "team-a", "done")["state"] == "Finished"
+            services.submissions.submit(ADMIN, "team-a", gang("next", count=1))
+            cycle.run(lambda uow: None)
+            report = reconcile_once(engine, "c1", connect, config, now)
+            assert report.deleted == ["Job team-a/done"] and report.waiting == []
+            assert report.dispatched == ["Job team-a/next"]
+            assert (job(c1, "done") or {})["metadata"]["deletionTimestamp"]  # still there
+        finally:
+            connect.close()
+            with c1.api_client() as api:
+                release = {"metadata": {"finalizers": None}}
+                kubernetes.client.BatchV1Api(api).patch_namespaced_job(
+                    "done", "team-a", release, _preload_content=False
+                )
