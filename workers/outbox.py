@@ -52,6 +52,15 @@ _STALE = text(
     "ORDER BY o.published_at LIMIT :limit FOR UPDATE OF o SKIP LOCKED"
 )
 _MARK = text("UPDATE outbox SET published_at = now() WHERE message_id = ANY(:ids)")
+# A hint the relay gave itself is processed as its consumer would record it.
+_HINTED = text(
+    "INSERT INTO processed_messages (consumer, message_id, deliveries, processed_at, outcome) "
+    "SELECT o.topic, o.message_id, 1, now(), 'done' FROM outbox o "
+    "WHERE o.message_id = ANY(:ids) ON CONFLICT (consumer, message_id) DO NOTHING"
+)
+
+#: Topics whose whole effect is a hint (Redis pub/sub): ``{topic: give the hint}``.
+Hints = Mapping[str, Callable[[], None]]
 
 
 def relay_once(
@@ -61,8 +70,16 @@ def relay_once(
     limit: int = 500,
     republish_after: float | None = None,
     before_mark: Callable[[], None] | None = None,
+    hints: Hints | None = None,
 ) -> RelayResult:
-    """Send one batch; ``before_mark`` is a test's hook for a crash after send."""
+    """Send one batch; ``before_mark`` is a test's hook for a crash after send.
+
+    Rows of a ``hints`` topic are not sent as tasks: the relay gives the hint
+    once for all of the batch's rows of that topic and records them
+    processed. A task per row would cost a Celery delivery and two
+    transactions for each submission only to publish the same pub/sub
+    message; a batch's worth of them wakes the leader once anyway."""
+    hints = hints or {}
     counts = []
     queries: list[tuple[Any, dict[str, float]]] = [(_CLAIM, {"limit": limit})]
     if republish_after is not None:
@@ -70,12 +87,18 @@ def relay_once(
     for query, params in queries:
         with engine.begin() as conn:
             rows = conn.execute(query, params).all()
+            hinted = [r.message_id for r in rows if r.topic in hints]
             for message_id, topic, payload in rows:
-                send(message_id, topic, payload)
+                if topic not in hints:
+                    send(message_id, topic, payload)
+            for topic in sorted({r.topic for r in rows if r.topic in hints}):
+                hints[topic]()
             if rows:
                 if before_mark is not None:
                     before_mark()
                 conn.execute(_MARK, {"ids": [r.message_id for r in rows]})
+            if hinted:
+                conn.execute(_HINTED, {"ids": hinted})
         counts.append(len(rows))
     return RelayResult(counts[0], counts[1] if len(counts) > 1 else 0)
 
@@ -103,9 +126,11 @@ class Relay:
         poll_interval: float = 1.0,
         republish_after: float = 300.0,
         limit: int = 500,
+        hints: Hints | None = None,
     ) -> None:
         self._engine = engine
         self._send = send
+        self._hints = hints
         self._poll = poll_interval
         self._republish_after = republish_after
         self._limit = limit
@@ -135,6 +160,7 @@ class Relay:
                     self._send,
                     limit=self._limit,
                     republish_after=self._republish_after,
+                    hints=self._hints,
                 )
             except Exception:
                 log.exception("outbox relay pass failed; retrying")

@@ -28,6 +28,7 @@ from workers.fleet import FleetLoop
 from workers.leader import Deposed, LeaderLease
 from workers.metrics import SchedulerMetrics
 from workers.outbox import Relay, Send, pending_count
+from workers.records import WAKE_TOPIC
 from workers.settings import WorkerSettings
 from workers.tasks import WAKE_CHANNEL
 
@@ -51,16 +52,27 @@ class Waker:
         self._url = url
         self._pubsub: Any = None
 
+    def listen(self) -> None:
+        """Subscribe now, before the first cycle: a hint sent before the
+        subscription would be lost (the first cycle covers what came before)."""
+        try:
+            self._subscribe()
+        except (redis.RedisError, OSError):
+            self._pubsub = None  # wait() tries again
+
+    def _subscribe(self) -> None:
+        if self._pubsub is None:
+            client = redis.Redis.from_url(self._url)
+            pubsub: Any = client.pubsub
+            self._pubsub = pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(WAKE_CHANNEL)
+
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Until a hint arrives (then drain the burst: one cycle for all of
         it), ``timeout`` passes or ``stop`` is set."""
         deadline = time.monotonic() + timeout
         try:
-            if self._pubsub is None:
-                client = redis.Redis.from_url(self._url)
-                pubsub: Any = client.pubsub
-                self._pubsub = pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(WAKE_CHANNEL)
+            self._subscribe()
             woken = False
             while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
                 message = self._pubsub.get_message(timeout=0 if woken else min(left, _SLICE))
@@ -78,6 +90,25 @@ class Waker:
         if self._pubsub is not None:
             with contextlib.suppress(redis.RedisError, OSError):
                 self._pubsub.close()
+
+
+class WakeHint:
+    """How the relay wakes the admission leader, wherever it runs: the pub/sub
+    message the ``admission.wake`` consumer would send. Redis unreachable
+    raises, so that the relay leaves the rows for its next pass."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._client: redis.Redis | None = None
+
+    def __call__(self) -> None:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self._url)
+        try:
+            self._client.publish(WAKE_CHANNEL, "relay")
+        except (redis.RedisError, OSError):
+            self._client = None
+            raise
 
 
 class AdmissionLeader:
@@ -157,7 +188,14 @@ class Scheduler:
     ) -> None:
         self.leader = AdmissionLeader(engine, settings, config, holder)
         self.relay = (
-            Relay(engine, send, poll_interval=settings.relay_poll_interval) if relay else None
+            Relay(
+                engine,
+                send,
+                poll_interval=settings.relay_poll_interval,
+                hints={WAKE_TOPIC: WakeHint(settings.broker_url)},
+            )
+            if relay
+            else None
         )
         self.waker = Waker(settings.broker_url)
         # The periodic resync of member clusters, run by the admission leader
@@ -178,6 +216,7 @@ class Scheduler:
         self._engine = engine
 
     def run(self) -> None:
+        self.waker.listen()
         relay_thread = None
         if self.relay is not None:
             relay_thread = threading.Thread(target=self.relay.run, name="outbox-relay", daemon=True)

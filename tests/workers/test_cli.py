@@ -26,13 +26,13 @@ from tests.workers.conftest import (
 )
 
 
-def _wakes_processed(services: Services) -> int:
+def _reconciles_processed(services: Services) -> int:
     with services.engine.connect() as conn:
         return int(
             conn.execute(
                 sa.text(
                     "SELECT count(*) FROM processed_messages "
-                    "WHERE consumer = 'admission.wake' AND outcome = 'done'"
+                    "WHERE consumer = 'reconcile.cluster' AND outcome = 'done'"
                 )
             ).scalar_one()
         )
@@ -76,7 +76,9 @@ def test_worker_and_scheduler_processes_admit_and_stop_on_sigterm(
         )
         services.submissions.submit(ADMIN, "team-a", workload("a"))
         wait_for(lambda: workload_status(services.engine, "team-a", "a")["state"] == "Admitted", 30)
-        wait_for(lambda: _wakes_processed(services) == 1, 30)  # the worker is up and consuming
+        # The worker is up and consuming: the admission's reconcile message
+        # (wake-ups no longer pass through it: the relay gives them itself).
+        wait_for(lambda: _reconciles_processed(services) >= 1, 30)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert 'qm_admitted_workloads_total{cluster_queue="cq"} 1.0' in metrics
         assert "qm_admission_leader 1.0" in metrics
