@@ -78,10 +78,11 @@ class NodeState:
         self.taints = node.taints
         self.schedulable = node.schedulable
         reserved = node.reserved
-        self.pristine: dict[str, int] = (
+        #: Free capacity with no admitted gang on the node (read only).
+        self.pristine: Mapping[str, int] = (
             {r: a - reserved.get(r, 0) for r, a in node.allocatable.items()}
             if reserved
-            else dict(node.allocatable)
+            else node.allocatable
         )
         self.free: dict[str, int] = dict(self.pristine)
 
