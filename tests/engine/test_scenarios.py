@@ -19,6 +19,16 @@ def test_there_are_enough_scenarios() -> None:
     assert len(PATHS) >= 40
     upstream = [p for p in PATHS if "upstream:" in p.read_text(encoding="utf-8")]
     assert len(upstream) >= 15
+    for source in (
+        "scheduler_test.go",
+        "scheduler_fs_test.go",
+        "preemption_test.go",
+        "preemption_fair_test.go",
+        "preemption_hierarchical_test.go",
+    ):
+        assert any(source in p.read_text(encoding="utf-8") for p in upstream), source
+    fair = [p for p in upstream if "scheduler_fs_test.go" in p.read_text(encoding="utf-8")]
+    assert len(fair) >= 5
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
