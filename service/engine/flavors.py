@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 NO_FIT, NO_CANDIDATES, PREEMPT, RECLAIM, FIT = 0, 1, 2, 3, 4
+#: Fits without borrowing: no ``flavorFungibility`` setting looks further.
+_FITS_NOMINAL = (FIT, 0)
 
 # Pending reasons, from most to least severe (Kueue's UnadmittedWorkloadsObservability).
 NO_MATCHING_FLAVOR = "NoMatchingFlavor"
@@ -524,7 +526,7 @@ def _plan_mode(state: CycleState, cq: CQState, plan: FlavorPlan) -> tuple[int, i
     best: tuple[int, int] = (NO_FIT, 1 << 30)
     for _, frs, version_key in plan.flavors:
         mode = _known_flavor_mode(state, cq, frs, version_key)
-        if not should_try_next(mode, fungibility):
+        if mode == _FITS_NOMINAL or not should_try_next(mode, fungibility):
             return mode
         if is_preferred(mode, best, fungibility):
             best = mode

@@ -133,6 +133,9 @@ class ClusterQueueQueue:
         return self._only is not None
 
     def all_workloads(self) -> list[WorkloadInfo]:
+        """Every workload of the queue (with one LocalQueue, its own list: do not change it)."""
+        if self._only is not None:
+            return self._only
         return [wi for items in self._lqs.values() for wi in items]
 
     def remaining(self) -> list[WorkloadInfo]:
