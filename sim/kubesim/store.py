@@ -13,6 +13,7 @@ never mutated in place (a write stores a new dict), so readers may hold them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import marshal
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -104,10 +105,12 @@ class Watcher:
     async def next_batch(self, timeout: float) -> list[Event]:
         if not self.pending and not self.closed:
             self.ready.clear()
-            try:
+            # A timeout returns what is pending, not ``[]``: an event pushed
+            # while the timeout was being handled would otherwise sit behind
+            # the bookmark an empty batch sends (at the store's newest
+            # revision), and a client resuming from it would never see it.
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ready.wait(), timeout)
-            except TimeoutError:
-                return []
         batch = list(self.pending)
         self.pending.clear()
         return batch
