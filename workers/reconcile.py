@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -193,22 +194,38 @@ def _terminating(actual: list[dict[str, Any]], ref: Ref) -> bool:
     )
 
 
+#: Jobs dispatched at once: a pass that starts hundreds of gangs would
+#: otherwise wait for the member one round trip after another.
+DISPATCHERS = 8
+
+
+def _dispatch(member: Member, obj: dict[str, Any]) -> MemberError | None:
+    try:
+        member.apply(obj)
+    except MemberError as error:
+        return error
+    return None
+
+
 def _carry_out(member: Member, actions: Actions, report: Report) -> None:
     for obj in actions.apply:
         member.apply(obj)
         report.applied.append(str(Ref.of(obj)))
-    for obj in actions.dispatch:
-        try:
-            member.apply(obj)
-        except MemberError as error:
-            if not error.refused:
-                raise
+    with ThreadPoolExecutor(min(DISPATCHERS, max(1, len(actions.dispatch)))) as pool:
+        outcomes = list(pool.map(lambda obj: _dispatch(member, obj), actions.dispatch))
+    failed: MemberError | None = None
+    for obj, error in zip(actions.dispatch, outcomes, strict=True):
+        if error is None:
+            report.dispatched.append(str(Ref.of(obj)))
+        elif error.refused:
             # Asking again will not help (the job is invalid there, or its
             # kind is not installed): the gang is evicted, not retried forever.
             log.warning("%s refused %s: %s %s", member.name, Ref.of(obj), error, error.body)
             report.refused[_workload_of(obj)] = f"{error} {error.body}".strip()[:1024]
-            continue
-        report.dispatched.append(str(Ref.of(obj)))
+        else:
+            failed = failed or error
+    if failed is not None:
+        raise failed
     for ref in actions.collect:
         member.delete(ref)
         report.collected.append(str(ref))
