@@ -24,6 +24,7 @@ from service.app.crypto import SecretBox
 from service.app.uow import SqlUnitOfWork
 from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError, configuration
+from workers.coalesce import Coalescer
 from workers.collect import CollectPolicy, CollectReport, collect, due, waiting
 from workers.reconcile import Report, reconcile
 from workers.records import ClusterRow, clusters
@@ -134,6 +135,7 @@ class FleetLoop:
         self.collect_policy = CollectPolicy.of(settings)
         self.settings = settings
         self.connect = connect or Connector(settings)
+        self.coalescer = Coalescer(engine, settings.broker_url)
         self.clock = clock
         self.stop = threading.Event()
         self.passes = 0
@@ -221,7 +223,10 @@ class FleetLoop:
                 self.on_sync(report)
             if not report.reachable:
                 return
-            reconcile_once(self.engine, name, self.connect, self.settings, self.clock)
+            self.coalescer.run(
+                name,
+                lambda: reconcile_once(self.engine, name, self.connect, self.settings, self.clock),
+            )
         except ConcurrencyConflict:
             log.info("%s changed during its pass; next pass redoes it", name)
         except MemberError as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 from uuid import UUID
@@ -20,11 +21,11 @@ from service.app.bootstrap import make_engine
 from service.app.uow import SqlUnitOfWork
 from workers.celery_app import app
 from workers.clusters import MemberError
+from workers.coalesce import Coalescer
 from workers.consumers import Delivery, Outcome, RetryLater, consumer, deliver
-from workers.fleet import Connector
+from workers.fleet import Connector, reconcile_once
 from workers.outbox import Send
 from workers.reconcile import TOPIC as RECONCILE_TOPIC
-from workers.reconcile import reconcile
 from workers.records import WAKE_TOPIC
 from workers.settings import get_worker_settings
 
@@ -40,7 +41,7 @@ def _engine(pid: int) -> Engine:
     url = get_worker_settings().database_url
     if not url:
         raise RuntimeError("QM_DATABASE_URL is not set")
-    return make_engine(url, pool_size=2)
+    return make_engine(url, pool_size=3)  # the message, a pass, its reads, the pass lock
 
 
 @cache
@@ -98,21 +99,31 @@ def _connector(pid: int) -> Connector:
     return Connector(get_worker_settings())
 
 
+@cache
+def _coalescer(pid: int) -> Coalescer:
+    return Coalescer(engine(), get_worker_settings().broker_url)
+
+
 @consumer(RECONCILE_TOPIC)
 def reconcile_cluster(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
     """The admission cycle decided something for this cluster: carry it out
-    now. Its records commit with the message's; an unreachable cluster is
-    left to the fleet loop (sync marks it Lost past its lease)."""
+    now, unless a pass of it is running elsewhere (which then runs one more:
+    workers/coalesce.py). Each pass commits its records on its own; an
+    unreachable cluster is left to the fleet loop (sync marks it Lost past
+    its lease)."""
     settings = get_worker_settings()
+    settings = settings.model_copy(
+        update={"delete_wait": min(settings.delete_wait, settings.task_time_limit / 2)}
+    )
     cluster = str(delivery.payload["cluster"])
-    try:
-        reconcile(
-            engine(),
-            uow,
-            cluster,
-            _connector(os.getpid()),
-            delete_wait=min(settings.delete_wait, settings.task_time_limit / 2),
-        )
-    except MemberError as error:
-        log.warning("reconcile of %s left to the next resync: %s", cluster, error)
+
+    def one_pass() -> None:
+        try:
+            reconcile_once(
+                engine(), cluster, _connector(os.getpid()), settings, lambda: datetime.now(UTC)
+            )
+        except MemberError as error:
+            log.warning("reconcile of %s left to the next resync: %s", cluster, error)
+
+    _coalescer(os.getpid()).run(cluster, one_pass)
     return None

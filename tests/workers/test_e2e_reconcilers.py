@@ -1,4 +1,5 @@
-"""Reconcile against a stand-in member, passes in this process.
+"""Reconcile against a stand-in member, passes in this process; and one
+pass per cluster at a time (workers/coalesce.py).
 
 Two reconcilers of one member cluster (a Celery worker's and the fleet
 loop's, as in production): a pass that read the centre before a gang was
@@ -8,6 +9,8 @@ deleted, and dispatched again, for the same admission.)"""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,9 +21,11 @@ import sqlalchemy as sa
 
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
+from service.runtime.embedded import free_port
 from tests.workers.conftest import ADMIN, wait_for, workload_status
 from tests.workers.members import gang, job, members, settings, setup_central
 from workers.clusters import Member
+from workers.coalesce import Coalescer
 from workers.fleet import Connector, reconcile_once, sync_once
 from workers.plan import member_status
 from workers.records import ClusterRow
@@ -127,3 +132,46 @@ def test_a_finished_job_whose_removal_lingers_does_not_hold_back_the_next_dispat
                 kubernetes.client.BatchV1Api(api).patch_namespaced_job(
                     "done", "team-a", release, _preload_content=False
                 )
+
+
+def test_passes_of_one_cluster_never_overlap_and_none_asked_for_is_lost(
+    engine: sa.Engine, broker: str
+) -> None:
+    """Three processes' worth of coalescers asked for passes of one cluster
+    thirty times: one pass at a time, fewer passes than asks, and each ask
+    followed by a pass that started after it."""
+    lock = threading.Lock()
+    running, overlaps, starts, asks = [0], [0], [], []
+
+    def one_pass() -> None:
+        with lock:
+            running[0] += 1
+            overlaps[0] = max(overlaps[0], running[0])
+            starts.append(time.monotonic())
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    def asker(coalescer: Coalescer) -> None:
+        for _ in range(10):
+            with lock:
+                asks.append(time.monotonic())
+            coalescer.run("c1", one_pass)
+            time.sleep(0.01)
+
+    coalescers = [Coalescer(engine, broker) for _ in range(3)]
+    threads = [threading.Thread(target=asker, args=(c,)) for c in coalescers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert overlaps[0] == 1
+    assert 1 <= len(starts) < len(asks) == 30
+    assert all(any(start >= ask for start in starts) for ask in asks)
+
+
+def test_without_redis_every_ask_runs_its_pass(engine: sa.Engine) -> None:
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    passes: list[int] = []
+    assert Coalescer(engine, nowhere).run("c1", lambda: passes.append(1)) == 1
+    assert passes == [1]
