@@ -404,7 +404,11 @@ class Stack:
 
     # -- starting ------------------------------------------------------------------------
 
-    def start_clusters(self, fleet: Path, count: int, time_scale: float) -> None:
+    def start_clusters(
+        self, fleet: Path, count: int, time_scale: float, controllers: bool = True
+    ) -> None:
+        """``controllers=False``: API servers only (no scheduler, kubelet or
+        Kueue): jobs are stored and nothing runs them."""
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         child = self.supervisor.start(
             "clusters",
@@ -413,6 +417,7 @@ class Stack:
                 *("sim", "cluster", "--fleet", str(fleet), "--count", str(count)),
                 *("--port", "0", "--time-scale", str(time_scale)),
                 *("--kubeconfig-out", str(self.kubeconfig)),
+                *(() if controllers else ("--no-controllers",)),
             ],
         )
         self._ready(child, lambda: "kubeconfig written" in child.output(), 60)
@@ -453,10 +458,11 @@ class Stack:
         workers: int = 1,
         concurrency: int = 2,
         api_processes: int = 1,
+        controllers: bool = True,
     ) -> None:
         """Everything, then the quotas and the stand-ins' Cluster objects
         through the API; returns once every cluster reports Ready."""
-        self.start_clusters(fleet, clusters, time_scale)
+        self.start_clusters(fleet, clusters, time_scale, controllers)
         self.start_api(api_processes)
         for _ in range(workers):
             self.start_worker(concurrency)
@@ -781,6 +787,37 @@ class MemberWatch:
             self.overcommits.append(f"{cluster}/{pod.node}: {used} GPUs bound to {holders}")
 
     # -- questions -----------------------------------------------------------------------
+
+    def listed(self) -> dict[str, set[tuple[str, str, str]]]:
+        """What the members hold now, by a fresh list (not the watches):
+        ``{"pods": {(cluster, namespace, name)}, "jobs": {...}}``."""
+        out: dict[str, set[tuple[str, str, str]]] = {"pods": set(), "jobs": set()}
+        for member in self.members:
+            with self._client(member) as api:
+                for kind, lister in (
+                    ("pods", kubernetes.client.CoreV1Api(api).list_pod_for_all_namespaces),
+                    ("jobs", kubernetes.client.BatchV1Api(api).list_job_for_all_namespaces),
+                ):
+                    raw: Any = lister(label_selector=ADMISSION_LABEL, _preload_content=False)
+                    for obj in json.loads(raw.data)["items"]:
+                        meta = obj["metadata"]
+                        out[kind].add((member.name, meta["namespace"], meta["name"]))
+        return out
+
+    def unseen(self) -> list[str]:
+        """Where the watches disagree with a fresh list (events missed)."""
+        listed = self.listed()
+        with self.lock:
+            alive = {
+                "pods": {k for k, p in self.pods.items() if p.deleted is None},
+                "jobs": {k for k, j in self.jobs.items() if j.deleted is None},
+            }
+        said = {True: "listed, not watched", False: "watched, not listed"}
+        return [
+            f"{kind} {key}: {said[key in listed[kind]]}"
+            for kind in ("pods", "jobs")
+            for key in sorted(listed[kind] ^ alive[kind])
+        ]
 
     def pods_of(self, workload: str) -> list[PodRecord]:
         """Every pod seen of a workload (``namespace.name`` label)."""

@@ -73,6 +73,12 @@ def _ledger(engine: sa.Engine, kind: str) -> list[dict[str, Any]]:
         ]
 
 
+def _left(members: MemberWatch) -> list[str]:
+    """What is still on the members, by a fresh list."""
+    listed = members.listed()
+    return [f"{kind} {key}" for kind in ("jobs", "pods") for key in sorted(listed[kind])]
+
+
 def _submit(api: httpx.Client, namespace: str, body: dict[str, Any]) -> None:
     response = api.post(f"/v1/namespaces/{namespace}/workloads", json=body)
     assert response.status_code == 201, response.text
@@ -125,14 +131,18 @@ def test_200_gangs_from_four_teams_all_run_and_finish_within_quota_and_islands(
         except AssertionError:
             raise AssertionError(f"{_states(engine)}\n{stack.logs()}") from None
         took = time.monotonic() - began
-        wait_until(
-            lambda: not any(p.deleted is None for p in members.pods.values()), 20, "collected"
-        )
+        try:  # finished jobs removed from the members, and their pods
+            wait_until(lambda: not _left(members), 20, "collected")
+        except AssertionError:
+            raise AssertionError(
+                f"{_left(members)[:5]}\nunseen: {members.unseen()[:10]}\n{stack.logs()}"
+            ) from None
 
     assert quota.samples > 50, quota.samples
     assert quota.violations == [], quota.violations[:10]
     # Borrowing happened: some team used more than its nominal quota.
     assert any(quota.peak.get(cq, 0) > nominal for cq, nominal in (("team-c", 96), ("team-d", 96)))
+    assert members.unseen() == []  # the watches saw every change: what follows is whole
     assert members.overcommits == []
     assert members.straddlers() == []
     admissions = _admissions(engine)
