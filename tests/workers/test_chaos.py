@@ -117,6 +117,7 @@ def _count(engine: sa.Engine, sql: str, **params: object) -> int:
 
 def _diagnosis(engine: sa.Engine) -> str:
     """What the centre holds, for a failure's message."""
+    engine.dispose()  # never a connection a restart broke
     with engine.connect() as conn:
         states = conn.execute(
             sa.text(
@@ -282,21 +283,22 @@ def test_redis_and_postgres_restarts_lose_nothing_acknowledged_and_run_no_job_tw
         with MemberWatch(stack.members, stack.kubeconfig) as members:
             submitter.start()
             _until(
-                lambda: len(submitter.acknowledged) >= 10, 30, "first submissions", stack, engine
+                lambda: len(submitter.acknowledged) >= 10, 60, "first submissions", stack, engine
             )
             redis_back = _restart(redis_server)
-            _until(lambda: len(submitter.acknowledged) >= 20, 30, "after Redis", stack, engine)
+            _until(lambda: len(submitter.acknowledged) >= 20, 60, "after Redis", stack, engine)
             # The Celery worker reconnected by itself: it consumes what the
             # relay publishes to the new Redis.
             _until(
-                lambda: all(_after(engine, redis_back).values()), 30, "work after", stack, engine
+                lambda: all(_after(engine, redis_back).values()), 60, "work after", stack, engine
             )
             probes = _outage(postgres, stack)
             postgres_back = datetime.now(UTC)
+            engine.dispose()  # the test's own connections died with the server
             acknowledged = len(submitter.acknowledged)
             _until(
                 lambda: len(submitter.acknowledged) >= acknowledged + 10,
-                45,
+                120,
                 f"submissions after Postgres ({submitter.answers})",
                 stack,
                 engine,
@@ -304,7 +306,7 @@ def test_redis_and_postgres_restarts_lose_nothing_acknowledged_and_run_no_job_tw
             submitter.stop.set()
             submitter.join(10)
             names = list(submitter.acknowledged)
-            _until(lambda: _finished(engine, names) == len(names), 90, "finished", stack, engine)
+            _until(lambda: _finished(engine, names) == len(names), 180, "finished", stack, engine)
             alive = {c.name: (c.pid, c.alive) for c in stack.supervisor.children}
     # While the database was down: 503, never 500; afterwards 201 again.
     assert probes == {"GET 503": 6, "POST 503": 6}, probes
