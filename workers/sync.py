@@ -159,11 +159,44 @@ def inventory(
 UnitOfWork = Callable[[], SqlUnitOfWork]
 
 
+Write = Callable[[SqlUnitOfWork], None]
+#: Collects one workload's change: ``(workload, event type)`` and its write.
+Change = Callable[[tuple[str, str], Write], None]
+#: Workload changes of one pass written in one transaction, at most.
+BATCH = 200
+
+
+def _write_all(
+    unit_of_work: UnitOfWork, report: SyncReport, changes: list[tuple[tuple[str, str], Write]]
+) -> None:
+    """The pass's workload changes, up to ``BATCH`` in one transaction: one
+    commit (and one turn at the ledger's tip) for many finished gangs rather
+    than one each, which under churn could not keep up with what finished
+    (quota stayed held, and admission stalled). A batch that conflicts (one
+    of its workloads moved on since the pass read it) is written again one
+    change at a time, each conflict skipped for the next pass."""
+    for start in range(0, len(changes), BATCH):
+        batch = changes[start : start + BATCH]
+        if len(batch) > 1:
+            try:
+                with unit_of_work() as uow:
+                    for _, write in batch:
+                        write(uow)
+                    uow.commit()
+            except ConcurrencyConflict:
+                log.info("%d changes of one batch moved on under sync; one by one", len(batch))
+            else:
+                report.events += [what for what, _ in batch]
+                continue
+        for what, write in batch:
+            _write(unit_of_work, report, what, write)
+
+
 def _write(
     unit_of_work: UnitOfWork,
     report: SyncReport,
     what: tuple[str, str],
-    write: Callable[[SqlUnitOfWork], None],
+    write: Write,
 ) -> bool:
     """One change in its own transaction: a change that conflicts (the
     object moved on since it was read) is skipped, the next pass sees it
@@ -190,8 +223,9 @@ def sync(
     pods_ready: bool = False,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> SyncReport:
-    """One list pass over ``cluster``. Each change commits on its own (the
-    heartbeat never waits on a workload that moved on). ``pods_ready``:
+    """One list pass over ``cluster``. The heartbeat commits on its own (it
+    never waits on a workload that moved on), then the workloads' changes
+    (in batches: ``_write_all``). ``pods_ready``:
     record ``podsReady: false`` on a dispatched gang not yet running, so that
     waitForPodsReady can time it out."""
     report = SyncReport(cluster)
@@ -213,8 +247,19 @@ def sync(
     nodes_now = inventory(cluster, nodes, view, reserved(foreign))
     _heartbeat(unit_of_work, row, nodes_now, heartbeat_interval, now, report)
     by_key = {r.key: r for r in rows}
+    changes: list[tuple[tuple[str, str], Write]] = []
     for job in jobs:
-        _job(unit_of_work, cluster, job, owners, by_key, now, report, pods_ready)
+        _job(
+            lambda what, write: changes.append((what, write)),
+            cluster,
+            job,
+            owners,
+            by_key,
+            now,
+            report,
+            pods_ready,
+        )
+    _write_all(unit_of_work, report, changes)
     return report
 
 
@@ -261,7 +306,7 @@ def _heartbeat(
 
 
 def _job(
-    unit_of_work: UnitOfWork,
+    change: Change,
     cluster: str,
     job: Mapping[str, Any],
     owners: Mapping[tuple[str, str], Any],
@@ -304,31 +349,19 @@ def _job(
                 now,
             ),
         )
-        _write(
-            unit_of_work,
-            report,
-            (key, RUNNING),
-            lambda uow: append_workload(uow, row, RUNNING, status, ACTOR, now),
-        )
+        change((key, RUNNING), lambda uow: append_workload(uow, row, RUNNING, status, ACTOR, now))
     elif (
         phase == "Pending" and state == "Admitted" and pods_ready and "podsReady" not in row.status
     ):
         status = dict(row.status)
         status.update(podsReady=False, dispatchedAt=meta.get("creationTimestamp") or rfc3339(now))
-        _write(
-            unit_of_work,
-            report,
-            (key, DISPATCHED),
-            lambda uow: append_workload(uow, row, DISPATCHED, status, ACTOR, now),
+        change(
+            (key, DISPATCHED), lambda uow: append_workload(uow, row, DISPATCHED, status, ACTOR, now)
         )
     elif phase in ("Succeeded", "Failed"):
-        _write(
-            unit_of_work, report, (key, FINISHED), lambda uow: _finish(uow, row, cluster, seen, now)
-        )
+        change((key, FINISHED), lambda uow: _finish(uow, row, cluster, seen, now))
     elif phase == "Evicted":
-        _write(
-            unit_of_work, report, (key, EVICTED), lambda uow: _evicted(uow, row, cluster, seen, now)
-        )
+        change((key, EVICTED), lambda uow: _evicted(uow, row, cluster, seen, now))
 
 
 def _seconds(
