@@ -189,12 +189,15 @@ def builtin_types() -> tuple[ResourceType, ...]:
 
 
 def default_crds_dir(repo_root: Path | None = None) -> Path:
-    """``$QM_KUEUE_CRDS_DIR``, else ``../shared/kueue-crds`` next to the repository root."""
+    """``$QM_KUEUE_CRDS_DIR``, else ``../shared/kueue-crds`` next to the
+    repository root when it is there, else the copy shipped in this package
+    (``sim/kubesim/crds``: the same files, so that a fresh clone runs alone)."""
     configured = os.environ.get(CRDS_ENV)
     if configured:
         return Path(configured)
     root = repo_root or Path(__file__).resolve().parents[2]
-    return (root / ".." / "shared" / "kueue-crds").resolve()
+    shared = (root / ".." / "shared" / "kueue-crds").resolve()
+    return shared if shared.is_dir() else Path(__file__).resolve().parent / "crds"
 
 
 def load_crd(document: Mapping[str, Any]) -> ResourceType:
