@@ -160,6 +160,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--database-url")
+    parser.add_argument(
+        "--cases",
+        default="1x1,8x1,32x1,1x100,2x100,8x100",
+        help="writers x events per transaction, comma-separated",
+    )
     args = parser.parse_args()
     results: dict[str, object] = {"bench": "eventstore", "seconds_per_case": args.seconds}
     with bench_database(args.database_url) as url:
@@ -167,7 +172,7 @@ def main() -> None:
         engine = make_engine(url, pool_size=40)
         reset_database(engine)
         create_raw_table(libpq(url))
-        cases = [(1, 1), (8, 1), (32, 1), (1, 100), (8, 100)]
+        cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
         for writers, batch in cases:
             name = f"{'single' if batch == 1 else f'batch{batch}'}_w{writers}"
             baseline = hammer(writers, args.seconds, ("raw", url, batch))

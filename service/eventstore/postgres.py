@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
+import orjson
 import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -116,19 +117,34 @@ _COPY_EVENTS = "COPY events (position, stream, version, event_id, type, data, me
 _READ_COLUMNS = "position, stream, version, event_id, type, data, metadata, recorded_at"
 
 
+def _json(value: Any) -> str:
+    """Compact JSON of an event's data or metadata.
+
+    orjson is an order of magnitude faster than ``json.dumps`` (which took a
+    third of a writer's CPU on batches), but writes NaN and infinities as
+    ``null`` where the standard encoder refuses them, and refuses what the
+    standard one accepts (non-string keys, integers past 64 bits). So output
+    that holds a ``null`` (it may be a NaN) or that orjson refuses goes to the
+    standard encoder, whose verdict stands.
+    """
+    try:
+        text = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        text = b"null"
+    if b"null" in text:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return text.decode()
+
+
 def _encode_batch(events: Sequence[NewEvent]) -> str:
-    return json.dumps(
-        [
-            {
-                "id": str(e.event_id),
-                "type": e.type,
-                "data": e.data,
-                "meta": e.metadata.to_json(),
-            }
+    return (
+        "["
+        + ",".join(
+            f'{{"id":"{e.event_id}","type":{_json(e.type)},'
+            f'"data":{_json(e.data)},"meta":{_json(e.metadata.to_json())}}}'
             for e in events
-        ],
-        allow_nan=False,
-        separators=(",", ":"),
+        )
+        + "]"
     )
 
 
@@ -147,9 +163,10 @@ def _copy_tails(events: Sequence[NewEvent], metas: dict[int, str]) -> list[str]:
     for event in events:
         meta = metas.get(id(event.metadata))
         if meta is None:
-            meta = _copy_text(json.dumps(event.metadata.to_json(), separators=(",", ":")))
+            # Metadata holds strings and nulls only: no NaN to watch for.
+            meta = _copy_text(orjson.dumps(event.metadata.to_json()).decode())
             metas[id(event.metadata)] = meta
-        data = _copy_text(json.dumps(event.data, allow_nan=False, separators=(",", ":")))
+        data = _copy_text(_json(event.data))
         tails.append(f"\t{event.event_id}\t{_copy_text(event.type)}\t{data}\t{meta}\n")
     return tails
 
