@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -13,10 +12,10 @@ from service.app.bootstrap import make_engine
 from service.app.migrate import upgrade
 from tests.harness import (
     postgres_server,
+    redis_database,
     redis_server,
     reset_database,
     scratch_database,
-    worker_tag,
 )
 
 
@@ -55,7 +54,5 @@ def engine(_session_engine: sa.Engine) -> sa.Engine:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    with ExitStack() as stack, redis_server(stack) as url:
-        base, _, _ = url.rpartition("/")
-        # A db number per test process, so parallel workers stay apart.
-        yield f"{base}/{1 + zlib.crc32(worker_tag().encode()) % 15}"
+    with ExitStack() as stack, redis_server(stack) as url, redis_database(url) as own:
+        yield own

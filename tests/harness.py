@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -51,6 +52,50 @@ def redis_server(stack: ExitStack) -> Iterator[str]:
     else:
         data = Path(tempfile.mkdtemp(prefix="qm-test-redis-"))
         yield stack.enter_context(embedded_redis(data))
+
+
+#: Redis databases 1..15 are handed to test processes; db 0 keeps the claims.
+_REDIS_DBS = range(1, 16)
+_CLAIM_SECONDS = 3600
+
+
+@contextmanager
+def redis_database(server_url: str, wait_seconds: float = 120.0) -> Iterator[str]:
+    """A Redis db number of this process's own on ``server_url``.
+
+    Claimed with SET NX in db 0 (so that parallel workers, and test runs of
+    other checkouts on the same server, never share a broker), released
+    afterwards; a claim left by a killed run expires after an hour.
+    """
+    import redis
+
+    base, _, _ = server_url.rpartition("/")
+    claims = redis.Redis.from_url(f"{base}/0")
+    tag = worker_tag()
+    deadline = time.monotonic() + wait_seconds
+    try:
+        while True:
+            number = next(
+                (
+                    n
+                    for n in _REDIS_DBS
+                    if claims.set(f"qm-test:redis-db:{n}", tag, nx=True, ex=_CLAIM_SECONDS)
+                ),
+                None,
+            )
+            if number is not None:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no free Redis db on {base} (1..15 all claimed)")
+            time.sleep(0.5)
+        try:
+            yield f"{base}/{number}"
+        finally:
+            key = f"qm-test:redis-db:{number}"
+            if claims.get(key) == tag.encode():
+                claims.delete(key)
+    finally:
+        claims.close()
 
 
 @contextmanager
