@@ -228,12 +228,16 @@ class FairSelector:
 
     def _share_with(
         self, node: QuotaNode, cq_node: QuotaNode, usage: dict[FlavorResource, int]
-    ) -> Share:
+    ) -> tuple[bool, Share]:
+        """Whether ``node``'s subtree would borrow on the flavors ``usage``
+        asks for, and its DRS, once the nominee's ``usage`` is added."""
         if node is cq_node:
-            return dominant_resource_share(node, self._state.lendable_cache, usage)
+            borrowing = any(node.borrowing_with(fr, value) for fr, value in usage.items())
+            return borrowing, dominant_resource_share(node, self._state.lendable_cache, usage)
         cq_node.add(usage)
         try:
-            return dominant_resource_share(node, self._state.lendable_cache)
+            borrowing = any(node.borrowing(fr) for fr in usage)
+            return borrowing, dominant_resource_share(node, self._state.lendable_cache)
         finally:
             cq_node.remove(usage)
 
@@ -256,8 +260,10 @@ class FairSelector:
                 winning = self._nominee(cq_name)
                 assert winning is not None
                 wi, usage = winning
-                share = self._share_with(child, state.cqs[cq_name].node, usage)
-                entries[child.name] = ((share, -wi.priority, wi.time, wi.seq), cq_name)
+                borrowing, share = self._share_with(child, state.cqs[cq_name].node, usage)
+                if not self._state.config.fair_sharing.prioritize_non_borrowing:
+                    borrowing = False
+                entries[child.name] = ((borrowing, share, -wi.priority, wi.time, wi.seq), cq_name)
             winner = min(entries.values()) if entries else None
             self._winner[parent.name] = winner
             child = parent

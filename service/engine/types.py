@@ -55,6 +55,13 @@ class FairSharingConfig:
         "LessThanOrEqualToFinalShare",
         "LessThanInitialShare",
     )
+    #: Kueue's ``FairSharingPrioritizeNonBorrowing`` (beta, on by default
+    #: since v0.17; kueue#9406): at every level of the tournament, a nominee
+    #: whose subtree would not borrow on the flavors it asks for goes before
+    #: one whose subtree would, whatever their shares; then the DRS decides.
+    #: Without it, borrowing on one flavor pushes a ClusterQueue's work that
+    #: fits its own nominal quota of another flavor behind others' borrowing.
+    prioritize_non_borrowing: bool = True
 
 
 @dataclass(frozen=True, slots=True)

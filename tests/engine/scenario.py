@@ -311,6 +311,7 @@ def _config(data: dict[str, Any]) -> EngineConfig:
             enable=bool(fs.get("enable", False)),
             preemption_strategies=tuple(fs.get("preemptionStrategies") or ())
             or FairSharingConfig().preemption_strategies,
+            prioritize_non_borrowing=bool(fs.get("prioritizeNonBorrowing", True)),
         ),
         admission_fair_sharing=AdmissionFairSharingConfig(
             enable=bool(afs.get("enable", True)),
