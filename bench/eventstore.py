@@ -7,6 +7,9 @@ transactions, and for batches of 100 events, it reports appends per second
 through the event store (idempotency check, optimistic concurrency, gap-free
 positions) beside a baseline: plain psycopg INSERTs of the same rows into a
 table of the same shape, one transaction each, with no event-store logic.
+Batches also report the floor of the COPY path: the same COPY rows into a
+copy of ``events`` with all its indexes, without lock, version check or
+idempotency (what Postgres itself takes for the rows).
 Progress goes to stderr; one JSON line of results to stdout.
 
 Without --database-url it uses the local server at 127.0.0.1:5432 (or an
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from service.app.bootstrap import make_engine
 from service.app.migrate import upgrade
 from service.eventstore import EventMetadata, NewEvent
-from service.eventstore.postgres import PostgresEventStore
+from service.eventstore.postgres import PostgresEventStore, _copy_tails
 from tests.harness import postgres_server, reset_database, scratch_database
 
 META = EventMetadata(actor="bench", occurred_at=datetime(2026, 11, 29, tzinfo=UTC))
@@ -73,7 +76,8 @@ def _writer(
     case: tuple[str, str, int], w: int, seconds: float, ready: Any, start: Any, counts: Any
 ) -> None:
     kind, url, batch = case
-    step, close = (eventstore_step if kind == "eventstore" else raw_step)(url, batch)
+    steps = {"eventstore": eventstore_step, "raw": raw_step, "copy": copy_step}
+    step, close = steps[kind](url, batch)
     step(w, -1)  # warm the connection up before the clock starts
     ready.wait()
     start.wait()
@@ -128,6 +132,27 @@ def raw_step(url: str, batch: int) -> tuple[Step, Callable[[], None]]:
     return step, conn.close
 
 
+def copy_step(url: str, batch: int) -> tuple[Step, Callable[[], None]]:
+    """The floor of a batch: the event store's own COPY rows (same encoder)
+    into a copy of ``events`` with all its indexes, but no sequencer lock,
+    version check or idempotency; positions from per-writer counters."""
+    conn = psycopg.connect(libpq(url))
+    run = uuid.uuid4().hex[:8]
+    sql = "COPY bench_copy (position, stream, version, event_id, type, data, metadata) FROM STDIN"
+
+    def step(w: int, i: int) -> int:
+        tails = _copy_tails([event() for _ in range(batch)], {})
+        base = (w + 1) * 10**12 + (i + 1) * batch
+        stream = f"copy{run}-{w}-{i}"
+        lines = [f"{base + k}\t{stream}\t{k + 1}{tail}" for k, tail in enumerate(tails)]
+        with conn.cursor().copy(sql) as copy:
+            copy.write("".join(lines))
+        conn.commit()
+        return batch
+
+    return step, conn.close
+
+
 def create_raw_table(libpq_url: str) -> None:
     with psycopg.connect(libpq_url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_raw")
@@ -137,6 +162,8 @@ def create_raw_table(libpq_url: str) -> None:
             "data jsonb NOT NULL, metadata jsonb NOT NULL, "
             "recorded_at timestamptz NOT NULL DEFAULT now())"
         )
+        conn.execute("DROP TABLE IF EXISTS bench_copy")
+        conn.execute("CREATE TABLE bench_copy (LIKE events INCLUDING ALL)")
 
 
 @contextmanager
@@ -182,9 +209,14 @@ def main() -> None:
                 "raw_insert_events_per_s": round(baseline),
                 "ratio": round(ours / baseline, 3),
             }
+            floor = ""
+            if batch > 1:
+                copied = hammer(writers, args.seconds, ("copy", url, batch))
+                results[name]["copy_floor_events_per_s"] = round(copied)
+                floor = f"   bare COPY {copied:9.0f}/s"
             print(
                 f"{name:>14}: event store {ours:9.0f}/s   raw {baseline:9.0f}/s   "
-                f"ratio {ours / baseline:.2f}",
+                f"ratio {ours / baseline:.2f}{floor}",
                 file=sys.stderr,
                 flush=True,
             )
