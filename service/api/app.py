@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from service.api import openapi, problems
 from service.api.events import EventHead, events_router
+from service.api.group_commit import GroupCommit
 from service.api.ledger import ledger_router
 from service.api.middleware import (
     IdempotencyMiddleware,
@@ -82,6 +83,7 @@ def create_app(services: Services) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.container = services
+    app.state.group_commit = GroupCommit(services.submissions.submit_parsed)
     app.state.event_head = EventHead(services.event_queries.head)
     expected_revision = head_revision()
     metrics = Metrics()

@@ -21,12 +21,13 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool as run
 
 from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
+from service.api.group_commit import GroupCommit
 from service.api.openapi import body_schema, list_schema, object_schema
 from service.app.auth import Role, require
-from service.app.errors import Invalid
+from service.app.errors import AppError, Invalid
 from service.app.kinds import ADMIN_KINDS, Kind
 from service.app.resources import Page
-from service.app.submissions import MAX_BULK
+from service.app.submissions import MAX_BULK, Submission
 from service.app.workloads import validation_problems
 
 NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -280,7 +281,12 @@ def workload_router() -> APIRouter:
     ) -> Any:
         """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
         body = await read_body(request, deps.settings.max_body_bytes)
-        return _etag(await run(deps.submissions.submit, actor, namespace, body), 201)
+        workload = deps.submissions.parse(actor, namespace, body)
+        committer: GroupCommit = request.app.state.group_commit
+        outcome = await committer.submit(Submission(actor, namespace, workload))
+        if isinstance(outcome, AppError):
+            raise outcome
+        return _etag(outcome, 201)
 
     @router.get(base, responses={200: list_schema(kind)})
     async def list_workloads(

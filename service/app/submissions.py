@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
@@ -43,7 +43,13 @@ from service.app.workloads import (
     security_violations,
     total_requests,
 )
-from service.eventstore.port import ANY_VERSION, ConcurrencyConflict, NewEvent, OutboxMessage
+from service.eventstore.port import (
+    ANY_VERSION,
+    ConcurrencyConflict,
+    EventMetadata,
+    NewEvent,
+    OutboxMessage,
+)
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import (
@@ -74,6 +80,37 @@ class ItemResult:
     status: int
     error: AppError | None = None
     object: Obj | None = None
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A parsed submission on its way into a unit of work."""
+
+    actor: Actor
+    namespace: str
+    workload: WorkloadObject
+
+
+#: What a submission came to: the created Workload, or why it was refused.
+Outcome = Obj | AppError
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    submission: Submission
+    target: Target
+    version: int
+    """The stream's version before this submission (a deleted workload's
+    name starts again after its tombstone)."""
+
+
+def _by_namespace(
+    submissions: Sequence[Submission],
+) -> dict[str, list[tuple[int, Submission]]]:
+    groups: dict[str, list[tuple[int, Submission]]] = {}
+    for index, submission in enumerate(submissions):
+        groups.setdefault(submission.namespace, []).append((index, submission))
+    return groups
 
 
 def _pending_status(cluster_queue: str, now: datetime) -> Obj:
@@ -121,20 +158,71 @@ class SubmissionService:
 
     def submit(self, actor: Actor, namespace: str, body: Any) -> Obj:
         workload = self.parse(actor, namespace, body)
-        try:
-            with self._uow() as uow:
+        outcome = self.submit_parsed([Submission(actor, namespace, workload)])[0]
+        if isinstance(outcome, AppError):
+            raise outcome
+        return outcome
+
+    def submit_parsed(self, submissions: Sequence[Submission]) -> list[Outcome]:
+        """Commit parsed submissions in one unit of work (group commit): one
+        prefetch per namespace, one turn at the ledger tip and one WAL flush
+        for all of them. Each gets its own outcome, the created object or the
+        error that refused it alone (a name taken, earlier in the group or
+        before; an unknown queue; the security floor); the others commit."""
+        outcomes = self._commit_group(submissions)
+        for submission, outcome in zip(submissions, outcomes, strict=True):
+            if isinstance(outcome, PolicyRefused):
+                self._record_refusal(
+                    submission.actor, submission.namespace, submission.workload, outcome
+                )
+        return outcomes
+
+    def _commit_group(self, submissions: Sequence[Submission]) -> list[Outcome]:
+        """A name created by a rival transaction between our prefetch and our
+        commit fails the whole unit: try again (the prefetch now sees it and
+        refuses that item alone), then, should it keep happening, one by one."""
+        for _ in range(2):
+            try:
+                return self._try_group(submissions)
+            except AlreadyExists:
+                continue
+        outcomes: list[Outcome] = []
+        for submission in submissions:
+            try:
+                outcomes += self._try_group([submission])
+            except AlreadyExists as error:
+                outcomes.append(error)
+        return outcomes
+
+    def _try_group(self, submissions: Sequence[Submission]) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(submissions)
+        accepted: list[tuple[int, _Accepted]] = []
+        with self._uow() as uow:
+            for namespace, indexed in _by_namespace(submissions).items():
                 resolver = _Resolver(uow.connection, namespace)
-                current = resolver.prefetch([workload])
-                target = resolver.resolve(workload)
-                return self._append(uow, actor, namespace, [workload], [target], current)[0]
-        except PolicyRefused as refusal:
-            self._record_refusal(actor, namespace, workload, refusal)
-            raise
+                current = resolver.prefetch([s.workload for _, s in indexed])
+                taken = {n for n, row in current.items() if not row.deleted}
+                for index, submission in indexed:
+                    name = submission.workload.metadata.name
+                    try:
+                        if name in taken:
+                            raise AlreadyExists(f'workloads "{name}" already exists')
+                        target = resolver.resolve(submission.workload)
+                    except AppError as error:
+                        outcomes[index] = error
+                        continue
+                    taken.add(name)
+                    version = current[name].resource_version if name in current else 0
+                    accepted.append((index, _Accepted(submission, target, version)))
+            if accepted:
+                created = self._append(uow, [a for _, a in accepted])
+                for (index, _), obj in zip(accepted, created, strict=True):
+                    outcomes[index] = obj
+        return [o if o is not None else AppError("not submitted") for o in outcomes]
 
     def bulk(self, actor: Actor, namespace: str, items: Sequence[Any]) -> list[ItemResult]:
         """All-or-nothing per item: the valid items commit together, each
-        invalid one gets its own error; a conflict found at commit retries
-        the valid items one by one."""
+        invalid one gets its own error (a name twice in the request: both)."""
         results: dict[int, ItemResult] = {}
         parsed: list[tuple[int, WorkloadObject]] = []
         for index, body in enumerate(items):
@@ -147,65 +235,43 @@ class SubmissionService:
                     else None
                 )
                 results[index] = ItemResult(index, name, error.status, error)
-        names = [w.metadata.name for _, w in parsed]
-        duplicates = {n for n, seen in Counter(names).items() if seen > 1}
-        ok: list[tuple[int, WorkloadObject, Target]] = []
-        with self._uow() as uow:
-            conn = uow.connection
-            resolver = _Resolver(conn, namespace)
-            current = resolver.prefetch([w for _, w in parsed])
-            existing = {n for n, row in current.items() if not row.deleted}
-            for index, workload in parsed:
-                name = workload.metadata.name
-                try:
-                    if name in duplicates:
-                        raise Invalid("duplicate name in this request", [("metadata.name", name)])
-                    if name in existing:
-                        raise AlreadyExists(f'workloads "{name}" already exists')
-                    ok.append((index, workload, resolver.resolve(workload)))
-                except AppError as error:
-                    results[index] = ItemResult(index, name, error.status, error)
-            try:
-                created = self._append(
-                    uow, actor, namespace, [w for _, w, _ in ok], [t for _, _, t in ok], current
-                )
-            except AlreadyExists:
-                created = None
-        if created is None:
-            for index, workload, _ in ok:
-                try:
-                    obj = self.submit(actor, namespace, workload.model_dump(exclude_none=True))
-                    results[index] = ItemResult(index, workload.metadata.name, 201, None, obj)
-                except AppError as error:
-                    results[index] = ItemResult(index, workload.metadata.name, error.status, error)
-        else:
-            for (index, workload, _), obj in zip(ok, created, strict=True):
-                results[index] = ItemResult(index, workload.metadata.name, 201, None, obj)
-        for index, result in results.items():
-            if isinstance(result.error, PolicyRefused):
-                self._record_refusal(actor, namespace, parsed_by_index(parsed, index), result.error)
+        names = Counter(w.metadata.name for _, w in parsed)
+        unique: list[tuple[int, WorkloadObject]] = []
+        for index, workload in parsed:
+            name = workload.metadata.name
+            if names[name] > 1:
+                twice = Invalid("duplicate name in this request", [("metadata.name", name)])
+                results[index] = ItemResult(index, name, twice.status, twice)
+            else:
+                unique.append((index, workload))
+        outcomes = self.submit_parsed([Submission(actor, namespace, w) for _, w in unique])
+        for (index, workload), outcome in zip(unique, outcomes, strict=True):
+            name = workload.metadata.name
+            if isinstance(outcome, AppError):
+                results[index] = ItemResult(index, name, outcome.status, outcome)
+            else:
+                results[index] = ItemResult(index, name, 201, None, outcome)
         return [results[i] for i in sorted(results)]
 
-    def _append(
-        self,
-        uow: SqlUnitOfWork,
-        actor: Actor,
-        namespace: str,
-        workloads: Sequence[WorkloadObject],
-        targets: Sequence[Target],
-        current: Mapping[str, Any],
-    ) -> list[Obj]:
-        meta = actor.metadata()
-        now = meta.occurred_at
+    def _append(self, uow: SqlUnitOfWork, accepted: Sequence[_Accepted]) -> list[Obj]:
+        now = datetime.now(UTC)
+        metas: dict[tuple[str, str | None], EventMetadata] = {}
         rows = []
         submitted: list[NewLedgerEntry] = []
-        for workload, target in zip(workloads, targets, strict=True):
+        namespaces: Counter[str] = Counter()
+        for item in accepted:
+            actor, namespace, workload = (
+                item.submission.actor,
+                item.submission.namespace,
+                item.submission.workload,
+            )
             name = workload.metadata.name
-            if name in current and not current[name].deleted:
-                raise AlreadyExists(f'workloads "{name}" already exists')
-            version = current[name].resource_version if name in current else 0
+            key = (actor.principal.name, actor.request_id)
+            meta = metas.get(key)
+            if meta is None:
+                meta = metas[key] = EventMetadata(actor.principal.name, now, actor.request_id)
             spec = dump(workload.spec)
-            spec["priority"] = target.priority
+            spec["priority"] = item.target.priority
             data = {
                 "kind": "Workload",
                 "namespace": namespace,
@@ -215,22 +281,25 @@ class SubmissionService:
                 "labels": workload.metadata.labels,
                 "annotations": workload.metadata.annotations,
                 "spec": spec,
-                "status": _pending_status(target.cluster_queue, now),
+                "status": _pending_status(item.target.cluster_queue, now),
                 "created_at": now.isoformat(),
             }
             stream = stream_name("Workload", namespace, name)
-            uow.events.append(stream, version, [NewEvent(uuid4(), "WorkloadSubmitted", data, meta)])
-            rows.append(resource_row(data, version + 1, now))
+            uow.events.append(
+                stream, item.version, [NewEvent(uuid4(), "WorkloadSubmitted", data, meta)]
+            )
+            rows.append(resource_row(data, item.version + 1, now))
+            namespaces[namespace] += 1
             submitted.append(
                 ledger.new_entry(
                     ledger.WorkloadSubmitted(
                         namespace=namespace,
                         workload=name,
                         local_queue=workload.spec.queueName,
-                        cluster_queue=target.cluster_queue,
+                        cluster_queue=item.target.cluster_queue,
                         actor=actor.principal.name,
                         workload_class=workload.spec.workloadClass,
-                        priority=target.priority,
+                        priority=item.target.priority,
                         requests=total_requests(workload.spec),
                     ),
                     uuid4(),
@@ -241,9 +310,8 @@ class SubmissionService:
         # Wake the admission cycle (the workers' outbox relay delivers it).
         uow.publish(
             [
-                OutboxMessage(
-                    uuid4(), "admission.wake", {"submitted": len(rows), "namespace": namespace}
-                )
+                OutboxMessage(uuid4(), "admission.wake", {"submitted": n, "namespace": ns})
+                for ns, n in namespaces.items()
             ]
         )
         # Last before COMMIT: the ledger's tip lock is held until then.
@@ -373,12 +441,6 @@ class SubmissionService:
         if status.get("admission"):
             answer["admission"] = status["admission"]
         return answer
-
-
-def parsed_by_index(
-    parsed: Sequence[tuple[int, WorkloadObject]], index: int
-) -> WorkloadObject | None:
-    return next((w for i, w in parsed if i == index), None)
 
 
 def _requests(spec: Obj) -> dict[str, int]:
@@ -539,4 +601,4 @@ class _Resolver:
         return Target(cq_name, priority)
 
 
-__all__ = ["ItemResult", "SubmissionService"]
+__all__ = ["ItemResult", "Outcome", "Submission", "SubmissionService"]

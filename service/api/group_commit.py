@@ -1,0 +1,70 @@
+"""Group commit of single submissions within one API process.
+
+A submission is durable only once its transaction's WAL is flushed, and
+every submission takes its turn at the ledger's tip lock from sealing its
+entry until that flush (service/ledger/postgres.py): one at a time, a
+process commits at most one submission per flush. So submissions that
+arrive while a unit of work is committing wait for it, and are then
+committed together in the next one (the batch is whatever queued
+meanwhile, up to ``max_batch``: no timer, so a lone submission is not
+delayed). Each request still gets its own answer, its object or its own
+error (``SubmissionService.submit_parsed``); nothing is acknowledged
+before its unit of work has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import anyio
+
+from service.app.submissions import Outcome, Submission
+
+Commit = Callable[[Sequence[Submission]], list[Outcome]]
+
+
+class GroupCommit:
+    def __init__(self, commit: Commit, max_batch: int = 256, committers: int = 1) -> None:
+        self._commit = commit
+        self._max_batch = max_batch
+        self._committers = committers
+        self._running = 0
+        self._waiting: deque[tuple[Submission, asyncio.Future[Outcome]]] = deque()
+
+    async def submit(self, submission: Submission) -> Outcome:
+        """The submission's outcome, once the unit of work it rode in committed."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._waiting.append((submission, future))
+        if self._running < self._committers:
+            self._running += 1
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        """Commit what waits, batch after batch, until nothing does."""
+        try:
+            while self._waiting:
+                batch = [
+                    self._waiting.popleft() for _ in range(min(self._max_batch, len(self._waiting)))
+                ]
+                await self._run(batch)
+        finally:
+            self._running -= 1
+
+    async def _run(self, batch: list[tuple[Submission, asyncio.Future[Outcome]]]) -> None:
+        try:
+            outcomes = await anyio.to_thread.run_sync(self._commit, [s for s, _ in batch])
+        except Exception as error:  # e.g. the database is down: every request answers it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        except BaseException:  # cancelled: the server is going away
+            for _, future in batch:
+                future.cancel()
+            raise
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if not future.done():  # its client may have gone
+                future.set_result(outcome)

@@ -1,0 +1,178 @@
+"""Group commit: submissions that wait together commit in one transaction,
+and each still gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import sqlalchemy as sa
+
+from service.api.group_commit import GroupCommit
+from service.app.auth import Principal, Role
+from service.app.errors import AlreadyExists, AppError, UnknownReference
+from service.app.resources import Actor
+from service.app.submissions import Outcome, Submission
+from service.app.workloads import parse_submission
+from tests.api.conftest import Api, setup_quota, workload
+
+ADMIN = Actor(Principal("bootstrap", frozenset({Role.ADMIN}), frozenset({"*"})))
+
+
+def _submission(name: str, namespace: str = "team-a", **spec: object) -> Submission:
+    return Submission(ADMIN, namespace, parse_submission(workload(name, **spec)))
+
+
+def _refused(name: str) -> Submission:
+    body = workload(name)
+    body["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["image"] = "train:latest"
+    return Submission(ADMIN, "team-a", parse_submission(body))
+
+
+def test_each_submission_of_a_group_gets_its_own_outcome(api: Api, engine: sa.Engine) -> None:
+    setup_quota(api.admin)
+    setup_quota(api.admin, namespace="team-b")
+    taken = api.admin.post("/v1/namespaces/team-a/workloads", json=workload("taken"))
+    assert taken.status_code == 201
+    group = [
+        _submission("a1"),
+        _submission("taken"),  # exists already
+        _submission("a2"),
+        _submission("a1"),  # earlier in the same group
+        _submission("a3", queue="missing"),
+        _refused("a4"),
+        _submission("b1", namespace="team-b"),
+    ]
+    outcomes = api.services.submissions.submit_parsed(group)
+    kinds = [
+        type(o).__name__ if isinstance(o, AppError) else o["metadata"]["name"] for o in outcomes
+    ]
+    assert kinds == [
+        "a1",
+        "AlreadyExists",
+        "a2",
+        "AlreadyExists",
+        "UnknownReference",
+        "PolicyRefused",
+        "b1",
+    ]
+    with engine.connect() as conn:
+        # One transaction wrote every accepted workload.
+        writers = conn.exec_driver_sql(
+            "SELECT count(DISTINCT xmin::text) FROM resources "
+            "WHERE kind = 'Workload' AND name IN ('a1', 'a2', 'b1')"
+        ).scalar_one()
+        submitted = conn.exec_driver_sql(
+            "SELECT count(*) FROM ledger_entries WHERE kind = 'workload.submitted'"
+        ).scalar_one()
+        refusals = conn.exec_driver_sql(
+            "SELECT count(*) FROM events WHERE type = 'SubmissionRefused'"
+        ).scalar_one()
+    assert writers == 1
+    assert submitted == 4  # "taken" and the three accepted
+    assert refusals == 1
+
+
+def test_rival_groups_with_the_same_names_create_each_once(api: Api, engine: sa.Engine) -> None:
+    """Groups that race for the same names: a group that loses a name at
+    commit is retried, so only that name is refused and its own names commit."""
+    setup_quota(api.admin)
+    shared = [f"s{i}" for i in range(20)]
+    start = threading.Barrier(4)
+
+    def race(t: int) -> list[Outcome]:
+        names = shared[t:] + shared[:t] + [f"own-{t}-{i}" for i in range(10)]
+        start.wait()
+        return api.services.submissions.submit_parsed([_submission(n) for n in names])
+
+    with ThreadPoolExecutor(4) as pool:
+        results = [o for outcomes in pool.map(race, range(4)) for o in outcomes]
+    created = [o["metadata"]["name"] for o in results if not isinstance(o, AppError)]
+    refused = [o for o in results if isinstance(o, AppError)]
+    assert sorted(created) == sorted(shared + [f"own-{t}-{i}" for t in range(4) for i in range(10)])
+    assert len(refused) == 3 * len(shared)
+    assert all(isinstance(o, AlreadyExists) for o in refused)
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT count(*) FROM resources WHERE kind = 'Workload'")
+        assert rows.scalar_one() == len(created)
+
+
+def test_concurrent_requests_share_a_transaction_and_answer_alone(
+    api: Api, engine: sa.Engine
+) -> None:
+    setup_quota(api.admin)
+
+    def post(name: str) -> int:
+        return api.admin.post("/v1/namespaces/team-a/workloads", json=workload(name)).status_code
+
+    names = [f"w{i}" for i in range(40)] + ["dup"] * 8 + [f"q{i}" for i in range(4)]
+    with ThreadPoolExecutor(24) as pool:
+        statuses = dict(zip(range(len(names)), pool.map(post, names), strict=True))
+    assert [statuses[i] for i in range(40)] == [201] * 40
+    assert sorted(statuses[i] for i in range(40, 48)) == [201] + [409] * 7
+    assert [statuses[i] for i in range(48, 52)] == [201] * 4
+    with engine.connect() as conn:
+        count = conn.exec_driver_sql(
+            "SELECT count(*), count(DISTINCT xmin::text) FROM resources WHERE kind = 'Workload'"
+        ).one()
+    assert count[0] == 45
+    assert count[1] < 45  # some requests rode in one transaction
+
+
+def test_group_commit_gathers_what_waits_while_it_commits() -> None:
+    batches: list[list[str]] = []
+    first_entered, release = threading.Event(), threading.Event()
+
+    def commit(group: Sequence[Submission]) -> list[Outcome]:
+        names = [s.workload.metadata.name for s in group]
+        batches.append(names)
+        if len(batches) == 1:
+            first_entered.set()
+            release.wait(10)
+        return [UnknownReference("no") if n == "bad" else {"metadata": {"name": n}} for n in names]
+
+    committer = GroupCommit(commit, max_batch=3)
+
+    async def main() -> list[Outcome]:
+        first = asyncio.create_task(committer.submit(_submission("one")))
+        await asyncio.to_thread(first_entered.wait, 10)
+        rest = [
+            asyncio.create_task(committer.submit(_submission(n)))
+            for n in ("two", "bad", "four", "five")
+        ]
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(first, *rest)
+
+    outcomes = asyncio.run(main())
+    assert batches == [["one"], ["two", "bad", "four"], ["five"]]
+    assert isinstance(outcomes[2], UnknownReference)
+    assert [o["metadata"]["name"] for o in outcomes if not isinstance(o, AppError)] == [
+        "one",
+        "two",
+        "four",
+        "five",
+    ]
+
+
+def test_a_failed_commit_fails_only_its_group() -> None:
+    calls = 0
+
+    def commit(group: Sequence[Submission]) -> list[Outcome]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("database went away")
+        return [{"metadata": {"name": s.workload.metadata.name}} for s in group]
+
+    committer = GroupCommit(commit)
+
+    async def main() -> tuple[BaseException | Outcome, Outcome]:
+        failed = await asyncio.gather(committer.submit(_submission("x")), return_exceptions=True)
+        return failed[0], await committer.submit(_submission("y"))
+
+    failed, later = asyncio.run(main())
+    assert isinstance(failed, RuntimeError)
+    assert not isinstance(later, AppError) and later["metadata"]["name"] == "y"
