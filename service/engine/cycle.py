@@ -81,17 +81,20 @@ class _Failure:
         self.totals = wi.resources
         self.reason = reason
         self._assignment: Assignment | None = assignment
-        self.message = ""
+        #: ``None`` until :meth:`text` renders it.
+        self.message: str | None = None
         self.epoch = epoch
         #: Nothing in the quota tree could be preempted: priority and age cannot help.
         self.no_victims = no_victims
 
     def text(self) -> str:
         """The why-not message, rendered once, when the result is built."""
-        if self._assignment is not None:
-            self.message = self._assignment.message() or "insufficient quota"
+        message = self.message
+        if message is None:
+            assert self._assignment is not None
+            message = self.message = self._assignment.message() or "insufficient quota"
             self._assignment = None
-        return self.message
+        return message
 
     def covers(self, wi: WorkloadInfo, signature: object, epoch: int) -> bool:
         if self.epoch != epoch or signature != self.signature:
@@ -193,7 +196,6 @@ class _Cycle:
         state = self.state
         infos = [self._prepare(wl) for wl in pending]
         problems = [self._queueing_problem(wi) for wi in infos]
-        by_cq: dict[str, list[WorkloadInfo]] = {}
         keys = [wi.key for wi in infos]
         order = _arrival_order(keys, [wi.time for wi in infos])
         distinct = set(keys)
@@ -201,24 +203,30 @@ class _Cycle:
             arrivals: Iterable[tuple[int, int]] = enumerate(order)
         else:
             arrivals = _first_arrivals(order, keys, state.admitted)
+        by_lq: dict[str, list[WorkloadInfo]] = {}
         for seq, index in arrivals:
             wi = infos[index]
             wi.seq = seq
-            cq = wi.cq
             problem = problems[index]
             if problem is None:
-                assert cq is not None
-                queue = by_cq.get(cq.name)
+                queue = by_lq.get(wi.lq)
                 if queue is None:
-                    queue = by_cq[cq.name] = []
+                    queue = by_lq[wi.lq] = []
                 queue.append(wi)
                 continue
+            cq = wi.cq
             reason, message, stays_queued = problem
             if stays_queued and cq is not None:
                 self._pend(wi, reason, message, cq.name)
                 self._held.setdefault(cq.name, []).append(wi)
             else:
                 self._pend(wi, reason, message, None)
+        # A LocalQueue's workloads all go to its ClusterQueue.
+        by_cq: dict[str, dict[str, list[WorkloadInfo]]] = {}
+        for lq, items in by_lq.items():
+            cq = items[0].cq
+            assert cq is not None
+            by_cq.setdefault(cq.name, {})[lq] = items
         for name in sorted(by_cq):
             self.queues[name] = ClusterQueueQueue(name, by_cq[name], state.lq_usage)
 
@@ -497,13 +505,15 @@ class _Cycle:
         state = self.state
         admitted = {d.workload for d in self.admissions}
         self._pend_unconsidered(admitted)
-        reasons = self._queued_reasons(admitted)
-        for key, entry in self.pending.items():
-            if key not in reasons:
-                # Failures are all of queued workloads: this is a reason tuple.
-                assert not isinstance(entry, _Failure)
-                reason, message, cq, lq = entry
-                reasons[key] = PendingReason(key, reason, _text(message), cq, lq)
+        reasons = self._queued_reasons()
+        if len(reasons) != len(self.pending):
+            # Queued workloads' reasons are a subset of ``pending``: add the others'.
+            for key, entry in self.pending.items():
+                if key not in reasons:
+                    # Failures are all of queued workloads: this is a reason tuple.
+                    assert not isinstance(entry, _Failure)
+                    reason, message, cq, lq = entry
+                    reasons[key] = PendingReason(key, reason, _text(message), cq, lq)
         return CycleResult(
             admissions=tuple(self.admissions),
             preemptions=tuple(self.preemptions),
@@ -534,33 +544,41 @@ class _Cycle:
                         name,
                     )
 
-    def _queued_reasons(self, admitted: set[str]) -> dict[str, PendingReason]:
-        """Why each queued workload waits, with its positions in queue order after this cycle."""
+    def _queued_reasons(self) -> dict[str, PendingReason]:
+        """Why each queued workload waits, with its positions in queue order after this cycle.
+
+        Every queued workload that was not admitted has an entry in ``pending``
+        (``_pend_unconsidered`` ran): one without is admitted, and skipped.
+        """
         state = self.state
-        by_cq: dict[str, list[WorkloadInfo]] = {}
-        ordered: set[str] = set()
-        for name, queue in self.queues.items():
-            by_cq[name] = [w for w in queue.all_workloads() if w.key not in admitted]
-            if queue.in_queue_order():
-                ordered.add(name)
-        for name, held in self._held.items():
-            by_cq.setdefault(name, []).extend(held)
-            ordered.discard(name)
-        usage = {lq: state.lq_usage(lq) for lq in state.lq_consumed}
-        reasons: dict[str, PendingReason] = {}
         pending = self.pending
-        for name, items in by_cq.items():
-            if name in ordered:
+        usage: dict[str, float] | None = None
+        reasons: dict[str, PendingReason] = {}
+        for name in self.queues.keys() | self._held.keys():
+            queue = self.queues.get(name)
+            held = self._held.get(name)
+            items = queue.all_workloads() if queue is not None else []
+            if held is None and queue is not None and queue.in_queue_order():
                 # One LocalQueue: the position in it is the position in the ClusterQueue.
-                for position, wi in enumerate(items):
-                    reason, text = _reason_of(pending[wi.key])
-                    reasons[wi.key] = PendingReason(
-                        wi.key, reason, text, name, wi.lq, position, position
-                    )
+                position = 0
+                for wi in items:
+                    key = wi.key
+                    entry = pending.get(key)
+                    if entry is None:
+                        continue
+                    reason, text = _reason_of(entry)
+                    reasons[key] = PendingReason(key, reason, text, name, wi.lq, position, position)
+                    position += 1
                 continue
-            items.sort(key=lambda w: (usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
+            waiting = [w for w in items if w.key in pending]
+            if held is not None:
+                waiting.extend(held)
+            if usage is None:
+                usage = {lq: state.lq_usage(lq) for lq in state.lq_consumed}
+            lq_usage = usage
+            waiting.sort(key=lambda w: (lq_usage.get(w.lq, 0.0), -w.priority, w.time, w.seq))
             per_lq: dict[str, int] = {}
-            for position, wi in enumerate(items):
+            for position, wi in enumerate(waiting):
                 lq_position = per_lq.get(wi.lq, 0)
                 per_lq[wi.lq] = lq_position + 1
                 reason, text = _reason_of(pending[wi.key])
@@ -607,8 +625,9 @@ def _reason_of(
     entry: tuple[str, str | _Failure, str | None, str] | _Failure,
 ) -> tuple[str, str]:
     """``(reason, message)`` of a pending entry."""
-    if isinstance(entry, _Failure):
-        return entry.reason, entry.text()
+    if type(entry) is _Failure:
+        return entry.reason, entry.message or entry.text()
+    assert isinstance(entry, tuple)
     return entry[0], _text(entry[1])
 
 

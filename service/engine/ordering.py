@@ -36,7 +36,8 @@ _PRIORITY = operator.attrgetter("priority")
 class ClusterQueueQueue:
     """The pending workloads of one ClusterQueue, in admission order.
 
-    ``workloads`` must come in ``seq`` order (see ``_Cycle.classify``).
+    ``local_queues`` maps each LocalQueue to its workloads in ``seq`` order
+    (see ``_Cycle.classify``); the queue keeps and sorts those lists.
     """
 
     __slots__ = (
@@ -54,12 +55,15 @@ class ClusterQueueQueue:
         "verified",
     )
 
-    def __init__(self, name: str, workloads: list[WorkloadInfo], usage: Callable[[str], float]):
+    def __init__(
+        self,
+        name: str,
+        local_queues: dict[str, list[WorkloadInfo]],
+        usage: Callable[[str], float],
+    ):
         self.name = name
         self._usage = usage
-        self._lqs: dict[str, list[WorkloadInfo]] = {}
-        for wi in workloads:
-            self._lqs.setdefault(wi.lq, []).append(wi)
+        self._lqs = local_queues
         for items in self._lqs.values():
             # ``workloads`` come in ``seq`` order, which sorts by ordering time first:
             # a stable sort by priority alone gives ``queue_key`` order.
