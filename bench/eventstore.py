@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
 import time
 import uuid
@@ -142,7 +143,8 @@ def copy_step(url: str, batch: int) -> tuple[Step, Callable[[], None]]:
 
     def step(w: int, i: int) -> int:
         tails = _copy_tails([event() for _ in range(batch)], {})
-        base = (w + 1) * 10**12 + (i + 1) * batch
+        # Apart per writer process (pid) and step: no two cases' rows collide.
+        base = (os.getpid() % 10**6) * 10**10 + (i + 1) * batch
         stream = f"copy{run}-{w}-{i}"
         lines = [f"{base + k}\t{stream}\t{k + 1}{tail}" for k, tail in enumerate(tails)]
         with conn.cursor().copy(sql) as copy:
