@@ -32,13 +32,14 @@ reconcile workers meet them):
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
 from sqlalchemy import Engine, text
@@ -59,7 +60,7 @@ from service.domain.manifests import (
     toleration_from_manifest,
     topology_from_manifest,
 )
-from service.domain.quantity import canonical_resources, format_amount
+from service.domain.quantity import canonical_amount, format_amount
 from service.domain.workload import (
     Admission,
     AdmittedWorkload,
@@ -89,6 +90,7 @@ __all__ = [
     "ADMITTED",
     "HOLDS_QUOTA",
     "AdmissionCycle",
+    "ConfigCache",
     "CycleReport",
     "Loaded",
     "Plan",
@@ -119,9 +121,18 @@ KINDS = (
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 _STATES = [PENDING, *sorted(HOLDS_QUOTA)]
-_CONFIG = text(
-    "SELECT kind, namespace, name, labels, spec, status FROM resources "
+# Configuration (queues, flavors, Clusters with their inventories) in two
+# steps as well: parsing 3 Clusters' node inventories each cycle cost more
+# than the engine's whole cycle, and they change only with a heartbeat.
+_CONFIG_STAMPS = text(
+    "SELECT kind, namespace, name, resource_version FROM resources "
     "WHERE NOT deleted AND kind = ANY(:kinds)"
+)
+_CONFIG_ROWS = text(
+    "SELECT r.kind, r.namespace, r.name, r.resource_version, r.labels, r.spec, r.status "
+    "FROM resources r JOIN unnest(CAST(:kinds AS text[]), CAST(:namespaces AS text[]), "
+    "CAST(:names AS text[])) AS k(kind, namespace, name) "
+    "ON r.kind = k.kind AND r.namespace = k.namespace AND r.name = k.name"
 )
 # Workloads in two steps: every live one's (uid, version) stamp, then whole
 # rows only for those the cache has not seen at that version. A version
@@ -140,7 +151,6 @@ _ROWS = text(
 )
 
 Obj = dict[str, Any]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -188,7 +198,15 @@ class Loaded:
 
 
 def _quantities(values: Mapping[str, Any] | None) -> dict[str, int]:
-    return canonical_resources(dict(values or {}))
+    return {str(r): _amount(str(r), q) for r, q in (values or {}).items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def _amount(resource: str, quantity: str | int | float) -> int:
+    """Parsed once per distinct quantity: a fleet's nodes and gangs carry a
+    few, and parsing each (with fractions) every cycle cost more than the
+    engine."""
+    return canonical_amount(resource, quantity)
 
 
 def _timestamp(value: Any, default: float) -> float:
@@ -391,16 +409,71 @@ class WorkloadCache:
         return [self._items[key][1] for key in stamps]
 
 
-def _each(by_kind: Mapping[str, list[Any]], kind: str, convert: Callable[[Any], T]) -> list[T]:
-    """Every object of ``kind`` as a domain value, leaving out (and logging)
-    one the domain refuses rather than stopping admission for all."""
-    values = []
-    for row in by_kind.get(kind, ()):
-        try:
-            values.append(convert(row))
-        except (ValueError, KeyError, TypeError):
-            log.exception("%s %s cannot be read; left out of the cycle", kind, row.name)
-    return values
+def _cluster(row: Any) -> tuple[Cluster, list[Node]]:
+    status = row.status or {}
+    cluster = Cluster(
+        name=row.name,
+        labels={str(k): str(v) for k, v in (row.labels or {}).items()},
+        healthy=status.get("state", "Ready") != "Lost",
+        cordoned=bool(row.spec.get("cordoned", False)),
+    )
+    return cluster, [_node(row.name, n) for n in (status.get("inventory") or {}).get("nodes") or ()]
+
+
+#: Each configuration kind's domain value, from its read-model row.
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "ClusterQueue": lambda r: cluster_queue_from_manifest(_manifest(r)),
+    "ResourceFlavor": lambda r: resource_flavor_from_manifest(_manifest(r)),
+    "Cohort": lambda r: cohort_from_manifest(_manifest(r)),
+    "LocalQueue": lambda r: local_queue_from_manifest(_manifest(r)),
+    "WorkloadPriorityClass": lambda r: priority_class_from_manifest({"name": r.name, **r.spec}),
+    "Topology": lambda r: topology_from_manifest(_manifest(r)),
+    "Cluster": _cluster,
+}
+_UNREADABLE = object()
+
+
+class ConfigCache:
+    """Configuration objects as domain values by (kind, namespace, name),
+    valid for one resource version: each is fetched and parsed when it
+    changes, not every cycle. One the domain refuses is left out of the
+    cycle (and logged once per version) rather than stopping admission."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str, str], tuple[int, Any]] = {}
+
+    def refresh(self, conn: Any) -> dict[str, list[Any]]:
+        stamps = {
+            (kind, ns, name): int(version)
+            for kind, ns, name, version in conn.execute(_CONFIG_STAMPS, {"kinds": list(_CONVERT)})
+        }
+        missing = [
+            k for k, v in stamps.items() if (hit := self._items.get(k)) is None or hit[0] != v
+        ]
+        if missing:
+            params = {
+                "kinds": [m[0] for m in missing],
+                "namespaces": [m[1] for m in missing],
+                "names": [m[2] for m in missing],
+            }
+            for row in conn.execute(_CONFIG_ROWS, params):
+                try:
+                    value = _CONVERT[row.kind](row)
+                except (ValueError, KeyError, TypeError):
+                    log.exception("%s %s cannot be read; left out of the cycle", row.kind, row.name)
+                    value = _UNREADABLE
+                self._items[(row.kind, row.namespace, row.name)] = (
+                    int(row.resource_version),
+                    value,
+                )
+        for key in [k for k in self._items if k not in stamps]:
+            del self._items[key]
+        by_kind: dict[str, list[Any]] = {}
+        for key in sorted(stamps):
+            hit = self._items.get(key)
+            if hit is not None and hit[1] is not _UNREADABLE:
+                by_kind.setdefault(key[0], []).append(hit[1])
+        return by_kind
 
 
 def load(
@@ -408,29 +481,20 @@ def load(
     config: EngineConfig,
     usage: Mapping[str, LocalQueueUsage],
     cache: WorkloadCache | None = None,
+    configuration: ConfigCache | None = None,
 ) -> Loaded:
     """One consistent snapshot (a REPEATABLE READ transaction) of everything
     the engine needs."""
     cache = cache or WorkloadCache()
+    configuration = configuration or ConfigCache()
     options = {"isolation_level": "REPEATABLE READ"}
     with engine.connect().execution_options(**options) as conn, conn.begin():
-        rows = conn.execute(_CONFIG, {"kinds": [k for k in KINDS if k != "Workload"]}).all()
+        by_kind = configuration.refresh(conn)
         entries = cache.refresh(conn)
-    by_kind: dict[str, list[Any]] = {}
-    for row in rows:
-        by_kind.setdefault(row.kind, []).append(row)
     clusters, nodes = [], []
-    for row in by_kind.get("Cluster", ()):
-        status = row.status or {}
-        clusters.append(
-            Cluster(
-                name=row.name,
-                labels={str(k): str(v) for k, v in (row.labels or {}).items()},
-                healthy=status.get("state", "Ready") != "Lost",
-                cordoned=bool(row.spec.get("cordoned", False)),
-            )
-        )
-        nodes += [_node(row.name, n) for n in (status.get("inventory") or {}).get("nodes") or ()]
+    for cluster, its_nodes in by_kind.get("Cluster", ()):
+        clusters.append(cluster)
+        nodes += its_nodes
     pending: list[Workload] = []
     admitted: list[AdmittedWorkload] = []
     workloads: dict[str, WorkloadRow] = {}
@@ -440,23 +504,15 @@ def load(
             admitted.append(entry.admitted)
         elif entry.row.status.get("state", PENDING) == PENDING:
             pending.append(entry.workload)
-    local_queues = _each(by_kind, "LocalQueue", lambda r: local_queue_from_manifest(_manifest(r)))
+    local_queues = by_kind.get("LocalQueue", [])
     namespaces = {lq.namespace for lq in local_queues} | {w.namespace for w in workloads.values()}
     snapshot = Snapshot(
-        cluster_queues=_each(
-            by_kind, "ClusterQueue", lambda r: cluster_queue_from_manifest(_manifest(r))
-        ),
-        resource_flavors=_each(
-            by_kind, "ResourceFlavor", lambda r: resource_flavor_from_manifest(_manifest(r))
-        ),
-        cohorts=_each(by_kind, "Cohort", lambda r: cohort_from_manifest(_manifest(r))),
+        cluster_queues=by_kind.get("ClusterQueue", []),
+        resource_flavors=by_kind.get("ResourceFlavor", []),
+        cohorts=by_kind.get("Cohort", []),
         local_queues=local_queues,
-        priority_classes=_each(
-            by_kind,
-            "WorkloadPriorityClass",
-            lambda r: priority_class_from_manifest({"name": r.name, **r.spec}),
-        ),
-        topologies=_each(by_kind, "Topology", lambda r: topology_from_manifest(_manifest(r))),
+        priority_classes=by_kind.get("WorkloadPriorityClass", []),
+        topologies=by_kind.get("Topology", []),
         clusters=clusters,
         nodes=nodes,
         admitted=admitted,
@@ -776,6 +832,7 @@ class AdmissionCycle:
         self.config = config or EngineConfig()
         self._clock = clock
         self._cache = WorkloadCache()
+        self._configuration = ConfigCache()
 
     def run(
         self,
@@ -784,7 +841,7 @@ class AdmissionCycle:
         before_commit: AfterPlan | None = None,
     ) -> CycleReport:
         started = time.perf_counter()
-        loaded = load(self._engine, self.config, usage or {}, self._cache)
+        loaded = load(self._engine, self.config, usage or {}, self._cache, self._configuration)
         now = self._clock()
         # The engine allocates much and frees nothing until it returns: pause the
         # collector, which would rescan the snapshot over and over (service.engine).
