@@ -16,7 +16,6 @@ no-op and a crash between writes repeats nothing harmful.
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -26,7 +25,14 @@ from typing import Any
 
 import kubernetes
 import yaml
+
+# Imported here, not on first use: the client loads its API modules lazily,
+# and CoreV1Api alone takes seconds of CPU; a Celery worker imports this
+# module before it forks, so its pool processes share the import.
+from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
+
+from workers.jsonio import loads
 
 __all__ = [
     "APPLY",
@@ -176,8 +182,8 @@ class Member:
         self.api = kubernetes.client.ApiClient(config)
         self.limiter = RateLimiter(qps, burst)
         self.timeout = timeout
-        self._custom = kubernetes.client.CustomObjectsApi(self.api)
-        self._core = kubernetes.client.CoreV1Api(self.api)
+        self._custom = CustomObjectsApi(self.api)
+        self._core = CoreV1Api(self.api)
 
     def close(self) -> None:
         api: Any = self.api
@@ -229,7 +235,7 @@ class Member:
                 if error.status == 404:
                     return []
                 raise
-            body = json.loads(raw.data)
+            body = loads(raw.data)
         items: list[Obj] = body.get("items") or []
         for item in items:
             item.setdefault("kind", k.kind)
@@ -239,7 +245,7 @@ class Member:
     def nodes(self) -> list[Obj]:
         with self._call("list nodes"):
             raw: Any = self._core.list_node(_preload_content=False, _request_timeout=self.timeout)
-            items: list[Obj] = json.loads(raw.data).get("items") or []
+            items: list[Obj] = loads(raw.data).get("items") or []
         return items
 
     def exists(self, ref: Ref) -> bool:
@@ -302,7 +308,7 @@ class Member:
                 _preload_content=False,
                 _request_timeout=self.timeout,
             )
-            items: list[Obj] = json.loads(raw.data).get("items") or []
+            items: list[Obj] = loads(raw.data).get("items") or []
         return items
 
     def delete(self, ref: Ref) -> None:

@@ -14,11 +14,19 @@ wanted — which the holder reads before it lets go, and again after (a note
 left between its last look and its unlock is not lost). Redis holds only
 this hint: lost, it costs at most a resync interval; unreachable, every
 request runs its own pass, as before.
+
+A pass that follows another of the same cluster waits until ``spacing``
+seconds after the previous one began (``QM_RECONCILE_SPACING``): under a
+steady stream of admissions passes otherwise ran back to back, each for the
+few gangs admitted during the one before, and every pass lists the member
+and reads the centre whole; spaced, one pass carries out the decisions of
+several cycles. The notes left meanwhile are taken after the wait.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Callable
 
@@ -35,10 +43,13 @@ _UNLOCK = text("SELECT pg_advisory_unlock(:class, hashtext(:cluster))")
 
 
 class Coalescer:
-    def __init__(self, engine: Engine, redis_url: str) -> None:
+    def __init__(self, engine: Engine, redis_url: str, spacing: float = 0.0) -> None:
         self._engine = engine
         self._url = redis_url
         self._client: redis.Redis | None = None
+        self._spacing = spacing
+        #: When this process last began a pass of each cluster (monotonic).
+        self._began: dict[str, float] = {}
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
@@ -63,8 +74,11 @@ class Coalescer:
         with self._engine.connect().execution_options(**options) as conn:
             while conn.execute(_TRY, params).scalar_one():
                 try:
-                    while (wanted := self._take(key)) or (wanted is None and not ran):
+                    while self._space(cluster) and (
+                        (wanted := self._take(key)) or (wanted is None and not ran)
+                    ):
                         ran += 1
+                        self._began[cluster] = time.monotonic()
                         one_pass()
                         if wanted is None:  # Redis went away: this pass is the last
                             break
@@ -73,6 +87,14 @@ class Coalescer:
                 if not self._wanted(key):
                     break
         return ran
+
+    def _space(self, cluster: str) -> bool:
+        """Wait (holding the cluster) until ``spacing`` after this process's
+        last pass of it began; always true, for the loop's condition."""
+        began = self._began.get(cluster)
+        if began is not None and self._spacing > 0:
+            time.sleep(max(0.0, began + self._spacing - time.monotonic()))
+        return True
 
     def _take(self, key: str) -> bool | None:
         """Whether a pass is wanted (the note consumed); ``None``: cannot tell."""

@@ -135,7 +135,7 @@ class FleetLoop:
         self.collect_policy = CollectPolicy.of(settings)
         self.settings = settings
         self.connect = connect or Connector(settings)
-        self.coalescer = Coalescer(engine, settings.broker_url)
+        self.coalescer = Coalescer(engine, settings.broker_url, settings.reconcile_spacing)
         self.clock = clock
         self.stop = threading.Event()
         self.passes = 0

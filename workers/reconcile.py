@@ -45,7 +45,15 @@ from workers.plan import (
     member_status,
     plan,
 )
-from workers.records import ClusterRow, append, append_workload, load, rfc3339, unchanged
+from workers.records import (
+    ClusterRow,
+    append,
+    append_workload,
+    cluster_row,
+    load,
+    rfc3339,
+    unchanged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +109,7 @@ def reconcile(
     """One pass over ``cluster``; its records are written in ``uow`` (the
     caller commits)."""
     report = Report(cluster)
-    row, _, _ = load(engine, cluster)
+    row = cluster_row(engine, cluster)
     if row is None or row.deleted:
         report.skipped = "no such cluster"
         return report

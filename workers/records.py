@@ -6,6 +6,7 @@ work) — the same path as the admission cycle's writes."""
 from __future__ import annotations
 
 import base64
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,13 +45,23 @@ def wake(uow: SqlUnitOfWork) -> None:
 
 
 # Only the workloads a cluster still has to act on: finished ones keep their
-# admission (and would otherwise pile up in every pass).
-_WORKLOADS = text(
-    "SELECT namespace, name, uid, resource_version, generation, labels, annotations, spec, "
-    "status, created_at FROM resources WHERE kind = 'Workload' AND NOT deleted AND ("
+# admission (and would otherwise pile up in every pass). Their (uid,
+# version) stamps first, whole rows only for what a process has not read at
+# that version (RowCache).
+_HERE = (
+    "kind = 'Workload' AND NOT deleted AND ("
     "(status->'admission'->>'cluster' = :cluster "
     "AND status->>'state' IN ('Admitted', 'Running', 'Cancelling')) "
     "OR (status->'eviction'->>'cluster' = :cluster AND status->>'state' = 'Evicted'))"
+)
+_WORKLOAD_STAMPS = text(
+    f"SELECT namespace, name, uid, resource_version FROM resources WHERE {_HERE}"
+)
+_WORKLOADS = text(
+    "SELECT r.namespace, r.name, r.uid, r.resource_version, r.generation, r.labels, "
+    "r.annotations, r.spec, r.status, r.created_at FROM resources r "
+    "JOIN unnest(CAST(:namespaces AS text[]), CAST(:names AS text[])) AS k(namespace, name) "
+    "ON r.kind = 'Workload' AND r.namespace = k.namespace AND r.name = k.name"
 )
 _CONFIG = text(
     "SELECT kind, name, spec FROM resources "
@@ -58,7 +69,8 @@ _CONFIG = text(
 )
 _CLUSTERS = text(
     "SELECT name, uid, resource_version, generation, labels, annotations, spec, status, "
-    "secret, created_at, deleted FROM resources WHERE kind = 'Cluster' AND namespace = ''"
+    "secret, created_at, deleted FROM resources WHERE kind = 'Cluster' AND namespace = '' "
+    "AND (CAST(:name AS text) IS NULL OR name = :name)"
 )
 
 
@@ -117,7 +129,9 @@ class ClusterRow:
 
 
 def clusters(conn: Connection, name: str | None = None) -> list[ClusterRow]:
-    rows = conn.execute(_CLUSTERS).all()
+    """Every Cluster row, or only ``name``'s (each carries its inventory:
+    reading all to keep one was a pass's largest read)."""
+    rows = conn.execute(_CLUSTERS, {"name": name}).all()
     return [
         ClusterRow(
             r.name,
@@ -133,26 +147,73 @@ def clusters(conn: Connection, name: str | None = None) -> list[ClusterRow]:
             bool(r.deleted),
         )
         for r in rows
-        if name is None or r.name == name
     ]
+
+
+Stamp = tuple[str, int]
+
+
+class RowCache:
+    """The workload rows of each cluster as last read, by key, valid for one
+    (uid, version): a pass reads every row it acts on, and decoding each
+    in-flight gang's JSON pass after pass was most of what a pass cost. A
+    version changes with every event, so a stamp identifies a row's content;
+    rows are never written to (every change builds new dicts)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, tuple[Stamp, WorkloadRow]]] = {}
+        self._lock = threading.Lock()
+
+    def rows(self, conn: Connection, cluster: str) -> list[WorkloadRow]:
+        stamps = {
+            f"{ns}/{name}": (ns, name, (str(uid), int(version)))
+            for ns, name, uid, version in conn.execute(_WORKLOAD_STAMPS, {"cluster": cluster})
+        }
+        with self._lock:
+            known = dict(self._rows.get(cluster, {}))
+        missing = [
+            (ns, name)
+            for key, (ns, name, stamp) in stamps.items()
+            if (hit := known.get(key)) is None or hit[0] != stamp
+        ]
+        if missing:
+            params = {"namespaces": [m[0] for m in missing], "names": [m[1] for m in missing]}
+            for row in map(_workload_row, conn.execute(_WORKLOADS, params)):
+                known[row.key] = ((row.uid, row.version), row)
+        # Read in the caller's transaction, so each row is the one stamped;
+        # one that moved on between the two reads (not possible in a
+        # REPEATABLE READ, but cheap to check) is left out of the result.
+        fresh = {
+            key: known[key][1]
+            for key, (_, _, stamp) in stamps.items()
+            if key in known and known[key][0] == stamp
+        }
+        with self._lock:
+            self._rows[cluster] = {k: known[k] for k in fresh}
+        return list(fresh.values())
+
+
+def _workload_row(r: Any) -> WorkloadRow:
+    return WorkloadRow(
+        r.namespace,
+        r.name,
+        str(r.uid),
+        int(r.resource_version),
+        int(r.generation),
+        r.labels or {},
+        r.annotations or {},
+        r.spec,
+        r.status or {},
+        r.created_at,
+    )
+
+
+#: This process's rows (a Celery pool process, the scheduler's fleet loop).
+ROWS = RowCache()
 
 
 def workload_rows(conn: Connection, cluster: str) -> list[WorkloadRow]:
-    return [
-        WorkloadRow(
-            r.namespace,
-            r.name,
-            str(r.uid),
-            int(r.resource_version),
-            int(r.generation),
-            r.labels or {},
-            r.annotations or {},
-            r.spec,
-            r.status or {},
-            r.created_at,
-        )
-        for r in conn.execute(_WORKLOADS, {"cluster": cluster})
-    ]
+    return ROWS.rows(conn, cluster)
 
 
 def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str = "") -> ClusterView:
@@ -173,6 +234,13 @@ def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str =
         cluster_queues=config["ClusterQueue"],
         cluster_uid=uid,
     )
+
+
+def cluster_row(engine: Engine, cluster: str) -> ClusterRow | None:
+    """``cluster``'s row alone (what a pass checks before it lists the member)."""
+    with engine.connect() as conn:
+        found = clusters(conn, cluster)
+    return found[0] if found else None
 
 
 def load(engine: Engine, cluster: str) -> tuple[ClusterRow | None, list[WorkloadRow], ClusterView]:

@@ -55,6 +55,12 @@ class WorkerSettings(BaseSettings):
     resync_interval: float = Field(
         default=5.0, description="Sync and reconcile every member cluster this often (seconds)."
     )
+    reconcile_spacing: float = Field(
+        default=0.25,
+        ge=0.0,
+        description="A reconcile pass of a cluster begins at least this long (seconds) after "
+        "the previous one of it in the same process: passes asked for meanwhile are one.",
+    )
     member_qps: float = Field(
         default=50.0,
         description="Client-side rate limit per member cluster (requests/s); client-go's 5 "

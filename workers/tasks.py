@@ -24,6 +24,7 @@ from workers.clusters import MemberError
 from workers.coalesce import Coalescer
 from workers.consumers import Delivery, Outcome, RetryLater, consumer, deliver
 from workers.fleet import Connector, reconcile_once
+from workers.jsonio import postgres_json
 from workers.outbox import Send
 from workers.reconcile import TOPIC as RECONCILE_TOPIC
 from workers.records import WAKE_TOPIC
@@ -41,6 +42,7 @@ def _engine(pid: int) -> Engine:
     url = get_worker_settings().database_url
     if not url:
         raise RuntimeError("QM_DATABASE_URL is not set")
+    postgres_json()
     return make_engine(url, pool_size=3)  # the message, a pass, its reads, the pass lock
 
 
@@ -101,7 +103,8 @@ def _connector(pid: int) -> Connector:
 
 @cache
 def _coalescer(pid: int) -> Coalescer:
-    return Coalescer(engine(), get_worker_settings().broker_url)
+    settings = get_worker_settings()
+    return Coalescer(engine(), settings.broker_url, settings.reconcile_spacing)
 
 
 @consumer(RECONCILE_TOPIC)

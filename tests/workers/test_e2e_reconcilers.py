@@ -170,6 +170,32 @@ def test_passes_of_one_cluster_never_overlap_and_none_asked_for_is_lost(
     assert all(any(start >= ask for start in starts) for ask in asks)
 
 
+def test_spaced_passes_begin_apart_and_take_the_asks_made_meanwhile(
+    engine: sa.Engine, broker: str
+) -> None:
+    """With a spacing, a pass that follows another of the same cluster
+    begins no sooner than the spacing after it, and the asks made in between
+    are all served by that one pass."""
+    spacing = 0.3
+    coalescer = Coalescer(engine, broker, spacing)
+    other = Coalescer(engine, broker, spacing)
+    starts: list[float] = []
+    asked: list[int] = []
+
+    def one_pass() -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 1:  # asks made while this pass runs, from "another process"
+            asked.extend(other.run("spaced", one_pass) for _ in range(5))
+
+    assert coalescer.run("spaced", one_pass) == 2
+    assert asked == [0] * 5, "the holder runs them"
+    assert len(starts) == 2
+    assert starts[1] - starts[0] >= spacing - 0.01
+    began = time.monotonic()
+    coalescer.run("spaced", one_pass)  # a later ask here waits for the spacing too
+    assert starts[2] - starts[1] >= spacing - 0.01 and starts[2] >= began
+
+
 def test_without_redis_every_ask_runs_its_pass(engine: sa.Engine) -> None:
     nowhere = f"redis://127.0.0.1:{free_port()}/0"
     passes: list[int] = []

@@ -1,0 +1,170 @@
+"""What the hot paths keep between passes and cycles, and how they decode:
+caches that must follow every change, JSON that must read and write as the
+standard library does, a collector that must stay quiet."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg.types.json
+import pytest
+import sqlalchemy as sa
+
+from service.app.admission import AdmissionCycle
+from service.app.bootstrap import Services
+from service.app.uow import SqlUnitOfWork
+from tests.workers.conftest import ADMIN, set_cluster_status, setup_fleet, workload
+from workers import jsonio
+from workers.cli import GC_THRESHOLD, quiet_gc
+from workers.records import RowCache
+
+
+def _no_guard(uow: SqlUnitOfWork) -> None:
+    return None
+
+
+def _cluster_value(cycle: AdmissionCycle) -> Any:
+    items = cycle._configuration._items  # what the cache holds, by (kind, namespace, name)
+    return items[("Cluster", "", "c1")][1]
+
+
+def test_the_cycle_parses_a_cluster_once_per_version_and_sees_each_change(
+    services: Services,
+) -> None:
+    setup_fleet(services, gpu_quota=64, islands=1, nodes_per_island=2)
+    cycle = AdmissionCycle(services.engine, services.unit_of_work)
+    services.submissions.submit(ADMIN, "team-a", workload("a", count=1, gpus=8))
+    assert cycle.run(_no_guard).plan.admitted == 1
+    first = _cluster_value(cycle)
+    services.submissions.submit(ADMIN, "team-a", workload("b", count=1, gpus=8))
+    assert cycle.run(_no_guard).plan.admitted == 1
+    assert _cluster_value(cycle) is first, "an unchanged Cluster is not parsed again"
+    # The cluster is lost: the same cycle object must see it at once.
+    set_cluster_status(services, "c1", {"state": "Lost", "inventory": {"nodes": []}})
+    services.submissions.submit(ADMIN, "team-a", workload("c", count=1, gpus=8))
+    report = cycle.run(_no_guard)
+    assert report.plan.admitted == 0
+    cluster, nodes = _cluster_value(cycle)
+    assert cluster is not first[0] and not cluster.healthy and nodes == []
+
+
+def test_a_deleted_queue_leaves_the_cycle_cache(services: Services) -> None:
+    setup_fleet(services, gpu_quota=64)
+    services.resources.create(
+        ADMIN,
+        "localqueues",
+        "team-a",
+        {"metadata": {"name": "other"}, "spec": {"clusterQueue": "cq"}},
+    )
+    cycle = AdmissionCycle(services.engine, services.unit_of_work)
+    cycle.run(_no_guard)
+    assert ("LocalQueue", "team-a", "other") in cycle._configuration._items
+    services.resources.delete(ADMIN, "localqueues", "team-a", "other", None)
+    services.submissions.submit(ADMIN, "team-a", workload("a", count=1, gpus=8))
+    report = cycle.run(_no_guard)
+    assert ("LocalQueue", "team-a", "other") not in cycle._configuration._items
+    assert report.plan.admitted == 1
+
+
+_ADMIT = sa.text(
+    "UPDATE resources SET status = CAST(:status AS jsonb), "
+    "resource_version = resource_version + 1 WHERE kind = 'Workload' AND name = :name"
+)
+
+
+def _rows(engine: sa.Engine, cache: RowCache) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return {r.name: r for r in cache.rows(conn, "c1")}
+
+
+def test_row_cache_reuses_unchanged_rows_and_rereads_changed_ones(services: Services) -> None:
+    setup_fleet(services, gpu_quota=64)
+    for name in ("a", "b"):
+        services.submissions.submit(ADMIN, "team-a", workload(name, count=1, gpus=8))
+    engine = services.engine
+    cache = RowCache()
+    assert _rows(engine, cache) == {}
+
+    def admit(name: str, state: str = "Admitted") -> None:
+        status = {"state": state, "admission": {"cluster": "c1", "clusterQueue": "cq"}}
+        with engine.begin() as conn:
+            conn.execute(_ADMIT, {"status": json.dumps(status), "name": name})
+
+    admit("a")
+    admit("b")
+    first = _rows(engine, cache)
+    assert sorted(first) == ["a", "b"]
+    admit("b", "Running")
+    second = _rows(engine, cache)
+    assert second["a"] is first["a"], "an unchanged row is not read again"
+    assert second["b"] is not first["b"] and second["b"].status["state"] == "Running"
+    admit("a", "Finished")  # no longer this cluster's business
+    assert sorted(_rows(engine, cache)) == ["b"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"a": [1, 2.5, "x", null, true], "b": {"c": "\\u00e9"}}',
+        b'{"big": 123456789012345678901234567890}',  # past 64 bits: orjson refuses
+        b'{"n": NaN, "i": Infinity}',  # not JSON, but json.loads reads it
+    ],
+)
+def test_loads_reads_what_json_loads_reads(text: bytes) -> None:
+    expected = json.loads(text)
+    got = jsonio.loads(text)
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert jsonio.loads(memoryview(text)) == got or any(
+        isinstance(v, float) and math.isnan(v) for v in got.values()
+    )
+
+
+def test_loads_refuses_what_json_loads_refuses() -> None:
+    with pytest.raises(json.JSONDecodeError):
+        jsonio.loads(b'{"a": ')
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": [1, 2.5, "é", None, True], "b": {}},
+        {"big": 123456789012345678901234567890},
+        {1: "a non-string key"},
+    ],
+)
+def test_dumps_writes_what_json_dumps_writes(value: Any) -> None:
+    assert json.loads(jsonio.dumps(value)) == json.loads(json.dumps(value))
+
+
+@pytest.fixture
+def postgres_json() -> Iterator[None]:
+    jsonio.postgres_json()
+    try:
+        yield
+    finally:
+        psycopg.types.json.set_json_loads(json.loads)
+        psycopg.types.json.set_json_dumps(json.dumps)
+
+
+def test_postgres_json_round_trips_through_orjson(postgres_json: None, engine: sa.Engine) -> None:
+    value = {"big": 2**70, "text": "é", "list": [1, {"x": None}]}
+    with engine.connect() as conn:
+        got = conn.exec_driver_sql(
+            "SELECT %(v)s::jsonb", {"v": psycopg.types.json.Jsonb(value)}
+        ).scalar_one()
+    assert got == value
+
+
+def test_quiet_gc_freezes_what_start_up_made_and_collects_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        quiet_gc()
+        assert gc.get_threshold() == GC_THRESHOLD
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
