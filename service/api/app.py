@@ -81,6 +81,9 @@ def create_app(services: Services) -> FastAPI:
         version="1.0.0",
         description="Fleet-wide admission for GPU gangs: quotas, submissions, events.",
         lifespan=lifespan,
+        # We export Prometheus metrics and configure no OpenTelemetry; left
+        # on, FastAPI looks for a provider in os.environ on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.container = services
     app.state.group_commit = GroupCommit(services.submissions.submit_parsed)
@@ -124,8 +127,9 @@ def create_app(services: Services) -> FastAPI:
             registry.register(QueueDepths(services))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(admin_router())
+    # Submissions first: routes are matched in order, one by one.
     app.include_router(workload_router())
+    app.include_router(admin_router())
     app.include_router(token_router())
     app.include_router(events_router())
     app.include_router(ledger_router())

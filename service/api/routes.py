@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 from uuid import UUID
 
+import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
@@ -55,7 +56,16 @@ def _page(kind: str, page: Page) -> Response:
         "metadata": metadata,
         "items": page.items,
     }
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    return Response(json_bytes(body), media_type="application/json")
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact JSON; orjson, or the standard encoder for what orjson cannot
+    write (an integer beyond 64 bits, which JSON bodies may carry)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _etag(obj: dict[str, Any], status: int = 200) -> Response:
@@ -63,7 +73,7 @@ def _etag(obj: dict[str, Any], status: int = 200) -> Response:
     FastAPI's encoder: objects are plain JSON already, and the encoder's walk
     over pod templates costs more than the rest of a submission."""
     return Response(
-        json.dumps(obj, separators=(",", ":")),
+        json_bytes(obj),
         status_code=status,
         media_type="application/json",
         headers={"ETag": f'"{obj["metadata"]["resourceVersion"]}"'},

@@ -9,9 +9,11 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
+import psycopg
 from pydantic import ValidationError
 from sqlalchemy import BigInteger, Connection, Engine, and_, func, or_, select
 from sqlalchemy.engine import Row
+from sqlalchemy.exc import DataError
 
 from service.app.admission import RECONCILE_TOPIC
 from service.app.auth import require
@@ -93,6 +95,17 @@ class Submission:
 
 #: What a submission came to: the created Workload, or why it was refused.
 Outcome = Obj | AppError
+
+
+class Unstorable(AppError):
+    """What validation let through but Postgres cannot hold (a non-finite
+    number in a pod template, say); the same answer as the API's for a
+    DataError."""
+
+    status, kind, title = 422, "invalid-request", "Invalid request"
+
+
+_REFUSED_BY_DATABASE = (DataError, psycopg.DataError)
 
 
 @dataclass(frozen=True)
@@ -180,19 +193,26 @@ class SubmissionService:
     def _commit_group(self, submissions: Sequence[Submission]) -> list[Outcome]:
         """A name created by a rival transaction between our prefetch and our
         commit fails the whole unit: try again (the prefetch now sees it and
-        refuses that item alone), then, should it keep happening, one by one."""
-        for _ in range(2):
-            try:
-                return self._try_group(submissions)
-            except AlreadyExists:
-                continue
-        outcomes: list[Outcome] = []
-        for submission in submissions:
-            try:
-                outcomes += self._try_group([submission])
-            except AlreadyExists as error:
-                outcomes.append(error)
-        return outcomes
+        refuses that item alone), then, should it keep happening, one by one.
+        A value the database refuses also fails the whole unit: one by one at
+        once, so that only its own submission is refused."""
+        if len(submissions) > 1:
+            for _ in range(2):
+                try:
+                    return self._try_group(submissions)
+                except AlreadyExists:
+                    continue
+                except _REFUSED_BY_DATABASE:
+                    break
+        return [self._try_alone(submission) for submission in submissions]
+
+    def _try_alone(self, submission: Submission) -> Outcome:
+        try:
+            return self._try_group([submission])[0]
+        except AlreadyExists as error:
+            return error
+        except _REFUSED_BY_DATABASE as error:
+            return Unstorable(f"refused: {getattr(error, 'orig', None) or error}")
 
     def _try_group(self, submissions: Sequence[Submission]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(submissions)

@@ -4,6 +4,7 @@ and each still gets its own answer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,9 +15,10 @@ from service.api.group_commit import GroupCommit
 from service.app.auth import Principal, Role
 from service.app.errors import AlreadyExists, AppError, UnknownReference
 from service.app.resources import Actor
-from service.app.submissions import Outcome, Submission
+from service.app.submissions import Outcome, Submission, Unstorable
 from service.app.workloads import parse_submission
 from tests.api.conftest import Api, setup_quota, workload
+from tests.api.test_resources import _fields
 
 ADMIN = Actor(Principal("bootstrap", frozenset({Role.ADMIN}), frozenset({"*"})))
 
@@ -176,3 +178,31 @@ def test_a_failed_commit_fails_only_its_group() -> None:
     failed, later = asyncio.run(main())
     assert isinstance(failed, RuntimeError)
     assert not isinstance(later, AppError) and later["metadata"]["name"] == "y"
+
+
+def test_a_value_the_database_refuses_fails_only_its_own_submission(
+    api: Api, engine: sa.Engine
+) -> None:
+    setup_quota(api.admin)
+    odd = workload("odd")
+    # Past validation when not sent over HTTP; jsonb holds no NUL.
+    odd["spec"]["podSets"][0]["template"]["spec"]["hostname"] = "a\x00b"
+    group = [_submission("fine-1"), Submission(ADMIN, "team-a", parse_submission(odd))]
+    outcomes = api.services.submissions.submit_parsed([*group, _submission("fine-2")])
+    assert isinstance(outcomes[1], Unstorable) and outcomes[1].status == 422
+    assert [o["metadata"]["name"] for o in outcomes if not isinstance(o, AppError)] == [
+        "fine-1",
+        "fine-2",
+    ]
+    over_http = api.admin.post(
+        "/v1/namespaces/team-a/workloads",
+        content=json.dumps(odd),
+        headers={"Content-Type": "application/json"},
+    )
+    assert over_http.status_code == 422, over_http.text
+    assert _fields(over_http.json()) == ["spec.podSets[0].template.spec.hostname"]
+    with engine.connect() as conn:
+        names = conn.exec_driver_sql(
+            "SELECT name FROM resources WHERE kind = 'Workload' ORDER BY name"
+        ).scalars()
+        assert list(names) == ["fine-1", "fine-2"]
