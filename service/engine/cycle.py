@@ -96,8 +96,9 @@ class _Failure:
             self._assignment = None
         return message
 
-    def covers(self, wi: WorkloadInfo, signature: object, epoch: int) -> bool:
-        if self.epoch != epoch or signature != self.signature:
+    def covers(self, wi: WorkloadInfo, epoch: int) -> bool:
+        """Whether ``wi``, of this failure's signature, cannot fit either (see the module)."""
+        if self.epoch != epoch:
             return False
         if not self.no_victims and (wi.priority > self.priority or wi.time < self.time):
             return False
@@ -126,6 +127,8 @@ class _Cycle:
         self._held: dict[str, list[WorkloadInfo]] = {}
         self._last_epoch = 0
         self._queueing_cache: dict[object, tuple[str, str, bool] | None] = {}
+        #: LocalQueue key -> its ClusterQueue, if both exist.
+        self._cq_of: dict[str, CQState | None] = {}
         #: ClusterQueue -> the root of its quota tree.
         self._root_of = {name: cq.root for name, cq in self.state.cqs.items()}
 
@@ -234,9 +237,14 @@ class _Cycle:
         """The workload's info, with its ClusterQueue; ``seq`` is set once arrivals are sorted."""
         state = self.state
         priority = wl.priority if wl.priority is not None else state.priority_of(wl)
-        wi = WorkloadInfo(wl, priority, -1, wl.key, state.gang_shape(wl))
-        lq = state.local_queues.get(wi.lq)
-        wi.cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
+        time = wl.creation_time if wl.queued_at is None else wl.queued_at  # ``ordering_time``
+        wi = WorkloadInfo(wl, priority, -1, wl.key, state.gang_shape(wl), time)
+        try:
+            wi.cq = self._cq_of[wi.lq]
+        except KeyError:
+            lq = state.local_queues.get(wi.lq)
+            cq = self._cq_of[wi.lq] = state.cqs.get(lq.cluster_queue) if lq is not None else None
+            wi.cq = cq
         return wi
 
     def _queueing_problem(self, wi: WorkloadInfo) -> tuple[str, str, bool] | None:
@@ -311,14 +319,18 @@ class _Cycle:
         if queue is None or queue.blocked_by is not None:
             return None
         limit = self._limit
+        if limit is not None and queue.attempted >= limit:
+            return None
+        if queue.verified is not None:
+            return queue.verified
         failures = self.failures.get(name)
         pending = self.pending
         while True:
             if limit is not None and queue.attempted >= limit:
                 return None
             wi = queue.head()
-            if wi is None or wi is queue.verified:
-                return wi
+            if wi is None:
+                return None
             failure = self._known_failure(wi, failures) if failures else None
             if failure is None:
                 # Only this queue's own failed attempt adds to its failure memory,
@@ -328,7 +340,7 @@ class _Cycle:
             queue.attempted += 1
             pending[wi.key] = failure
             queue.advance()
-            if self._strict(wi):
+            if wi.cq is not None and wi.cq.strict:
                 queue.blocked_by = wi
                 return None
 
@@ -337,10 +349,10 @@ class _Cycle:
         signature = wi.signature()
         epoch = self.state.epoch
         for failure in failures:
-            # The cheap half of ``covers`` first: most failures are of other shapes.
-            if failure.signature is not signature and failure.signature != signature:
-                continue
-            if failure.covers(wi, signature, epoch):
+            # Most failures are of other shapes: compare signatures before calling ``covers``.
+            if (
+                failure.signature is signature or failure.signature == signature
+            ) and failure.covers(wi, epoch):
                 return failure
         return None
 
@@ -566,7 +578,10 @@ class _Cycle:
                     entry = pending.get(key)
                     if entry is None:
                         continue
-                    reason, text = _reason_of(entry)
+                    if type(entry) is _Failure:  # ``_reason_of``, inlined for the common case
+                        reason, text = entry.reason, entry.message or entry.text()
+                    else:
+                        reason, text = _reason_of(entry)
                     reasons[key] = PendingReason(key, reason, text, name, wi.lq, position, position)
                     position += 1
                 continue

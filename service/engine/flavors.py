@@ -30,6 +30,7 @@ from service.engine.state import (
     CQState,
     CycleState,
     FlavorPlan,
+    PlanEntry,
     PlannedFlavor,
     PodSetInfo,
     WorkloadInfo,
@@ -258,21 +259,36 @@ def _fits_quota(
 
 
 def _flavor_mode(cq: CQState, frs: PlannedFlavor) -> tuple[int, int]:
-    """The ``(mode, borrow)`` of one flavor for a gang alone (``_GroupSearch.quota_mode``)."""
+    """The ``(mode, borrow)`` of one flavor for a gang alone (``_GroupSearch.quota_mode``).
+
+    Where a flavor-resource has a flat root this is ``_flat_quota_check``
+    inlined (it runs for nearly every head): the answer is most often that
+    the gang fits within the ClusterQueue's own quota, and nothing is combined.
+    """
     mode, borrow = FIT, 0
     node = cq.node
+    parent = node.parent
     for fr, value, root in frs:
-        if root is not None and node.parent is not None:
-            maximum = root.subtree_quota.get(fr, 0)
-            fits = value <= maximum and value <= maximum - root.usage.get(fr, 0)
-            if fits and node.usage.get(fr, 0) + value <= node.subtree_quota.get(fr, 0):
-                # ``_flat_quota_check``'s most common answer, without the call: it
-                # fits, within the ClusterQueue's own quota (so no borrowing).
-                continue
-        if root is not None:
-            fmode, fborrow, _ = _flat_quota_check(cq, root, fr, value)
-        else:
+        if root is None:
             fmode, fborrow, _ = _quota_check(cq, fr, value)
+        else:
+            maximum = root.subtree_quota.get(fr, 0)
+            if value > maximum:
+                fmode, fborrow = NO_FIT, -1
+            else:
+                available = maximum - root.usage.get(fr, 0)
+                if parent is None:
+                    fborrow, may_reclaim = 0, False
+                else:
+                    used = node.usage.get(fr, 0)
+                    if used + value <= node.subtree_quota.get(fr, 0):
+                        if value <= available:
+                            continue  # fits, within the ClusterQueue's own quota
+                        fborrow, may_reclaim = 0, True
+                    else:
+                        fborrow, may_reclaim = _flat_level(node, fr, value - max(0, -used))
+                short = value > available
+                fmode = _short(cq, fr, value, fborrow, may_reclaim) if short else FIT
         mode = min(mode, fmode)
         borrow = max(borrow, fborrow)
         if fmode == NO_FIT:
@@ -338,9 +354,10 @@ class _GroupSearch:
 
     def quota_mode(self, name: str) -> _Trial:
         trial = _Trial((FIT, 0))
+        totals = self.ps.totals
         for resource in self.resources:
             fr = (name, resource)
-            value = self.result.usage.get(fr, 0) + self.ps.totals[resource]
+            value = self.result.usage.get(fr, 0) + totals[resource]
             fmode, borrow, reason, note = _fits_quota(self.state, self.cq, fr, value)
             if note is not None:
                 self.notes.add(note, reason)
@@ -354,8 +371,8 @@ class _GroupSearch:
     def physical_mode(self, name: str, trial: _Trial) -> None:
         """Refine a quota mode with room in the fleet (and a preemption plan)."""
         state, ps = self.state, self.ps
-        flavors_now = {**self.chosen, **dict.fromkeys(self.resources, name)}
         if trial.mode[0] == FIT:
+            flavors_now = {**self.chosen, **dict.fromkeys(self.resources, name)}
             trial.placement = _try_place(state, self.wi, self.index, flavors_now)
             if trial.placement is None:
                 request = state.pod_set_request(self.wi, self.index, flavors_now)
@@ -381,6 +398,7 @@ class _GroupSearch:
             # What any search would find: nobody (see ``Oracle``).
             trial.mode = (NO_CANDIDATES, trial.mode[1])
             return
+        flavors_now = {**self.chosen, **dict.fromkeys(self.resources, name)}
         attempt = Assignment(
             pod_set_flavors=[flavors_now],
             usage=_usage_with(self.result.usage, ps, flavors_now),
@@ -448,17 +466,20 @@ def _build_plan(state: CycleState, wi: WorkloadInfo, cq: CQState) -> FlavorPlan:
     if group is None:
         return FlavorPlan(general=True)
     totals = ps.totals
+    # Lists, not generators: a plan is built for every gang shape in every ClusterQueue.
     return FlavorPlan(
         flavors=tuple(
-            (name, tuple((fr, totals[fr[1]], root) for fr, root in frs), version_key)
-            for name, frs, version_key in _plan_skeleton(state, cq, group, ps)
+            [
+                PlanEntry(name, tuple([(fr, totals[fr[1]], root) for fr, root in frs]), version)
+                for name, frs, version in _plan_skeleton(state, cq, group, ps)
+            ]
         )
     )
 
 
 #: A flavor a pod set may use: its name, each flavor-resource with its flat root
-#: (``QuotaNode.flat_root``), and its ``CycleState.flavor_version`` key.
-_SkeletonEntry = tuple[str, tuple[tuple[FlavorResource, QuotaNode | None], ...], tuple[str, str]]
+#: (``QuotaNode.flat_root``), and its ``CycleState.flavor_version`` counter.
+_SkeletonEntry = tuple[str, tuple[tuple[FlavorResource, QuotaNode | None], ...], list[int]]
 
 
 def _plan_skeleton(
@@ -473,7 +494,7 @@ def _plan_skeleton(
             (
                 name,
                 tuple(((name, r), node.flat_root((name, r))) for r in ps.totals),
-                (cq.root, name),
+                state.flavor_counter(cq.root, name),
             )
             for name in cq.groups[group][1]
             if _mismatch(state, name, ps) is None
@@ -482,22 +503,16 @@ def _plan_skeleton(
     return skeleton
 
 
-def _known_flavor_mode(
-    state: CycleState, cq: CQState, frs: PlannedFlavor, version_key: tuple[str, str]
-) -> tuple[int, int]:
+def _known_flavor_mode(cq: CQState, entry: PlanEntry) -> tuple[int, int]:
     """``_flavor_mode``, memoised while usage of that flavor in the quota tree is unchanged.
 
     Once a flavor is used up in a quota tree, every later head that tries it
     finds the same answer: most checks late in a big cycle are such repeats.
     """
-    version = state.flavor_version.get(version_key, 0)
-    known = state.flavor_modes.get(id(frs))
-    if known is not None and known[0] == version:
-        return known[1]
-    mode = _flavor_mode(cq, frs)
-    # ``frs`` lives in its plan for the whole cycle: its id is stable.
-    state.flavor_modes[id(frs)] = (version, mode)
-    return mode
+    version = entry.version[0]
+    if entry.checked_at != version:
+        entry.checked_at, entry.mode = version, _flavor_mode(cq, entry.frs)
+    return entry.mode
 
 
 def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | None:
@@ -510,22 +525,23 @@ def quota_mode_only(state: CycleState, wi: WorkloadInfo) -> tuple[int, int] | No
     """
     cq = wi.cq
     assert cq is not None
-    plan = flavor_plan(state, wi, cq)
+    plan = wi.shape.plans.get(cq.name) or flavor_plan(state, wi, cq)
     if plan.general:
         return None
     if plan.uncovered:
         return NO_FIT, 0
     stamp = state.usage_version.get(cq.root, 0)
     if plan.stamp != stamp:
-        plan.stamp, plan.mode = stamp, _plan_mode(state, cq, plan)
+        plan.stamp, plan.mode = stamp, _plan_mode(cq, plan)
     return plan.mode
 
 
-def _plan_mode(state: CycleState, cq: CQState, plan: FlavorPlan) -> tuple[int, int]:
+def _plan_mode(cq: CQState, plan: FlavorPlan) -> tuple[int, int]:
     fungibility = cq.spec.flavor_fungibility
     best: tuple[int, int] = (NO_FIT, 1 << 30)
-    for _, frs, version_key in plan.flavors:
-        mode = _known_flavor_mode(state, cq, frs, version_key)
+    for entry in plan.flavors:
+        # ``_known_flavor_mode``, its common case inlined: this runs for nearly every head.
+        mode = entry.mode if entry.checked_at == entry.version[0] else _known_flavor_mode(cq, entry)
         if mode == _FITS_NOMINAL or not should_try_next(mode, fungibility):
             return mode
         if is_preferred(mode, best, fungibility):
@@ -548,14 +564,15 @@ def admit_simply(
     """
     cq = wi.cq
     assert cq is not None
-    plan = flavor_plan(state, wi, cq)
+    plan = wi.shape.plans.get(cq.name) or flavor_plan(state, wi, cq)
     if plan.general or plan.uncovered:
         return None
     fungibility = cq.spec.flavor_fungibility
     nobody_to_preempt = not _can_preempt_at_all(cq) or not state.preemptible_in_tree.get(cq.root)
     ps = wi.pod_sets[0]
-    for name, frs, version_key in plan.flavors:
-        mode = _known_flavor_mode(state, cq, frs, version_key)
+    for entry in plan.flavors:
+        name, frs = entry.name, entry.frs
+        mode = _known_flavor_mode(cq, entry)
         if mode[0] == FIT:
             placement = state.place_simply(wi, name)
             if placement is not None:

@@ -81,7 +81,7 @@ class ClusterQueueQueue:
                 self._push(lq)
         self.attempted = 0
         self.blocked_by: WorkloadInfo | None = None
-        #: The head once the cycle found it worth trying (it stays so while it is the head).
+        #: The head once the cycle found it worth trying; ``None`` again when the head moves.
         self.verified: WorkloadInfo | None = None
 
     def _push(self, lq: str) -> None:
@@ -115,6 +115,7 @@ class ClusterQueueQueue:
 
     def advance(self) -> None:
         """Drop the current head (admitted, or given up on for this cycle)."""
+        self.verified = None
         if self._only is not None:
             self._at += 1
             return
@@ -128,6 +129,7 @@ class ClusterQueueQueue:
 
     def usage_changed(self, lq: str) -> None:
         if lq in self._lqs and self._only is None:
+            self.verified = None  # another LocalQueue's head may come first now
             self._usage_of[lq] = self._usage(lq)
             self._version[lq] += 1
             self._push(lq)

@@ -80,9 +80,25 @@ class PodSetInfo:
 #: What a gang would take of each flavor-resource of one flavor, with the root that
 #: answers for it when no node up to the root limits it (``QuotaNode.flat_root``).
 PlannedFlavor = tuple[tuple[FlavorResource, int, QuotaNode | None], ...]
-#: A flavor of a :class:`FlavorPlan`: its name, what the gang would take of it, and
-#: the ``(quota-tree root, flavor)`` key of ``CycleState.flavor_version``.
-PlanEntry = tuple[str, PlannedFlavor, tuple[str, str]]
+
+
+class PlanEntry:
+    """A flavor of a :class:`FlavorPlan`: what the gang would take of it, and the
+    last answer of its quota check (``flavors._known_flavor_mode``).
+
+    ``version`` is the shared usage counter of the flavor in the quota tree
+    (``CycleState.flavor_version``): the answer holds while it is unchanged.
+    """
+
+    __slots__ = ("checked_at", "frs", "mode", "name", "version")
+
+    def __init__(self, name: str, frs: PlannedFlavor, version: list[int]) -> None:
+        self.name = name
+        self.frs = frs
+        self.version = version
+        #: ``version[0]`` when ``mode`` was computed (-1: never).
+        self.checked_at = -1
+        self.mode: tuple[int, int] = (0, 0)
 
 
 class FlavorPlan:
@@ -335,8 +351,9 @@ class CycleState:
         self.preemptible_in_tree: dict[str, int] = {}
         #: Per quota-tree root, bumped on every usage change in the tree.
         self.usage_version: dict[str, int] = {}
-        #: ``(quota-tree root, flavor)`` -> bumped on every usage change of that flavor there.
-        self.flavor_version: dict[tuple[str, str], int] = {}
+        #: ``(quota-tree root, flavor)`` -> a counter (one item) bumped on every usage
+        #: change of that flavor there; plans hold it (``PlanEntry.version``).
+        self.flavor_version: dict[tuple[str, str], list[int]] = {}
         for admitted in sorted(snapshot.admitted, key=lambda a: a.workload.key):
             self._load_admitted(admitted)
         self.lendable_cache: dict[str, dict[str, int]] = {}
@@ -346,9 +363,6 @@ class CycleState:
         #: See ``flavors._plan_skeleton``.
         self.plan_skeletons: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
-        #: ``id`` of a planned flavor -> ``(flavor_version, (mode, borrow))`` of its quota check
-        #: (see ``flavors.quota_mode_only``).
-        self.flavor_modes: dict[int, tuple[int, tuple[int, int]]] = {}
         #: ``(pod set, flavor names, cluster selector key)`` -> request (``pod_set_request``).
         self._requests: dict[tuple[PodSetInfo, tuple[str, ...], object], PodSetRequest] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
@@ -465,7 +479,17 @@ class CycleState:
         """
         pod_sets = wl.pod_sets
         if len(pod_sets) == 1:
-            key = pod_set_key(pod_sets[0])
+            # ``pod_set_key``, inlined: this runs for every pending workload.
+            ps = pod_sets[0]
+            selector, topology = ps.node_selector, ps.topology_request
+            key = (
+                ps.name,
+                ps.count,
+                tuple(ps.requests.items()),
+                None if topology is None else (topology.mode, topology.level),
+                ps.tolerations,
+                tuple(selector.items()) if selector else (),
+            )
             shape = self._single_shapes.get(key)
             if shape is None:
                 shape = self._single_shapes[key] = GangShape((PodSetInfo(pod_sets[0]),))
@@ -572,10 +596,16 @@ class CycleState:
 
     def _usage_changed(self, root: str, info: AdmittedInfo) -> None:
         self.usage_version[root] = self.usage_version.get(root, 0) + 1
-        versions = self.flavor_version
         for flavor, _ in info.usage:
-            key = (root, flavor)
-            versions[key] = versions.get(key, 0) + 1
+            self.flavor_counter(root, flavor)[0] += 1
+
+    def flavor_counter(self, root: str, flavor: str) -> list[int]:
+        """The usage counter of ``flavor`` in the quota tree of ``root`` (``flavor_version``)."""
+        key = (root, flavor)
+        counter = self.flavor_version.get(key)
+        if counter is None:
+            counter = self.flavor_version[key] = [0]
+        return counter
 
     def _unhold(self, info: AdmittedInfo) -> None:
         cq = info.cq
@@ -606,11 +636,15 @@ class CycleState:
         placement: GangPlacement,
     ) -> AdmittedInfo:
         assert wi.cq is not None
-        placements = [
-            (node, pods, ps.shape)
-            for ps, placed in zip(wi.pod_sets, placement.pod_sets, strict=True)
-            for node, pods in placed.nodes
-        ]
+        if len(wi.pod_sets) == 1 == len(placement.pod_sets):
+            shape = wi.pod_sets[0].shape
+            placements = [(node, pods, shape) for node, pods in placement.pod_sets[0].nodes]
+        else:
+            placements = [
+                (node, pods, ps.shape)
+                for ps, placed in zip(wi.pod_sets, placement.pod_sets, strict=True)
+                for node, pods in placed.nodes
+            ]
         info = AdmittedInfo(
             wl=wi.wl,
             cq_name=wi.cq.name,
