@@ -3,12 +3,12 @@ events + read models + ledger out, in one transaction."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import sqlalchemy as sa
 
-from service.app.admission import AdmissionCycle
+from service.app.admission import PENDING_MESSAGE_REFRESH, AdmissionCycle
 from service.app.bootstrap import Services
 from service.app.uow import SqlUnitOfWork
 from service.projections import ProjectionRunner, Resources
@@ -169,3 +169,40 @@ def test_an_unreadable_workload_is_left_out_not_fatal(services: Services) -> Non
     assert report.plan.admitted == 1
     assert workload_status(services.engine, "team-a", "good")["state"] == "Admitted"
     assert cycle.run(_no_guard).pending == 0
+
+
+def test_the_same_pending_reason_in_other_numbers_is_rewritten_at_most_every_30_s(
+    services: Services,
+) -> None:
+    """Kueue's "N more needed" changes with every admission and completion
+    around a pending gang; the reason itself is written at once, its numbers
+    refreshed at most every ``PENDING_MESSAGE_REFRESH`` seconds."""
+    setup_fleet(services, gpu_quota=16)
+    t0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    clock = [t0]
+    cycle = AdmissionCycle(services.engine, services.unit_of_work, clock=lambda: clock[0])
+    for name, gpus in (("a", 8), ("b", 4)):
+        services.submissions.submit(ADMIN, "team-a", workload(name, count=1, gpus=gpus))
+    assert cycle.run(_no_guard).plan.admitted == 2
+    services.submissions.submit(ADMIN, "team-a", workload("c", count=2, gpus=8))
+    assert cycle.run(_no_guard).plan.pending_changed == 1
+    first = workload_status(services.engine, "team-a", "c")
+    assert first["pendingReasonAt"] == "2026-11-30T12:00:00Z"
+    with services.engine.begin() as conn:  # b finishes: 4 more GPUs free, the same reason
+        conn.execute(
+            sa.text(
+                'UPDATE resources SET status = status || \'{"state": "Finished"}\', '
+                "resource_version = resource_version + 1 WHERE kind = 'Workload' AND name = 'b'"
+            )
+        )
+    clock[0] = t0 + timedelta(seconds=5)
+    assert cycle.run(_no_guard).plan.pending_changed == 0
+    assert (
+        workload_status(services.engine, "team-a", "c")["pendingReason"] == first["pendingReason"]
+    )
+    clock[0] = t0 + timedelta(seconds=PENDING_MESSAGE_REFRESH + 1)
+    assert cycle.run(_no_guard).plan.pending_changed == 1
+    later = workload_status(services.engine, "team-a", "c")
+    assert later["pendingReasonCode"] == first["pendingReasonCode"]
+    assert later["pendingReason"] != first["pendingReason"]
+    assert later["pendingReasonAt"] == "2026-11-30T12:00:31Z"
