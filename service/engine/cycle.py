@@ -108,6 +108,11 @@ class _Failure:
         return all(totals.get(r, 0) >= a for r, a in self.totals.items())
 
 
+#: Why a workload waits: ``(reason, message or the failure that explains it, ClusterQueue,
+#: LocalQueue)``, or the failure itself (of the workload's own queues).
+_Entry = tuple[str, str | _Failure, str | None, str] | _Failure
+
+
 class _Cycle:
     def __init__(self, snapshot: Snapshot, now: float) -> None:
         self.state = CycleState(snapshot, now)
@@ -115,10 +120,10 @@ class _Cycle:
         self.admissions: list[AdmissionDecision] = []
         self.preemptions: list[Preemption] = []
         self.evictions: list[Eviction] = []
-        #: key -> (reason, message or the failure that explains it, ClusterQueue, LocalQueue).
-        #: A workload that failed, or that a remembered failure covers, holds just that
-        #: failure (its ClusterQueue and LocalQueue are the workload's own).
-        self.pending: dict[str, tuple[str, str | _Failure, str | None, str] | _Failure] = {}
+        #: Workloads that cannot queue at all: key -> (reason, message, None, LocalQueue).
+        #: A queued (or held) workload keeps why it waits on itself (``WorkloadInfo.why``):
+        #: such a tuple with its ClusterQueue, or the failure that explains it.
+        self.pending: dict[str, _Entry] = {}
         self.queues: dict[str, ClusterQueueQueue] = {}
         self.failures: dict[str, list[_Failure]] = {}
         self.quota_usage: dict[tuple[str, int], dict[FlavorResource, int]] = {}
@@ -309,7 +314,10 @@ class _Cycle:
         return None
 
     def _pend(self, wi: WorkloadInfo, reason: str, message: str | _Failure, cq: str | None) -> None:
-        self.pending[wi.key] = (reason, message, cq, wi.lq)
+        if cq is None:
+            self.pending[wi.key] = (reason, message, None, wi.lq)
+        else:
+            wi.why = (reason, message, cq, wi.lq)
 
     # --- 3. the admission loop ---------------------------------------------------------------
 
@@ -324,7 +332,6 @@ class _Cycle:
         if queue.verified is not None:
             return queue.verified
         failures = self.failures.get(name)
-        pending = self.pending
         while True:
             if limit is not None and queue.attempted >= limit:
                 return None
@@ -338,7 +345,7 @@ class _Cycle:
                 queue.verified = wi
                 return wi
             queue.attempted += 1
-            pending[wi.key] = failure
+            wi.why = failure
             queue.advance()
             if wi.cq is not None and wi.cq.strict:
                 queue.blocked_by = wi
@@ -451,7 +458,7 @@ class _Cycle:
         # leave with an eviction (a new epoch): none now means none this epoch.
         no_victims = not state.preemptible_in_tree.get(wi.cq.root)
         failure = _Failure(wi, reason, assignment, state.epoch, no_victims)
-        self.pending[wi.key] = failure
+        wi.why = failure
         memory.append(failure)
         if len(memory) > _FAILURE_MEMORY:
             del memory[0]
@@ -483,7 +490,6 @@ class _Cycle:
                 preempted=tuple(v.key for v, _ in victims),
             )
         )
-        self.pending.pop(wi.key, None)
 
     def _preempt(self, wi: WorkloadInfo, victims: list[tuple[AdmittedInfo, str]]) -> None:
         """Evict the victims whole, each recorded with its reason and its preemptor."""
@@ -518,14 +524,11 @@ class _Cycle:
         admitted = {d.workload for d in self.admissions}
         self._pend_unconsidered(admitted)
         reasons = self._queued_reasons()
-        if len(reasons) != len(self.pending):
-            # Queued workloads' reasons are a subset of ``pending``: add the others'.
-            for key, entry in self.pending.items():
-                if key not in reasons:
-                    # Failures are all of queued workloads: this is a reason tuple.
-                    assert not isinstance(entry, _Failure)
-                    reason, message, cq, lq = entry
-                    reasons[key] = PendingReason(key, reason, _text(message), cq, lq)
+        for key, entry in self.pending.items():
+            # Failures are all of queued workloads: this is a reason tuple.
+            assert not isinstance(entry, _Failure)
+            reason, message, cq, lq = entry
+            reasons[key] = PendingReason(key, reason, _text(message), cq, lq)
         return CycleResult(
             admissions=tuple(self.admissions),
             preemptions=tuple(self.preemptions),
@@ -538,7 +541,7 @@ class _Cycle:
         """Workloads the loop never reached: behind a StrictFIFO blocker, or past the head limit."""
         for name, queue in self.queues.items():
             for wi in queue.remaining():
-                if wi.key in self.pending or wi.key in admitted:
+                if wi.why is not None or wi.key in admitted:
                     continue
                 if queue.blocked_by is not None:
                     self._pend(
@@ -559,11 +562,10 @@ class _Cycle:
     def _queued_reasons(self) -> dict[str, PendingReason]:
         """Why each queued workload waits, with its positions in queue order after this cycle.
 
-        Every queued workload that was not admitted has an entry in ``pending``
-        (``_pend_unconsidered`` ran): one without is admitted, and skipped.
+        Every queued workload that was not admitted knows why it waits
+        (``_pend_unconsidered`` ran): one that does not is admitted, and skipped.
         """
         state = self.state
-        pending = self.pending
         usage: dict[str, float] | None = None
         reasons: dict[str, PendingReason] = {}
         for name in self.queues.keys() | self._held.keys():
@@ -574,18 +576,18 @@ class _Cycle:
                 # One LocalQueue: the position in it is the position in the ClusterQueue.
                 position = 0
                 for wi in items:
-                    key = wi.key
-                    entry = pending.get(key)
+                    entry = wi.why
                     if entry is None:
                         continue
                     if type(entry) is _Failure:  # ``_reason_of``, inlined for the common case
                         reason, text = entry.reason, entry.message or entry.text()
                     else:
                         reason, text = _reason_of(entry)
+                    key = wi.key
                     reasons[key] = PendingReason(key, reason, text, name, wi.lq, position, position)
                     position += 1
                 continue
-            waiting = [w for w in items if w.key in pending]
+            waiting = [w for w in items if w.why is not None]
             if held is not None:
                 waiting.extend(held)
             if usage is None:
@@ -596,7 +598,7 @@ class _Cycle:
             for position, wi in enumerate(waiting):
                 lq_position = per_lq.get(wi.lq, 0)
                 per_lq[wi.lq] = lq_position + 1
-                reason, text = _reason_of(pending[wi.key])
+                reason, text = _reason_of(wi.why)
                 reasons[wi.key] = PendingReason(
                     wi.key, reason, text, name, wi.lq, position, lq_position
                 )
@@ -636,14 +638,14 @@ def _borrowed(cq: CQState, usage: dict[FlavorResource, int]) -> dict[FlavorResou
     return borrowed
 
 
-def _reason_of(
-    entry: tuple[str, str | _Failure, str | None, str] | _Failure,
-) -> tuple[str, str]:
-    """``(reason, message)`` of a pending entry."""
+def _reason_of(entry: object) -> tuple[str, str]:
+    """``(reason, message)`` of a pending entry (``_Entry``)."""
     if type(entry) is _Failure:
         return entry.reason, entry.message or entry.text()
     assert isinstance(entry, tuple)
-    return entry[0], _text(entry[1])
+    reason, message = entry[0], entry[1]
+    assert isinstance(reason, str) and isinstance(message, str | _Failure)
+    return reason, _text(message)
 
 
 def _text(message: str | _Failure) -> str:

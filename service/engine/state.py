@@ -180,6 +180,7 @@ class WorkloadInfo:
         "seq",
         "shape",
         "time",
+        "why",
         "wl",
     )
 
@@ -207,6 +208,8 @@ class WorkloadInfo:
         self._signature: tuple[object, ...] | None = (
             shape.plain_signature if wl.cluster_selector is None else None
         )
+        #: Why it still waits, once the cycle knows (``cycle._Entry``); ``None`` otherwise.
+        self.why: object = None
 
     def signature(self) -> tuple[object, ...]:
         """Everything but counts that decides where the gang may go (for fast rejects)."""
