@@ -90,11 +90,22 @@ class Connector:
 
 
 def reconcile_once(
-    engine: Engine, cluster: str, connect: Connector, settings: WorkerSettings, clock: Clock
+    engine: Engine,
+    cluster: str,
+    connect: Connector,
+    settings: WorkerSettings,
+    clock: Clock,
+    strays: bool = True,
 ) -> Report:
     with SqlUnitOfWork(engine) as uow:
         report = reconcile(
-            engine, uow, cluster, connect, delete_wait=settings.delete_wait, clock=clock
+            engine,
+            uow,
+            cluster,
+            connect,
+            delete_wait=settings.delete_wait,
+            clock=clock,
+            strays=strays,
         )
         uow.commit()
     return report

@@ -45,6 +45,7 @@ __all__ = [
     "WorkloadView",
     "admission_id",
     "desired",
+    "job_kinds",
     "job_name",
     "member_status",
     "plan",
@@ -541,6 +542,20 @@ def _templates(job: Obj) -> Iterable[tuple[str, Obj]]:
         field_name = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"
         for replica_type, replica in (spec.get(field_name) or {}).items():
             yield str(replica_type).lower(), replica.setdefault("template", {})
+
+
+def job_kinds(specs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The kinds of the member jobs of workloads with these specs (as
+    :func:`_job` builds them), and always ``Job``: what a pass that does not
+    look for strays lists."""
+    used = {"Job"}
+    for spec in specs:
+        source = spec.get("job")
+        if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+            used.add(str(source["kind"]))
+        elif len(list(spec.get("podSets") or ())) != 1:
+            used.add("JobSet")
+    return tuple(k for k in JOB_KINDS if k in used)
 
 
 def _job(

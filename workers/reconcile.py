@@ -42,6 +42,7 @@ from workers.plan import (
     MANAGED,
     WORKLOAD_ANNOTATION,
     Actions,
+    job_kinds,
     member_status,
     plan,
 )
@@ -53,6 +54,7 @@ from workers.records import (
     load,
     rfc3339,
     unchanged,
+    workload_rows,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,16 @@ class Report:
     skipped: str | None = None
 
 
+def _in_use(engine: Engine, cluster: str) -> tuple[str, ...]:
+    """The queue kinds, and the job kinds of the gangs the centre has on
+    ``cluster`` (read before the member is listed: a job of a kind not
+    listed can only be one no pass has dispatched yet, since passes of a
+    cluster never overlap, or a stray)."""
+    with engine.connect() as conn:
+        specs = [r.spec for r in workload_rows(conn, cluster)]
+    return (*_LISTED[: -len(JOB_KINDS)], *job_kinds(specs))
+
+
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
     """Every object of ours on the member cluster."""
     out: list[dict[str, Any]] = []
@@ -105,9 +117,13 @@ def reconcile(
     *,
     delete_wait: float = 30.0,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    strays: bool = True,
 ) -> Report:
     """One pass over ``cluster``; its records are written in ``uow`` (the
-    caller commits)."""
+    caller commits). ``strays=False``: list only the job kinds the centre's
+    gangs there use (a pass asked for by an admission cycle; three kinds of
+    four are usually empty, and each list is a round trip), leaving jobs of
+    other kinds that nothing wants to the fleet loop's passes."""
     report = Report(cluster)
     row = cluster_row(engine, cluster)
     if row is None or row.deleted:
@@ -117,11 +133,14 @@ def reconcile(
         report.skipped = "lost"  # sync brings it back first
         return report
     member = connect(row)
+    # A cluster that was ever lost may hold jobs of gangs since requeued, of
+    # any kind, that must be gone before anything new runs: all are listed.
+    kinds = _LISTED if strays or row.status.get("lost") else _in_use(engine, cluster)
     # The member is read before the centre: a view older than the listing
     # would take a job that another pass dispatched meanwhile (for a gang
     # admitted after this view was read) for a stray, delete it, and the
     # next pass would dispatch the same admission again.
-    actual = managed(member)
+    actual = managed(member, kinds)
     row, rows, view = load(engine, cluster)
     if row is None or row.deleted or row.state == "Lost":
         report.skipped = "gone or lost meanwhile"
@@ -146,7 +165,7 @@ def reconcile(
                 report.waiting = left
                 log.info("%s: waiting for %d deletions", cluster, len(left))
                 return report
-            actual = managed(member)
+            actual = managed(member, kinds)
             row, rows, view = load(engine, cluster)  # after the listing, as above
             if row is None or row.deleted or row.state == "Lost":
                 report.skipped = "gone or lost meanwhile"

@@ -34,12 +34,12 @@ from service.ledger.chain import NewLedgerEntry
 from workers.clusters import Member, MemberError
 from workers.plan import (
     ADMISSION_LABEL,
-    JOB_KINDS,
     RUNS_HERE,
     WORKLOAD_ANNOTATION,
     ClusterView,
     WorkloadView,
     admission_id,
+    job_kinds,
     member_status,
 )
 from workers.reconcile import REQUEUED, managed
@@ -236,7 +236,9 @@ def sync(
         member = connect(row)
         nodes = member.nodes()
         foreign = member.pods(f"!{ADMISSION_LABEL}")
-        jobs = managed(member, JOB_KINDS)
+        # Only the kinds of the gangs read above: a job of another kind has
+        # no row here, and sync would pass it over.
+        jobs = managed(member, job_kinds(r.spec for r in rows))
         owners = _owners(member.list_objects("Workload"))
     except MemberError as error:
         report.reachable = False

@@ -123,7 +123,12 @@ def reconcile_cluster(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
     def one_pass() -> None:
         try:
             reconcile_once(
-                engine(), cluster, _connector(os.getpid()), settings, lambda: datetime.now(UTC)
+                engine(),
+                cluster,
+                _connector(os.getpid()),
+                settings,
+                lambda: datetime.now(UTC),
+                strays=False,  # the fleet loop's passes collect those
             )
         except MemberError as error:
             log.warning("reconcile of %s left to the next resync: %s", cluster, error)

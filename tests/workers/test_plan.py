@@ -18,6 +18,7 @@ from workers.plan import (
     WorkloadView,
     admission_id,
     desired,
+    job_kinds,
     plan,
 )
 
@@ -488,3 +489,13 @@ def test_every_admission_fits_the_member_queue_exactly(data: st.DataObject, layo
     cluster = mixed_view(*gangs, spec=ONE_GROUP if layout == "one" else TWO_GROUPS)
     for order in (1, -1):
         assert set(member_kueue_admits(cluster, order).values()) == {0}
+
+
+def test_job_kinds_are_the_kinds_desired_builds_and_always_job() -> None:
+    one = {"podSets": [{"name": "main", "count": 1}]}
+    two = {"podSets": [{"name": "a", "count": 1}, {"name": "b", "count": 1}]}
+    torch = {"podSets": [{"name": "master", "count": 1}], "job": {"kind": "PyTorchJob"}}
+    assert job_kinds([]) == ("Job",)
+    assert job_kinds([one]) == ("Job",)
+    assert job_kinds([two, one]) == ("Job", "JobSet")
+    assert job_kinds([torch]) == ("Job", "PyTorchJob")

@@ -34,7 +34,7 @@ from tests.workers.members import (
 from workers.clusters import Member, MemberError, RateLimiter
 from workers.fleet import Connector, reconcile_once, sync_once
 from workers.outbox import Send
-from workers.plan import JOB_KINDS
+from workers.plan import ADMISSION_LABEL, JOB_KINDS, MANAGED_LABEL
 from workers.records import ClusterRow, clusters
 from workers.settings import WorkerSettings
 
@@ -396,3 +396,45 @@ def test_the_rate_limiter_bursts_then_paces() -> None:
     paced = time.monotonic() - started - burst
     assert burst < 0.2, burst
     assert 10 / 20 - 0.05 <= paced < 10 / 20 + 0.5, paced
+
+
+def _stray_jobset() -> dict[str, Any]:
+    pod = {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+    job_spec = {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": pod}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "stray",
+            "namespace": "team-a",
+            "labels": {MANAGED_LABEL: "true", ADMISSION_LABEL: "gone"},
+        },
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job_spec}}]},
+    }
+
+
+def test_an_admission_pass_lists_the_kinds_in_use_and_a_fleet_pass_collects_strays(
+    engine: sa.Engine, services: Services, database_url: str, broker: str, tmp_path: Path
+) -> None:
+    """A pass asked for by an admission cycle (``strays=False``) lists only
+    the job kinds the centre's gangs there use: a JobSet nothing wants is
+    left to the fleet loop's pass, which lists every kind and removes it."""
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=16)
+        config = settings(database_url, broker)
+        connect = Connector(config)
+        try:
+            with engine.connect() as conn:
+                (row,) = clusters(conn, "c1")
+            member = connect(row)
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
+            member.apply(namespace)
+            member.apply(_stray_jobset())
+            now = lambda: datetime.now(UTC)  # noqa: E731
+            narrow = reconcile_once(engine, "c1", connect, config, now, strays=False)
+            assert narrow.deleted == []
+            assert c1.get("jobset.x-k8s.io/v1alpha2", "JobSet", "team-a", "stray") is not None
+            full = reconcile_once(engine, "c1", connect, config, now)
+            assert full.deleted == ["JobSet team-a/stray"]
+        finally:
+            connect.close()
