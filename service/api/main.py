@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import gc
+
 from fastapi import FastAPI
 
 from service.api.app import create_app
 from service.app.bootstrap import bootstrap
 from service.config import get_settings
 
+#: Allocations between two young-generation collections (CPython's default
+#: is 700). A request allocates thousands of short-lived objects and a bulk
+#: submission millions: with the default, collections took about a third of
+#: a bulk submission's CPU (5,000 workloads: 220-290 µs per item, 155-170
+#: with this threshold).
+GC_YOUNG_THRESHOLD = 50_000
+
 
 def create() -> FastAPI:
-    return create_app(bootstrap(get_settings()))
+    app = create_app(bootstrap(get_settings()))
+    # What start-up allocated lives as long as the process: out of the
+    # collector's way, so that full collections do not walk it again.
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+    return app

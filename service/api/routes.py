@@ -17,7 +17,6 @@ from uuid import UUID
 
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool as run
 
@@ -437,9 +436,10 @@ def workload_router() -> APIRouter:
             out.append(entry)
         created = sum(1 for r in results if r.error is None)
         status = 200 if created == len(results) else 207
-        return JSONResponse(
-            {"created": created, "failed": len(results) - created, "results": out},
+        return Response(
+            json_bytes({"created": created, "failed": len(results) - created, "results": out}),
             status_code=status,
+            media_type="application/json",
         )
 
     return router

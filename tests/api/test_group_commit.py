@@ -15,7 +15,7 @@ from service.api.group_commit import GroupCommit
 from service.app.auth import Principal, Role
 from service.app.errors import AlreadyExists, AppError, UnknownReference
 from service.app.resources import Actor
-from service.app.submissions import Outcome, Submission, Unstorable
+from service.app.submissions import BULK_CHUNK, Outcome, Submission, Unstorable
 from service.app.workloads import parse_submission
 from tests.api.conftest import Api, setup_quota, workload
 from tests.api.test_resources import _fields
@@ -206,3 +206,26 @@ def test_a_value_the_database_refuses_fails_only_its_own_submission(
             "SELECT name FROM resources WHERE kind = 'Workload' ORDER BY name"
         ).scalars()
         assert list(names) == ["fine-1", "fine-2"]
+
+
+def test_a_bulk_larger_than_a_chunk_answers_each_item_in_order(api: Api) -> None:
+    setup_quota(api.admin)
+    api.admin.post("/v1/namespaces/team-a/workloads", json=workload("exists"))
+    size = BULK_CHUNK * 2 + 100
+    items = [workload(f"c{i}") for i in range(size)]
+    items[5] = workload("exists")
+    items[BULK_CHUNK + 7] = workload("lost", queue="missing")
+    items[size - 1] = workload("c3")  # a name twice: both refused
+    results = api.services.submissions.bulk(ADMIN, "team-a", items)
+    assert [r.index for r in results] == list(range(size))
+    failed = {r.index: r.status for r in results if r.status != 201}
+    assert failed == {3: 422, 5: 409, BULK_CHUNK + 7: 422, size - 1: 422}
+    assert [r.name for r in results][BULK_CHUNK : BULK_CHUNK + 2] == [
+        f"c{BULK_CHUNK}",
+        f"c{BULK_CHUNK + 1}",
+    ]
+    with api.services.engine.connect() as conn:
+        stored = conn.exec_driver_sql(
+            "SELECT count(*) FROM resources WHERE kind = 'Workload' AND name LIKE 'c%%'"
+        ).scalar_one()
+    assert stored == size - 4
