@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import marshal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -198,7 +199,19 @@ def _metadata_subset(metadata: Mapping[str, Any]) -> dict[str, Any]:
 # -- fieldsV1 encoding ---------------------------------------------------------------------
 
 
+# Every write re-encodes every manager's field set into its managedFields
+# entry and decodes the old object's entries back: most of what a write of
+# a Job cost. Objects of one kind written by one manager carry the same few
+# field sets, so both directions are remembered (copies are handed out: a
+# stored object never shares a mutable part with another).
+
+
 def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
+    return clone(_encoded(frozenset(paths)))
+
+
+@functools.lru_cache(maxsize=2048)
+def _encoded(paths: frozenset[Path]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for path in sorted(paths):
         node = tree
@@ -208,11 +221,26 @@ def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
 
 
 def from_fields_v1(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
+    if prefix:
+        return _decode(tree, prefix)
+    try:
+        key = marshal.dumps(tree, 2)
+    except ValueError:  # not plain JSON data: not remembered
+        return _decode(tree, prefix)
+    return set(_decoded(key))
+
+
+@functools.lru_cache(maxsize=2048)
+def _decoded(key: bytes) -> frozenset[Path]:
+    return frozenset(_decode(marshal.loads(key), ()))
+
+
+def _decode(tree: Mapping[str, Any], prefix: Path) -> set[Path]:
     paths: set[Path] = set()
     for element, child in tree.items():
         path = (*prefix, element)
         if child:
-            paths |= from_fields_v1(child, path)
+            paths |= _decode(child, path)
         else:
             paths.add(path)
     return paths
