@@ -132,8 +132,8 @@ class _Cycle:
         self._held: dict[str, list[WorkloadInfo]] = {}
         self._last_epoch = 0
         self._queueing_cache: dict[object, tuple[str, str, bool] | None] = {}
-        #: LocalQueue key -> its ClusterQueue, if both exist.
-        self._cq_of: dict[str, CQState | None] = {}
+        #: LocalQueue key -> (that key, shared by its workloads; its ClusterQueue, if both exist).
+        self._routes: dict[str, tuple[str, CQState | None]] = {}
         #: ClusterQueue -> the root of its quota tree.
         self._root_of = {name: cq.root for name, cq in self.state.cqs.items()}
 
@@ -244,12 +244,13 @@ class _Cycle:
         priority = wl.priority if wl.priority is not None else state.priority_of(wl)
         time = wl.creation_time if wl.queued_at is None else wl.queued_at  # ``ordering_time``
         wi = WorkloadInfo(wl, priority, -1, wl.key, state.gang_shape(wl), time)
-        try:
-            wi.cq = self._cq_of[wi.lq]
-        except KeyError:
+        route = self._routes.get(wi.lq)
+        if route is None:
             lq = state.local_queues.get(wi.lq)
-            cq = self._cq_of[wi.lq] = state.cqs.get(lq.cluster_queue) if lq is not None else None
-            wi.cq = cq
+            cq = state.cqs.get(lq.cluster_queue) if lq is not None else None
+            route = self._routes[wi.lq] = (wi.lq, cq)
+        # One string per LocalQueue: grouping and lookups by it stay in cache.
+        wi.lq, wi.cq = route
         return wi
 
     def _queueing_problem(self, wi: WorkloadInfo) -> tuple[str, str, bool] | None:
@@ -487,7 +488,7 @@ class _Cycle:
                     pod_set_assignments=_pod_set_assignments(wi, pod_set_flavors, placement),
                 ),
                 borrowed=_borrowed(cq, usage),
-                preempted=tuple(v.key for v, _ in victims),
+                preempted=tuple([v.key for v, _ in victims]) if victims else (),
             )
         )
 

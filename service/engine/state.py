@@ -599,8 +599,10 @@ class CycleState:
 
     def _usage_changed(self, root: str, info: AdmittedInfo) -> None:
         self.usage_version[root] = self.usage_version.get(root, 0) + 1
+        counters = self.flavor_version
         for flavor, _ in info.usage:
-            self.flavor_counter(root, flavor)[0] += 1
+            counter = counters.get((root, flavor)) or self.flavor_counter(root, flavor)
+            counter[0] += 1
 
     def flavor_counter(self, root: str, flavor: str) -> list[int]:
         """The usage counter of ``flavor`` in the quota tree of ``root`` (``flavor_version``)."""
