@@ -224,7 +224,7 @@ def from_fields_v1(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
     if prefix:
         return _decode(tree, prefix)
     try:
-        key = marshal.dumps(tree, 2)
+        key = marshal.dumps(dict(tree), 2)
     except ValueError:  # not plain JSON data: not remembered
         return _decode(tree, prefix)
     return set(_decoded(key))
