@@ -26,7 +26,13 @@ from service.engine.placement import (
     pristine_capacity,
 )
 
-__all__ = ["GangPlacement", "PodSetRequest", "place_gang", "pristine_fits"]
+__all__ = [
+    "GangPlacement",
+    "PodSetRequest",
+    "place_gang",
+    "pristine_capacity_of",
+    "pristine_fits",
+]
 
 
 @dataclass(slots=True)
@@ -323,6 +329,15 @@ def place_gang(inventory: Inventory, requests: Sequence[PodSetRequest]) -> GangP
     return None
 
 
+def pristine_capacity_of(island: Island, shape: Shape, cache: dict[tuple[int, Shape], int]) -> int:
+    """``pristine_capacity``, memoised in ``cache`` (it cannot change within a cycle)."""
+    key = (island.seq, shape)
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = pristine_capacity(island, shape)
+    return value
+
+
 def pristine_fits(
     inventory: Inventory,
     requests: Sequence[PodSetRequest],
@@ -331,12 +346,7 @@ def pristine_fits(
     """Whether the gang could fit some cluster if no admitted gang held capacity."""
 
     def capacity(island: Island, shape: Shape) -> int:
-        key = (island.seq, shape)
-        value = cache.get(key)
-        if value is None:
-            value = pristine_capacity(island, shape)
-            cache[key] = value
-        return value
+        return pristine_capacity_of(island, shape, cache)
 
     clusters: set[str] | None = None
     for request in requests:

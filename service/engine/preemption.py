@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterator
 
 from service.engine.fair_sharing import ZERO_SHARE, Share, dominant_resource_share
 from service.engine.flavors import Assignment, PreemptionPlan
-from service.engine.packing import GangPlacement, place_gang
-from service.engine.placement import pristine_capacity
+from service.engine.packing import GangPlacement, place_gang, pristine_capacity_of
 from service.engine.quota import QuotaNode
 from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo
 
@@ -100,12 +99,13 @@ class _Search:
         """Islands the gang could land in once emptied: for a pod set required
         in one island, those large enough to hold it whole."""
         seqs: set[int] = set()
+        cache = self.state.pristine_cache
         for request in self.requests:
             if request.mode == "required" and request.level is None:
                 seqs.update(
                     seq
                     for seq, island in request.eligible.items()
-                    if pristine_capacity(island, request.shape) >= request.count
+                    if pristine_capacity_of(island, request.shape, cache) >= request.count
                 )
             else:
                 seqs.update(request.eligible)
