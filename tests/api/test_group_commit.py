@@ -229,3 +229,40 @@ def test_a_bulk_larger_than_a_chunk_answers_each_item_in_order(api: Api) -> None
             "SELECT count(*) FROM resources WHERE kind = 'Workload' AND name LIKE 'c%%'"
         ).scalar_one()
     assert stored == size - 4
+
+
+def test_two_units_of_work_in_flight_at_most() -> None:
+    inside, peak = 0, 0
+    lock = threading.Lock()
+    one_in, both_in, release = threading.Event(), threading.Event(), threading.Event()
+
+    def commit(group: Sequence[Submission]) -> list[Outcome]:
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+            one_in.set()
+            if inside == 2:
+                both_in.set()
+        release.wait(10)
+        with lock:
+            inside -= 1
+        return [{"metadata": {"name": s.workload.metadata.name}} for s in group]
+
+    committer = GroupCommit(commit, committers=2)
+
+    async def main() -> list[Outcome]:
+        first = asyncio.create_task(committer.submit(_submission("n0")))
+        await asyncio.to_thread(one_in.wait, 10)
+        tasks = [asyncio.create_task(committer.submit(_submission(f"n{i}"))) for i in range(1, 6)]
+        await asyncio.to_thread(both_in.wait, 10)
+        later = [asyncio.create_task(committer.submit(_submission(f"n{i}"))) for i in range(6, 9)]
+        await asyncio.sleep(0.05)  # a third unit of work would have started by now
+        release.set()
+        return await asyncio.gather(first, *tasks, *later)
+
+    outcomes = asyncio.run(main())
+    assert peak == 2
+    assert [o["metadata"]["name"] for o in outcomes if not isinstance(o, AppError)] == [
+        f"n{i}" for i in range(9)
+    ]
