@@ -56,10 +56,17 @@ class Coalescer:
             self._client = redis.Redis.from_url(self._url, socket_timeout=2.0)
         return self._client
 
-    def run(self, cluster: str, one_pass: Callable[[], object]) -> int:
+    def run(self, cluster: str, one_pass: Callable[[], object], budget: float | None = None) -> int:
         """Ask for a pass of ``cluster``: run it here (and any asked for
         meanwhile) unless another process holds the cluster, which then runs
-        it. Returns how many passes ran here."""
+        it. Returns how many passes ran here.
+
+        ``budget``: begin no further pass this many seconds after the first
+        began, and leave the note to the next ask (or the fleet loop's next
+        resync). Under steady admissions notes never stop coming: unbounded,
+        one Celery task ran for as long as the load lasted (and a broker
+        restart found it running), and the fleet loop held one cluster while
+        the others went unsynced."""
         key = WANTED.format(cluster=cluster)
         try:
             self._redis().incr(key)
@@ -71,11 +78,18 @@ class Coalescer:
         ran = 0
         params = {"class": _CLASS, "cluster": cluster}
         options = {"isolation_level": "AUTOCOMMIT"}
+        until = None if budget is None else time.monotonic() + budget
+
+        def more() -> bool:
+            return not ran or until is None or time.monotonic() < until
+
         with self._engine.connect().execution_options(**options) as conn:
-            while conn.execute(_TRY, params).scalar_one():
+            while more() and conn.execute(_TRY, params).scalar_one():
                 try:
-                    while self._space(cluster) and (
-                        (wanted := self._take(key)) or (wanted is None and not ran)
+                    while (
+                        more()
+                        and self._space(cluster)
+                        and ((wanted := self._take(key)) or (wanted is None and not ran))
                     ):
                         ran += 1
                         self._began[cluster] = time.monotonic()

@@ -237,6 +237,7 @@ class FleetLoop:
             self.coalescer.run(
                 name,
                 lambda: reconcile_once(self.engine, name, self.connect, self.settings, self.clock),
+                budget=self.settings.resync_interval,  # the other clusters wait meanwhile
             )
         except ConcurrencyConflict:
             log.info("%s changed during its pass; next pass redoes it", name)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,6 +216,8 @@ class _Desired:
     namespaces: dict[str, Obj] = field(default_factory=dict)
     queues: dict[Ref, Obj] = field(default_factory=dict)
     jobs: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (workload key, admission)
+    #: Jobs wanted that the member already holds: not built again.
+    held: set[tuple[str, str]] = field(default_factory=set)
 
 
 #: One central flavor on the member, pinned to one island or not: ``(flavor, island)``.
@@ -718,7 +720,10 @@ def _local_queue(out: _Desired, workload: WorkloadView, cq: str, generation: int
     return f"{_short(local, 63 - 9)}.{digest}"
 
 
-def desired(view: ClusterView) -> _Desired:
+def desired(view: ClusterView, held: Set[tuple[str, str]] = frozenset()) -> _Desired:
+    """What the member should hold. ``held``: the (workload, admission) keys
+    of the jobs it holds, which are only noted in ``held``, not built (a
+    pass built every in-flight gang's job to dispatch a few)."""
     out = _Desired()
     by_queue: dict[str, list[_Admitted]] = {}
     for workload in view.workloads:
@@ -774,6 +779,9 @@ def desired(view: ClusterView) -> _Desired:
                     },
                 )
                 admission = admission_id(workload)
+                if (workload.key, admission) in held:
+                    out.held.add((workload.key, admission))
+                    continue
                 out.jobs[(workload.key, admission)] = _job(
                     workload, queue, entry.selectors, admission
                 )
@@ -812,13 +820,13 @@ def _job_key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 def plan(view: ClusterView, actual: Sequence[Mapping[str, Any]]) -> Actions:
     """``actual``: the member's objects that carry our managed label."""
-    want = desired(view)
     actions = Actions()
     jobs = [o for o in actual if o.get("kind") in JOB_KINDS]
     present = {_job_key(o) for o in jobs}
+    want = desired(view, present)
     occupied = {Ref.of(o) for o in jobs}
     for obj in jobs:
-        if _job_key(obj) not in want.jobs:
+        if _job_key(obj) not in want.jobs and _job_key(obj) not in want.held:
             actions.draining.append(_job_key(obj)[1])
             if not (obj.get("metadata") or {}).get("deletionTimestamp"):
                 actions.delete.append(Ref.of(obj))

@@ -133,5 +133,7 @@ def reconcile_cluster(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
         except MemberError as error:
             log.warning("reconcile of %s left to the next resync: %s", cluster, error)
 
-    _coalescer(os.getpid()).run(cluster, one_pass)
+    # Bounded: the rest is the next delivery's (there is one while admissions
+    # go on) or the fleet loop's next resync.
+    _coalescer(os.getpid()).run(cluster, one_pass, budget=max(1.0, 4 * settings.reconcile_spacing))
     return None

@@ -25,7 +25,7 @@ from service.runtime.embedded import free_port
 from tests.workers.conftest import ADMIN, wait_for, workload_status
 from tests.workers.members import gang, job, members, settings, setup_central
 from workers.clusters import Member
-from workers.coalesce import Coalescer
+from workers.coalesce import WANTED, Coalescer
 from workers.fleet import Connector, reconcile_once, sync_once
 from workers.plan import member_status
 from workers.records import ClusterRow
@@ -194,6 +194,29 @@ def test_spaced_passes_begin_apart_and_take_the_asks_made_meanwhile(
     began = time.monotonic()
     coalescer.run("spaced", one_pass)  # a later ask here waits for the spacing too
     assert starts[2] - starts[1] >= spacing - 0.01 and starts[2] >= began
+
+
+def test_a_holder_stops_taking_asks_past_its_budget_and_leaves_the_note(
+    engine: sa.Engine, broker: str
+) -> None:
+    """Asks that never stop (steady admissions) do not keep one holder busy
+    for ever: past its budget it begins no further pass, and the note stays
+    for the next ask, which runs it."""
+    holder = Coalescer(engine, broker)
+    other = Coalescer(engine, broker)
+    passes: list[float] = []
+
+    def one_pass() -> None:
+        passes.append(time.monotonic())
+        other.run("budget", one_pass)  # asked again while this pass runs
+        time.sleep(0.05)
+
+    began = time.monotonic()
+    ran = holder.run("budget", one_pass, budget=0.3)
+    assert 2 <= ran == len(passes) <= 10
+    assert passes[-1] - began < 0.3 + 0.05, "no pass begins past the budget"
+    assert holder._wanted(WANTED.format(cluster="budget")), "the last ask is left noted"
+    assert other.run("budget", lambda: passes.append(0.0), budget=0.0) == 1
 
 
 def test_without_redis_every_ask_runs_its_pass(engine: sa.Engine) -> None:

@@ -499,3 +499,17 @@ def test_job_kinds_are_the_kinds_desired_builds_and_always_job() -> None:
     assert job_kinds([one]) == ("Job",)
     assert job_kinds([two, one]) == ("Job", "JobSet")
     assert job_kinds([torch]) == ("Job", "PyTorchJob")
+
+
+def test_jobs_the_member_holds_are_noted_not_built_and_neither_sent_nor_deleted() -> None:
+    cluster = view(admitted("a"), admitted("b"))
+    every = desired(cluster).jobs
+    held_key, held_job = next(iter(sorted(every.items())))
+    want = desired(cluster, {held_key})
+    assert want.held == {held_key} and held_key not in want.jobs
+    assert set(want.jobs) == set(every) - {held_key}
+    actions = plan(cluster, [held_job])
+    assert actions.delete == [] and actions.draining == []
+    assert [Ref.of(j) for j in actions.dispatch] == [
+        Ref.of(j) for k, j in sorted(every.items()) if k != held_key
+    ]
