@@ -569,7 +569,8 @@ class _Cycle:
         state = self.state
         usage: dict[str, float] | None = None
         reasons: dict[str, PendingReason] = {}
-        for name in self.queues.keys() | self._held.keys():
+        held_only = [name for name in self._held if name not in self.queues]
+        for name in [*self.queues, *held_only]:
             queue = self.queues.get(name)
             held = self._held.get(name)
             items = queue.all_workloads() if queue is not None else []
