@@ -7,10 +7,12 @@ process commits at most one submission per flush. So submissions that
 arrive while a unit of work is committing wait for it, and are then
 committed together in the next one (the batch is whatever queued
 meanwhile, up to ``max_batch``: no timer, so a lone submission is not
-delayed). Two units of work may be in flight per process: while one waits
-for Postgres, the next is resolved and encoded (bench/api.py, 64 clients,
-four runs each on a shared box: 0.53 of the bare baseline on average with
-two, 0.45 with one). Each request still gets its own answer, its object or its own
+delayed). A second unit of work starts beside the first only when at least
+``spill`` submissions wait: then one is resolved and encoded while the
+other waits for Postgres. Two small units would only take turns at the
+ledger's tip lock, each with its own WAL flush (bench/api.py: with two
+always, 16 clients got 0.25 of the bare baseline instead of 0.29-0.37).
+Each request still gets its own answer, its object or its own
 error (``SubmissionService.submit_parsed``); nothing is acknowledged
 before its unit of work has committed.
 """
@@ -29,10 +31,13 @@ Commit = Callable[[Sequence[Submission]], list[Outcome]]
 
 
 class GroupCommit:
-    def __init__(self, commit: Commit, max_batch: int = 256, committers: int = 2) -> None:
+    def __init__(
+        self, commit: Commit, max_batch: int = 256, committers: int = 2, spill: int = 16
+    ) -> None:
         self._commit = commit
         self._max_batch = max_batch
         self._committers = committers
+        self._spill = spill
         self._running = 0
         self._waiting: deque[tuple[Submission, asyncio.Future[Outcome]]] = deque()
 
@@ -40,7 +45,9 @@ class GroupCommit:
         """The submission's outcome, once the unit of work it rode in committed."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._waiting.append((submission, future))
-        if self._running < self._committers:
+        if self._running == 0 or (
+            self._running < self._committers and len(self._waiting) >= self._spill
+        ):
             self._running += 1
             asyncio.get_running_loop().create_task(self._drain())
         return await future

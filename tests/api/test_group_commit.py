@@ -231,7 +231,7 @@ def test_a_bulk_larger_than_a_chunk_answers_each_item_in_order(api: Api) -> None
     assert stored == size - 4
 
 
-def test_two_units_of_work_in_flight_at_most() -> None:
+def test_a_second_unit_of_work_only_when_enough_wait() -> None:
     inside, peak = 0, 0
     lock = threading.Lock()
     one_in, both_in, release = threading.Event(), threading.Event(), threading.Event()
@@ -249,12 +249,15 @@ def test_two_units_of_work_in_flight_at_most() -> None:
             inside -= 1
         return [{"metadata": {"name": s.workload.metadata.name}} for s in group]
 
-    committer = GroupCommit(commit, committers=2)
+    committer = GroupCommit(commit, committers=2, spill=3)
 
     async def main() -> list[Outcome]:
         first = asyncio.create_task(committer.submit(_submission("n0")))
         await asyncio.to_thread(one_in.wait, 10)
-        tasks = [asyncio.create_task(committer.submit(_submission(f"n{i}"))) for i in range(1, 6)]
+        tasks = [asyncio.create_task(committer.submit(_submission(f"n{i}"))) for i in range(1, 3)]
+        await asyncio.sleep(0.05)
+        assert peak == 1  # two waiting: fewer than ``spill``
+        tasks += [asyncio.create_task(committer.submit(_submission(f"n{i}"))) for i in range(3, 6)]
         await asyncio.to_thread(both_in.wait, 10)
         later = [asyncio.create_task(committer.submit(_submission(f"n{i}"))) for i in range(6, 9)]
         await asyncio.sleep(0.05)  # a third unit of work would have started by now
