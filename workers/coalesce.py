@@ -15,12 +15,15 @@ left between its last look and its unlock is not lost). Redis holds only
 this hint: lost, it costs at most a resync interval; unreachable, every
 request runs its own pass, as before.
 
-A pass that follows another of the same cluster waits until ``spacing``
-seconds after the previous one began (``QM_RECONCILE_SPACING``): under a
-steady stream of admissions passes otherwise ran back to back, each for the
-few gangs admitted during the one before, and every pass lists the member
-and reads the centre whole; spaced, one pass carries out the decisions of
-several cycles. The notes left meanwhile are taken after the wait.
+A pass that follows another of the same cluster in one run waits until
+``spacing`` seconds after the previous one began (``QM_RECONCILE_SPACING``):
+under a steady stream of admissions passes otherwise ran back to back, each
+for the few gangs admitted during the one before, and every pass lists the
+member and reads the centre whole; spaced, one pass carries out the
+decisions of several cycles. The notes left meanwhile are taken after the
+wait. The first pass of a run never waits: a Celery task that slept before
+it was one more task in flight when the broker restarted (kombu then fails
+the ack of a task that ends before it reconnects, and the worker exits).
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class Coalescer:
                 try:
                     while (
                         more()
-                        and self._space(cluster)
+                        and (not ran or self._space(cluster))
                         and ((wanted := self._take(key)) or (wanted is None and not ran))
                     ):
                         ran += 1

@@ -192,8 +192,8 @@ def test_spaced_passes_begin_apart_and_take_the_asks_made_meanwhile(
     assert len(starts) == 2
     assert starts[1] - starts[0] >= spacing - 0.01
     began = time.monotonic()
-    coalescer.run("spaced", one_pass)  # a later ask here waits for the spacing too
-    assert starts[2] - starts[1] >= spacing - 0.01 and starts[2] >= began
+    coalescer.run("spaced", one_pass)  # a later run's first pass does not wait
+    assert starts[2] - began < spacing / 2
 
 
 def test_a_holder_stops_taking_asks_past_its_budget_and_leaves_the_note(
