@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Annotated, Any
 
@@ -110,7 +111,7 @@ def _parse(raw: bytes, media: str) -> tuple[Any, bool]:
             except orjson.JSONDecodeError:
                 pass  # the standard parser accepts what it may, and words the error
         try:
-            return json.loads(raw, parse_constant=_no_constant), False
+            return json.loads(raw, parse_constant=_no_constant, parse_float=_finite), False
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:
             raise BadBody(f"malformed JSON: {error}", [("", str(error))]) from None
     raise UnsupportedMedia(
@@ -120,6 +121,15 @@ def _parse(raw: bytes, media: str) -> tuple[Any, bool]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refusing one past the float range (``1e400``
+    would become infinity, which no JSON document or JSONB column holds)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range")
+    return value
 
 
 def _bad_text(text: str) -> str | None:

@@ -112,6 +112,19 @@ spec:
         ("", "application/json", 400, "malformed-body"),
         ("<xml/>", "application/xml", 415, "unsupported-media-type"),
         ("[1, 2]", "application/json", 422, "invalid"),
+        (
+            '{"metadata": {"name": "x"}, "spec": {"w": NaN}}',
+            "application/json",
+            400,
+            "malformed-body",
+        ),
+        (
+            '{"metadata": {"name": "x"}, "spec": {"w": 1e400}}',
+            "application/json",
+            400,
+            "malformed-body",
+        ),
+        ("metadata: {name: x}\nspec: {w: .inf}", "application/yaml", 400, "malformed-body"),
     ],
 )
 def test_malformed_bodies(api: Api, body: str, content_type: str, status: int, kind: str) -> None:
