@@ -7,6 +7,7 @@ for byte.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -21,7 +22,14 @@ import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from service.api.problems import PROBLEM_JSON, TYPE_BASE
-from service.app.idempotency import Claimed, IdempotencyStore, InFlight, Mismatch, Replay
+from service.app.idempotency import (
+    IN_FLIGHT_LEASE,
+    Claimed,
+    IdempotencyStore,
+    InFlight,
+    Mismatch,
+    Replay,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -235,10 +243,15 @@ _KEEP_HEADERS = {b"content-type", b"etag", b"location"}
 
 
 class IdempotencyMiddleware:
+    #: How often a claim that could not be released is tried again.
+    RELEASE_RETRY_SECONDS = 0.5
+
     def __init__(self, app: ASGIApp, store: IdempotencyStore, max_body: int) -> None:
         self.app = app
         self.store = store
         self.max_body = max_body
+        self._releasing: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = _header(scope, b"idempotency-key") if scope["type"] == "http" else None
@@ -310,12 +323,14 @@ class IdempotencyMiddleware:
         try:
             await self.app(scope, replay_receive, hold)
         except BaseException:
-            await anyio.to_thread.run_sync(self.store.release, principal, key)
+            await self._release(principal, key)
             raise
         start = next((m for m in held if m["type"] == "http.response.start"), None)
         status = int(start["status"]) if start else 500
-        if status in (401, 429):
-            await anyio.to_thread.run_sync(self.store.release, principal, key)
+        if status in (401, 429) or status >= 500:
+            # Nothing to keep: the retry must run again. Held while the
+            # database is down, the claim is released as soon as it is back.
+            await self._release(principal, key)
         else:
             headers = [
                 (k.decode("latin-1"), v.decode("latin-1"))
@@ -328,6 +343,34 @@ class IdempotencyMiddleware:
             await anyio.to_thread.run_sync(self.store.finish, principal, key, status, headers, body)
         for message in held:
             await send(message)
+
+    async def _release(self, principal: str, key: str) -> None:
+        """Release a claim now or, if the database refuses (it is what failed
+        the request, most often), from a background task as soon as it
+        answers: otherwise the client's retry would meet 409 "in flight" for
+        the whole lease, though this process knows the request has ended."""
+        try:
+            await anyio.to_thread.run_sync(self.store.release, principal, key)
+        except Exception:
+            # The request's own answer (its 503, or its error) goes out as it is.
+            if (principal, key) not in self._releasing:
+                self._releasing.add((principal, key))
+                task = asyncio.get_running_loop().create_task(self._release_later(principal, key))
+                self._tasks.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(self._tasks.discard)
+
+    async def _release_later(self, principal: str, key: str) -> None:
+        deadline = time.monotonic() + IN_FLIGHT_LEASE.total_seconds()
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(self.RELEASE_RETRY_SECONDS)
+                try:
+                    await anyio.to_thread.run_sync(self.store.release, principal, key)
+                    return
+                except Exception:  # still down: the lease ends the claim at worst
+                    continue
+        finally:
+            self._releasing.discard((principal, key))
 
 
 def _fingerprint(scope: Scope, body: bytes) -> bytes:

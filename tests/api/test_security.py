@@ -3,15 +3,19 @@ limits; cluster credentials never come back."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from fastapi.routing import APIRoute
 
 from service.api.deps import current_principal
-from service.api.middleware import PUBLIC_PATHS
+from service.api.middleware import PUBLIC_PATHS, IdempotencyMiddleware
+from service.app.idempotency import IdempotencyStore
 from tests.api.conftest import ADMIN_TOKEN, Api, serve, setup_quota, workload
 from tests.api.test_resources import _problem
 
@@ -275,3 +279,54 @@ def test_concurrent_creates_of_one_name_exactly_one_wins(api: Api) -> None:
     for t in threads:
         t.join()
     assert sorted(results) == [201] + [409] * 7
+
+
+class _DownThenBack(IdempotencyStore):
+    """The real store, on a database that refuses the first releases (as
+    Postgres does while it restarts)."""
+
+    def __init__(self, engine: sa.Engine, failures: int) -> None:
+        super().__init__(engine, ttl_seconds=3600)
+        self.failures = failures
+
+    def release(self, principal: str, key: str) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise sa.exc.OperationalError("DELETE", {}, ConnectionError("database restarting"))
+        super().release(principal, key)
+
+
+def test_a_claim_whose_request_failed_while_the_database_was_down_is_released_when_it_returns(
+    engine: sa.Engine,
+) -> None:
+    """A 5xx keeps no response and releases its key; when the release itself
+    fails, it is retried in the background, so the client's retry runs again
+    instead of meeting 409 "in flight" until the lease ends."""
+    store = _DownThenBack(engine, failures=2)
+
+    async def unavailable(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b"database unavailable"})
+
+    app = IdempotencyMiddleware(unavailable, store, max_body=1 << 20)
+    app.RELEASE_RETRY_SECONDS = 0.05
+
+    def claims() -> int:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT count(*) FROM idempotency_keys").scalar_one())
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://qm") as client:
+            first = await client.post("/v1/x", content=b"{}", headers={"Idempotency-Key": "k"})
+            assert (first.status_code, first.content) == (503, b"database unavailable")
+            assert claims() == 1  # the release failed: the claim is still there
+            for _ in range(100):
+                if claims() == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert claims() == 0 and store.failures == 0
+            again = await client.post("/v1/x", content=b"{}", headers={"Idempotency-Key": "k"})
+            assert again.status_code == 503  # ran again: not 409 "in flight"
+
+    asyncio.run(scenario())
