@@ -10,38 +10,9 @@ bits, ``NaN``, a non-UTF-8 encoding) goes through ``json`` as before.
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
-import orjson
 import psycopg.types.json
 
-#: A run of digits that may be an integer past 64 bits, which orjson reads
-#: as a float (losing digits) where ``json.loads`` keeps it exact. Digits
-#: inside strings match too: such a document only takes the slow path.
-_LONG_NUMBER = re.compile(rb"\d{19}")
-
-
-def loads(raw: bytes | bytearray | memoryview | str) -> Any:
-    data = bytes(raw) if isinstance(raw, memoryview) else raw
-    if isinstance(data, str):
-        data = data.encode()
-    if _LONG_NUMBER.search(data) is None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
-
-
-def dumps(value: Any) -> bytes:
-    """Compact JSON; what orjson refuses (a non-string key, an integer past
-    64 bits) is written by ``json.dumps``."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(value, separators=(",", ":")).encode()
+from service.runtime.jsonio import dumps, loads
 
 
 def postgres_json() -> None:

@@ -178,7 +178,7 @@ class RowCache:
         ]
         if missing:
             params = {"namespaces": [m[0] for m in missing], "names": [m[1] for m in missing]}
-            for row in map(_workload_row, conn.execute(_WORKLOADS, params)):
+            for row in map(WorkloadRow.of, conn.execute(_WORKLOADS, params)):
                 known[row.key] = ((row.uid, row.version), row)
         # Read in the caller's transaction, so each row is the one stamped;
         # one that moved on between the two reads (not possible in a
@@ -191,21 +191,6 @@ class RowCache:
         with self._lock:
             self._rows[cluster] = {k: known[k] for k in fresh}
         return list(fresh.values())
-
-
-def _workload_row(r: Any) -> WorkloadRow:
-    return WorkloadRow(
-        r.namespace,
-        r.name,
-        str(r.uid),
-        int(r.resource_version),
-        int(r.generation),
-        r.labels or {},
-        r.annotations or {},
-        r.spec,
-        r.status or {},
-        r.created_at,
-    )
 
 
 #: This process's rows (a Celery pool process, the scheduler's fleet loop).

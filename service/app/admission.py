@@ -170,6 +170,22 @@ class WorkloadRow:
     status: Mapping[str, Any]
     created_at: datetime
 
+    @classmethod
+    def of(cls, r: Any) -> WorkloadRow:
+        """From a row of the ``resources`` read model (its columns by name)."""
+        return cls(
+            r.namespace,
+            r.name,
+            str(r.uid),
+            int(r.resource_version),
+            int(r.generation),
+            r.labels or {},
+            r.annotations or {},
+            r.spec,
+            r.status or {},
+            r.created_at,
+        )
+
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -385,18 +401,7 @@ class WorkloadCache:
         if missing:
             params = {"namespaces": [m[0] for m in missing], "names": [m[1] for m in missing]}
             for r in conn.execute(_ROWS, params):
-                row = WorkloadRow(
-                    r.namespace,
-                    r.name,
-                    str(r.uid),
-                    int(r.resource_version),
-                    int(r.generation),
-                    r.labels or {},
-                    r.annotations or {},
-                    r.spec,
-                    r.status or {},
-                    r.created_at,
-                )
+                row = WorkloadRow.of(r)
                 try:
                     entry = _cached(row)
                 except (ValueError, KeyError, TypeError):

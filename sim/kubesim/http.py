@@ -11,8 +11,6 @@ transfer encoding, exactly like the real server.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,9 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-import orjson
 import yaml
 
+from service.runtime.jsonio import dumps, loads
 from sim.kubesim import errors
 from sim.kubesim.api import APPLY_PATCH, APPLY_PATCH_CBOR, Context, Resource
 from sim.kubesim.auth import AuditRecord, User, forbidden_reason
@@ -66,33 +64,6 @@ class Target:
     subresource: str
 
 
-def _dumps(value: Any) -> bytes:
-    """Compact JSON. orjson writes the same document as ``json.dumps`` several
-    times faster (answers and watch events are most of the stand-in's work);
-    what it refuses (an integer past 64 bits, a non-string key) goes the slow way."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(value, separators=(",", ":")).encode()
-
-
-#: A run of digits that may be an integer past 64 bits: orjson would read it
-#: as a float, ``json.loads`` (and Kubernetes) keep it exact.
-_LONG_NUMBER = re.compile(rb"\d{19}")
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads``, by orjson where it reads the same: a body orjson
-    refuses (NaN, or not JSON at all) or might read differently (a long
-    number) is read, or refused with its words, by ``json.loads``."""
-    if _LONG_NUMBER.search(raw) is None:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
-
-
 class KubeApp:
     """ASGI app for one :class:`~sim.kubesim.cluster.SimCluster`; ``admin`` serves ``/_admin``."""
 
@@ -117,11 +88,11 @@ class KubeApp:
             else:
                 await self._serve(request, scope, receive, send)
         except ApiError as error:
-            await _respond(send, error.code, _dumps(error.body()), headers=error.headers)
+            await _respond(send, error.code, dumps(error.body()), headers=error.headers)
         except Exception as error:  # a bug here must look like a 500, not a dropped connection
             self.cluster.log.exception("internal error serving %s %s", request.method, request.path)
             failure = ApiError(500, "InternalError", f"Internal error occurred: {error}")
-            await _respond(send, 500, _dumps(failure.body()))
+            await _respond(send, 500, dumps(failure.body()))
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -137,7 +108,7 @@ class KubeApp:
         parts = [p for p in path.split("/") if p]
         if not parts:
             await _respond(
-                send, 200, _dumps({"paths": ["/api", "/apis", "/version", "/openapi/v3"]})
+                send, 200, dumps({"paths": ["/api", "/apis", "/version", "/openapi/v3"]})
             )
             return
         if parts[0] == "openapi":
@@ -147,12 +118,12 @@ class KubeApp:
             await self._api(parts[1:], "", request, user, scope, receive, send)
         elif parts[0] == "apis":
             if len(parts) == 1:
-                await _respond(send, 200, _dumps(self.cluster.discovery.group_list()))
+                await _respond(send, 200, dumps(self.cluster.discovery.group_list()))
             elif len(parts) == 2:
                 group = self.cluster.discovery.group(parts[1])
                 if group is None:
                     raise _not_served()
-                await _respond(send, 200, _dumps(group))
+                await _respond(send, 200, dumps(group))
             else:
                 await self._api(parts[2:], parts[1], request, user, scope, receive, send)
         else:
@@ -160,7 +131,7 @@ class KubeApp:
 
     async def _open(self, path: str, send: Send) -> None:
         if path == "/version":
-            await _respond(send, 200, _dumps(self.cluster.discovery.version()))
+            await _respond(send, 200, dumps(self.cluster.discovery.version()))
         else:
             await _respond(send, 200, b"ok", content_type=b"text/plain; charset=utf-8")
 
@@ -169,7 +140,7 @@ class KubeApp:
         if parts[:2] != ["openapi", "v3"]:
             raise _not_served()
         if len(parts) == 2:
-            await _respond(send, 200, _dumps(discovery.openapi_index()))
+            await _respond(send, 200, dumps(discovery.openapi_index()))
             return
         rest = parts[2:]
         group, version = (
@@ -194,7 +165,7 @@ class KubeApp:
         if not parts:
             if group:
                 raise _not_served()
-            await _respond(send, 200, _dumps(discovery.core_versions(self.cluster.address)))
+            await _respond(send, 200, dumps(discovery.core_versions(self.cluster.address)))
             return
         version, rest = parts[0], parts[1:]
         if not rest:
@@ -335,9 +306,9 @@ class KubeApp:
                 rv,
                 request.query.get("includeObject", "Metadata"),
             )
-            await _respond(send, code, _dumps(body), warnings=warnings)
+            await _respond(send, code, dumps(body), warnings=warnings)
             return
-        await _respond(send, code, _dumps(obj), warnings=warnings)
+        await _respond(send, code, dumps(obj), warnings=warnings)
 
     async def _list(self, target: Target, request: Request, send: Send) -> None:
         core = self.cluster.core
@@ -362,7 +333,7 @@ class KubeApp:
                 request.query.get("includeObject", "Metadata"),
                 continue_token=token,
             )
-            await _respond(send, 200, _dumps(body))
+            await _respond(send, 200, dumps(body))
             return
         metadata: dict[str, Any] = {"resourceVersion": str(rv)}
         if token:
@@ -372,7 +343,7 @@ class KubeApp:
         await _respond(
             send,
             200,
-            _dumps(
+            dumps(
                 {
                     "kind": resource.rtype.list_kind,
                     "apiVersion": resource.api_version,
@@ -407,9 +378,9 @@ class KubeApp:
                     "uid": obj["metadata"].get("uid", ""),
                 },
             }
-            await _respond(send, 200, _dumps(status), warnings=ctx.warnings)
+            await _respond(send, 200, dumps(status), warnings=ctx.warnings)
             return 200
-        await _respond(send, 200, _dumps(core.present(resource, obj)), warnings=ctx.warnings)
+        await _respond(send, 200, dumps(core.present(resource, obj)), warnings=ctx.warnings)
         return 200
 
     async def _delete_collection(
@@ -445,7 +416,7 @@ class KubeApp:
             "metadata": {"resourceVersion": str(self.cluster.store.rv)},
             "items": deleted,
         }
-        await _respond(send, 200, _dumps(body))
+        await _respond(send, 200, dumps(body))
         return 200
 
     # -- watch -----------------------------------------------------------------------------
@@ -457,7 +428,7 @@ class KubeApp:
         except ApiError as error:
             # An expired resourceVersion is an ERROR event on a 200 stream, as from the watch cache.
             await _start_stream(send)
-            line = _dumps({"type": "ERROR", "object": error.body()}) + b"\n"
+            line = dumps({"type": "ERROR", "object": error.body()}) + b"\n"
             await send({"type": "http.response.body", "body": line, "more_body": False})
             return
         await _start_stream(send)
@@ -477,11 +448,11 @@ class KubeApp:
             raise errors.unauthorized()
         if not user.admin:
             raise ApiError(403, "Forbidden", f'User "{user.name}" may not use the admin endpoints')
-        body = _loads(request.body) if request.body else {}
+        body = loads(request.body) if request.body else {}
         result = await self.cluster.admin(
             request.method, request.path.split("/")[2:], body, request.query
         )
-        await _respond(send, 200, _dumps(result))
+        await _respond(send, 200, dumps(result))
 
 
 class WatchSession:
@@ -571,7 +542,7 @@ class WatchSession:
                 with_columns=not self.columns_sent,
             )
             self.columns_sent = True
-        return _dumps({"type": kind, "object": shown}) + b"\n"
+        return dumps({"type": kind, "object": shown}) + b"\n"
 
     def _bookmark(self, initial_end: bool = False) -> bytes:
         metadata: dict[str, Any] = {"resourceVersion": str(self.last_rv)}
@@ -582,7 +553,7 @@ class WatchSession:
             "apiVersion": self.resource.api_version,
             "metadata": metadata,
         }
-        return _dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
+        return dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
 
     async def stream(
         self, send: Send, initial: list[tuple[str, dict[str, Any]]], disconnected: asyncio.Event
@@ -729,11 +700,11 @@ def _parse(raw: bytes, content_type: str) -> Any:
             # Clients mostly send JSON, which is YAML too; the JSON parser is 50x faster.
             if raw.lstrip()[:1] in (b"{", b"["):
                 try:
-                    return _loads(raw)
+                    return loads(raw)
                 except ValueError:
                     pass
             return yaml.load(raw, Loader=yaml.CSafeLoader)
-        return _loads(raw)
+        return loads(raw)
     except (ValueError, yaml.YAMLError) as error:
         raise errors.bad_request(f"the body of the request could not be decoded: {error}") from None
 
@@ -791,7 +762,7 @@ def _delete_options(request: Request) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if request.body:
         try:
-            parsed = _loads(request.body)
+            parsed = loads(request.body)
         except ValueError:
             raise errors.bad_request("the body of the request could not be decoded") from None
         if isinstance(parsed, dict):

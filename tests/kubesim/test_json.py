@@ -1,4 +1,4 @@
-"""The stand-in reads and writes JSON with orjson where that reads and writes
+"""The stand-in (and the workers) read and write JSON with orjson where that reads and writes
 the same as the standard library, and with the standard library elsewhere."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from sim.kubesim.http import _dumps, _loads
+from service.runtime.jsonio import dumps as _dumps
+from service.runtime.jsonio import loads as _loads
 
 
 @pytest.mark.parametrize(
