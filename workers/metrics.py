@@ -21,6 +21,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from service.app.admission import CycleReport
 from workers.sync import SyncReport
 
+#: ``status`` of Kueue's ``pending_workloads``: "active" workloads wait their
+#: turn in the queue (behind a StrictFIFO head, or past a head limit);
+#: "inadmissible" ones were tried and did not fit, or cannot be tried now
+#: (stopped queue, backoff, no such queue, ...).
+ACTIVE, INADMISSIBLE = "active", "inadmissible"
+WAITING_THEIR_TURN = frozenset({"Pending", "StrictFIFO"})
+
 _WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 _CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -31,8 +38,9 @@ class SchedulerMetrics:
         r = self.registry
         self.pending = Gauge(
             "qm_pending_workloads",
-            "Workloads waiting, by ClusterQueue",
-            ["cluster_queue"],
+            "Workloads waiting, by ClusterQueue and status: active (waiting their turn) "
+            "or inadmissible (tried and did not fit, or cannot be tried now)",
+            ["cluster_queue", "status"],
             registry=r,
         )
         self.admitted = Counter(
@@ -110,8 +118,11 @@ class SchedulerMetrics:
             result = "success" if report.result.admissions else "inadmissible"
             self.attempts.labels(result).inc()
             self.attempt_duration.labels(result).observe(report.seconds)
-        pending = Tally(p.cluster_queue or "" for p in report.result.pending.values())
-        _set_all(self.pending, {(cq,): n for cq, n in pending.items()}, self._pending_seen)
+        pending = Tally(
+            (p.cluster_queue or "", ACTIVE if p.reason in WAITING_THEIR_TURN else INADMISSIBLE)
+            for p in report.result.pending.values()
+        )
+        _set_all(self.pending, {k: float(n) for k, n in pending.items()}, self._pending_seen)
         for decision in report.result.admissions:
             self.admitted.labels(decision.cluster_queue).inc()
         for cq, seconds in report.plan.waits:

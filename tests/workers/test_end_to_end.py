@@ -58,7 +58,8 @@ def test_submit_wake_admit_within_quota_and_explain(
             metric = scheduler.metrics.registry.get_sample_value
             labels = {"cluster_queue": "cq", "flavor": "h100", "resource": "nvidia.com/gpu"}
             assert metric("qm_admitted_workloads_total", {"cluster_queue": "cq"}) == 2
-            assert metric("qm_pending_workloads", {"cluster_queue": "cq"}) == 1
+            pending = {"cluster_queue": "cq", "status": "inadmissible"}
+            assert metric("qm_pending_workloads", pending) == 1
             assert metric("qm_cluster_queue_resource_usage", labels) == 16
             assert metric("qm_admission_wait_time_seconds_count", {"cluster_queue": "cq"}) == 2
         finally:

@@ -13,10 +13,13 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.app.admission import CycleReport, Plan
 from service.app.bootstrap import Services
+from service.engine import CycleResult, PendingReason
 from service.runtime.embedded import free_port
 from tests.workers.conftest import ADMIN, GPU, wait_for, workload_status
 from tests.workers.members import gang, members, scheduling, settings, setup_central
+from workers.metrics import SchedulerMetrics
 from workers.outbox import Send, relay_once
 
 Labels = tuple[tuple[str, str], ...]
@@ -58,6 +61,7 @@ def test_scheduler_metrics_move_and_are_scraped(
     tmp_path: Path,
 ) -> None:
     cq = {"cluster_queue": "cq"}
+    waiting = {"cluster_queue": "cq", "status": "inadmissible"}
     gpus = {"cluster_queue": "cq", "flavor": "h100", "resource": GPU}
     with members(tmp_path) as (c1,):
         setup_central(services, [c1], gpu_quota=16)
@@ -77,7 +81,7 @@ def test_scheduler_metrics_move_and_are_scraped(
                 ),
                 10,
             )
-            assert _value(first, "qm_pending_workloads", **cq) == 1  # b: no quota left
+            assert _value(first, "qm_pending_workloads", **waiting) == 1  # b: no quota left
             assert _value(first, "qm_admitted_workloads_total", **cq) == 1
             assert _value(first, "qm_admission_wait_time_seconds_count", **cq) == 1
             assert _value(first, "qm_cluster_queue_resource_usage", **gpus) == 16
@@ -101,7 +105,7 @@ def test_scheduler_metrics_move_and_are_scraped(
                 10,
             )
             assert _value(then, "qm_admitted_workloads_total", **cq) == 2
-            assert _value(then, "qm_pending_workloads", **cq) == 0  # 0, not a vanished series
+            assert _value(then, "qm_pending_workloads", **waiting) == 0  # 0, not a vanished series
             assert _value(then, "qm_admission_wait_time_seconds_count", **cq) == 2
             assert _value(then, "qm_cluster_queue_resource_usage", **gpus) == 16  # b's alone
             assert _value(then, "qm_admission_attempts_total", result="success") == 2
@@ -110,3 +114,39 @@ def test_scheduler_metrics_move_and_are_scraped(
             wait_for(lambda: _value(scrape(), "qm_member_cluster_ready", cluster="c1") == 0, 10)
             c1.heal()
             wait_for(lambda: _value(scrape(), "qm_member_cluster_ready", cluster="c1") == 1, 10)
+
+
+def test_pending_workloads_are_split_by_kueue_status() -> None:
+    """Kueue's ``pending_workloads{status}``: "active" ones wait their turn
+    (behind a StrictFIFO head, past a head limit); "inadmissible" ones were
+    tried and did not fit, or cannot be tried now. A status that empties
+    reads 0."""
+    metrics = SchedulerMetrics()
+
+    def cycle(*reasons: tuple[str, str | None]) -> None:
+        pending = {
+            f"ns/w{i}": PendingReason(f"ns/w{i}", reason, "", cq)
+            for i, (reason, cq) in enumerate(reasons)
+        }
+        result = CycleResult(pending=pending)
+        metrics.observe(CycleReport(result, Plan(), len(pending), 0, 0.01, {}))
+
+    def value(cq: str, status: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "qm_pending_workloads", {"cluster_queue": cq, "status": status}
+        )
+
+    cycle(
+        ("StrictFIFO", "a"),
+        ("Pending", "a"),
+        ("WaitingForQuota", "a"),
+        ("ClusterQueueStopped", "b"),
+        ("RequeueBackoff", "b"),
+        ("LocalQueueNotFound", None),
+    )
+    assert (value("a", "active"), value("a", "inadmissible")) == (2, 1)
+    assert (value("b", "active"), value("b", "inadmissible")) == (None, 2)
+    assert value("", "inadmissible") == 1
+    cycle(("WaitingForQuota", "a"))
+    assert (value("a", "active"), value("a", "inadmissible")) == (0, 1)
+    assert value("b", "inadmissible") == 0
