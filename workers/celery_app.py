@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from workers.broker import TRANSPORT
 from workers.settings import WorkerSettings, get_worker_settings
 
 QUEUE = "quartermaster"
@@ -39,6 +40,9 @@ def make_celery(settings: WorkerSettings) -> Celery:
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        # kombu's Redis transport, but an acknowledgement through a connection a
+        # Redis restart reset no longer kills the worker (workers/broker.py).
+        broker_transport=TRANSPORT,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
         broker_connection_retry_on_startup=True,
         task_time_limit=settings.task_time_limit,
