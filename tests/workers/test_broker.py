@@ -49,6 +49,15 @@ def test_ours_logs_the_lost_acknowledgement_and_goes_on(
     assert "Couldn't ack" in caplog.text and "connection was reset" in caplog.text
 
 
+def test_closing_a_reset_channel_is_a_connection_error(broker: str) -> None:
+    """Closing restores unacknowledged messages through the channel; kombu
+    ignores connection errors there (an AttributeError ended the worker)."""
+    with _reset_mid_reconnect(TRANSPORT, broker) as (conn, message):
+        with pytest.raises(ConnectionError):
+            message.channel.qos.restore_unacked()
+        assert isinstance(ConnectionError(), conn.connection_errors)
+
+
 def test_celery_uses_it(broker: str) -> None:
     app = make_celery(WorkerSettings(broker_url=broker))
     with app.connection_for_read() as conn:
