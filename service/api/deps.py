@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Annotated, Any
 
-import orjson
 import yaml
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -16,11 +14,9 @@ from service.app.auth import Principal, TokenService
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid, Unauthorized
 from service.app.resources import Actor
+from service.runtime.jsonio import read_fast
 
 _PRINCIPAL = "qm.principal"
-# orjson reads an integer beyond 64 bits as a float; the standard parser
-# keeps it exact (19 digits in a row, even inside a string: the slow path).
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")
 JSON_TYPES = ("application/json", "application/merge-patch+json", "")
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
@@ -103,13 +99,11 @@ def _parse(raw: bytes, media: str) -> tuple[Any, bool]:
         # keys as strings), so that both media types mean the same.
         return _parse(json.dumps(loaded, default=str).encode(), "application/json")
     if media in JSON_TYPES or media.endswith("+json"):
-        if not _LONG_NUMBER.search(raw):
-            try:
-                # orjson accepts only valid UTF-8 without lone surrogates, so
-                # the one thing Postgres could not store is an escaped NUL.
-                return orjson.loads(raw), b"\\u0000" not in raw
-            except orjson.JSONDecodeError:
-                pass  # the standard parser accepts what it may, and words the error
+        fast, document = read_fast(raw)
+        if fast:
+            # orjson accepts only valid UTF-8 without lone surrogates, so the
+            # one thing Postgres could not store is an escaped NUL.
+            return document, b"\\u0000" not in raw
         try:
             return json.loads(raw, parse_constant=_no_constant, parse_float=_finite), False
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:

@@ -23,19 +23,26 @@ import orjson
 _LONG_NUMBER = re.compile(rb"\d{19}")
 
 
+def read_fast(data: bytes) -> tuple[bool, Any]:
+    """``(True, document)`` where orjson reads ``data`` as ``json.loads``
+    would; ``(False, None)`` where only ``json.loads`` can say (a long number
+    orjson would read differently, NaN, or not JSON at all: it then reads it,
+    or refuses it with its own words)."""
+    if _LONG_NUMBER.search(data) is not None:
+        return False, None
+    try:
+        return True, orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False, None
+
+
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:
-    """``json.loads``: a document orjson refuses (NaN, or not JSON at all) or
-    might read differently (a long number) is read, or refused with its
-    words, by ``json.loads``."""
+    """``json.loads``, by orjson where it reads the same (:func:`read_fast`)."""
     data = bytes(raw) if isinstance(raw, memoryview) else raw
     if isinstance(data, str):
         data = data.encode()
-    if _LONG_NUMBER.search(data) is None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
+    fast, document = read_fast(bytes(data))
+    return document if fast else json.loads(data)
 
 
 def dumps(value: Any) -> bytes:
@@ -47,4 +54,4 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "read_fast"]
