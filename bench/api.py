@@ -152,6 +152,17 @@ def server(args: list[str], env: dict[str, str], port: int, ready: str) -> Itera
 # -- load generator ----------------------------------------------------------------------
 
 
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """Read one HTTP/1.1 answer to its end (by Content-Length); its status line."""
+    status_line = await reader.readline()
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    return status_line
+
+
 def _request(path: str, body: bytes, port: int) -> bytes:
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -173,12 +184,7 @@ async def _connection(
             body = template.replace("NAME", f"{prefix}-{counter}").encode()
             start = time.perf_counter()
             writer.write(_request(path, body, port))
-            status_line = await reader.readline()
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            await reader.readexactly(length)
+            status_line = await read_answer(reader)
             latencies.append(time.perf_counter() - start)
             if not status_line.startswith(b"HTTP/1.1 201"):
                 errors.append(int(status_line.split()[1]))

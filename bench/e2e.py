@@ -60,6 +60,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.api import read_answer  # noqa: E402
 from service.app.admission import WorkloadRow, workload_from_row  # noqa: E402
 from service.app.bootstrap import make_engine  # noqa: E402
 from service.app.migrate import upgrade  # noqa: E402
@@ -82,6 +83,7 @@ from tests.workers.stack import (  # noqa: E402
     Stack,
     base_manifests,
     local_queue,
+    pod_template,
     private_postgres,
     private_redis,
     team_queue,
@@ -109,20 +111,7 @@ def log(message: str) -> None:
 
 
 def workload(name: str, team: str) -> dict[str, Any]:
-    template = {
-        "spec": {
-            "restartPolicy": "Never",
-            "serviceAccountName": "trainer",
-            "runtimeClassName": "nvidia",
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/train@sha256:" + "a" * 64,
-                    "resources": {"requests": {"cpu": "1", "memory": "8Gi", GPU: "1"}},
-                }
-            ],
-        }
-    }
+    template = pod_template({"cpu": "1", "memory": "8Gi", GPU: "1"})
     return {
         "apiVersion": "quartermaster.dev/v1",
         "kind": "Workload",
@@ -180,12 +169,7 @@ async def _open_loop(
                     await asyncio.sleep(wait)
                 team, name = TEAMS[i % len(TEAMS)], f"{tag}-{i:06d}"
                 writer.write(_post(name, team, port))
-                status = await reader.readline()
-                length = 0
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                await reader.readexactly(length)
+                status = await read_answer(reader)
                 out.append((team, name, due, time.time(), int(status.split()[1])))
         finally:
             writer.close()

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from service.app.bootstrap import Services
 from sim.kubesim.testing import RunningCluster, running_clusters
 from tests.workers.conftest import ADMIN, GPU, worker_settings
+from tests.workers.stack import pod_template
 from workers.outbox import Send
 from workers.scheduler import Scheduler
 from workers.settings import WorkerSettings
@@ -133,21 +134,7 @@ def gang(
     name: str, count: int = 2, gpus: int = 8, duration: str = "200s", **spec: Any
 ) -> dict[str, Any]:
     """A gang that wants one island, running ``duration`` of simulated time."""
-    template = {
-        "metadata": {"annotations": {"quartermaster.dev/sim-duration": duration}},
-        "spec": {
-            "restartPolicy": "Never",
-            "serviceAccountName": "trainer",
-            "runtimeClassName": "nvidia",
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/train@sha256:" + "a" * 64,
-                    "resources": {"requests": {"cpu": "8", "memory": "64Gi", GPU: gpus}},
-                }
-            ],
-        },
-    }
+    template = pod_template({"cpu": "8", "memory": "64Gi", GPU: gpus}, duration)
     return {
         "apiVersion": "quartermaster.dev/v1",
         "kind": "Workload",

@@ -296,6 +296,29 @@ def local_queue(namespace: str, cluster_queue: str, name: str = "train") -> dict
     return manifest("LocalQueue", name, {"clusterQueue": cluster_queue}, namespace)
 
 
+def pod_template(requests: Mapping[str, Any], duration: str | None = None) -> dict[str, Any]:
+    """A training pod that passes the security floor (image by digest, its own
+    service account, a runtime class), asking for ``requests``; the stand-in's
+    kubelet runs it ``duration`` of simulated time (its default without)."""
+    template: dict[str, Any] = {
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": "trainer",
+            "runtimeClassName": "nvidia",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/train@sha256:" + "a" * 64,
+                    "resources": {"requests": dict(requests)},
+                }
+            ],
+        }
+    }
+    if duration is not None:
+        template["metadata"] = {"annotations": {"quartermaster.dev/sim-duration": duration}}
+    return template
+
+
 def gang(
     name: str, gpus: int, seconds: float, *, queue: str = "train", priority: int | None = None
 ) -> dict[str, Any]:
@@ -308,27 +331,9 @@ def gang(
     pod_set: dict[str, Any] = {
         "name": "workers",
         "count": count,
-        "template": {
-            "metadata": {"annotations": {"quartermaster.dev/sim-duration": f"{seconds:g}s"}},
-            "spec": {
-                "restartPolicy": "Never",
-                "serviceAccountName": "trainer",
-                "runtimeClassName": "nvidia",
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.example/train@sha256:" + "a" * 64,
-                        "resources": {
-                            "requests": {
-                                "cpu": str(per_pod),
-                                "memory": f"{8 * per_pod}Gi",
-                                GPU: per_pod,
-                            }
-                        },
-                    }
-                ],
-            },
-        },
+        "template": pod_template(
+            {"cpu": str(per_pod), "memory": f"{8 * per_pod}Gi", GPU: per_pod}, f"{seconds:g}s"
+        ),
     }
     if count > 1:
         pod_set["topologyRequest"] = {"required": ISLAND}
