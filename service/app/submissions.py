@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import orjson
 import psycopg
@@ -39,7 +40,7 @@ from service.app.resources import (
     stream_name,
     to_object,
 )
-from service.app.schemas import SecurityPolicy, dump
+from service.app.schemas import API_VERSION, SecurityPolicy, dump
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import (
     SubmissionError,
@@ -58,12 +59,7 @@ from service.eventstore.port import (
 )
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
-from service.projections.resources import (
-    UPSERT_SQL,
-    resource_row,
-    upsert_params,
-    upsert_resources,
-)
+from service.projections.resources import UPSERT_SQL, resource_row, upsert_resources
 from service.projections.schema import resources
 
 WORKLOADS = KINDS["workloads"]
@@ -78,6 +74,8 @@ class Target:
 
     cluster_queue: str
     priority: int
+    requests: dict[str, int]
+    """The whole gang's requests per resource (canonical units)."""
 
 
 @dataclass(frozen=True)
@@ -141,15 +139,36 @@ def _json_text(value: Any) -> bytes:
         return json.dumps(value).encode()
 
 
-def _upsert_params(row: Mapping[str, Any]) -> dict[str, Any]:
-    """``upsert_params``, its JSON columns encoded by ``_json_text``."""
-    return {
-        **upsert_params(row),
-        **{c: Jsonb(row[c], dumps=_json_text) for c in ("labels", "annotations", "spec", "status")},
-    }
+# The read-model rows of a unit's new Workloads in one statement: one JSON
+# array that Postgres reads as a record set, instead of one execution per row
+# (psycopg's per-row pipeline work cost ~30 µs of the API's CPU per
+# submission; Postgres's cost is the same either way). The conflict clause is
+# the projection's own (service/projections/resources.py), so a row is
+# written exactly as ``upsert_resources`` would write it.
+_UPSERT_WORKLOADS = (
+    "INSERT INTO resources (kind, namespace, name, uid, resource_version, generation, labels, "
+    "annotations, spec, status, secret, created_at, updated_at, deleted) "
+    "SELECT 'Workload', r.namespace, r.name, r.uid, r.version, 1, r.labels, r.annotations, "
+    "r.spec, r.status, NULL, %(now)s, %(now)s, false "
+    "FROM jsonb_to_recordset(%(rows)s) AS r(namespace text, name text, uid uuid, "
+    "version bigint, labels jsonb, annotations jsonb, spec jsonb, status jsonb)"
+    + UPSERT_SQL[UPSERT_SQL.index(" ON CONFLICT") :]
+)
 
 
-def _pending_status(cluster_queue: str, now: datetime) -> Obj:
+def new_uuids(count: int) -> Iterator[UUID]:
+    """``count`` random (version 4) UUIDs, as ``uuid4()`` makes them, from one
+    read of the system's random source. ``uuid4()`` reads it once per id and
+    releases the GIL each time: with the event loop's thread busy, each call
+    then waits for the GIL to come back (3 ids per submission took 15 % of a
+    unit of work's samples; 34 µs a call beside a busy thread, 7 µs here)."""
+    data = os.urandom(16 * count)
+    return (UUID(bytes=data[i : i + 16], version=4) for i in range(0, 16 * count, 16))
+
+
+def _pending_status(cluster_queue: str, stamp: str) -> Obj:
+    """A new Workload's status; ``stamp`` is the submission time as RFC 3339
+    (formatted once per unit of work)."""
     return {
         "state": "Pending",
         "clusterQueue": cluster_queue,
@@ -159,9 +178,56 @@ def _pending_status(cluster_queue: str, now: datetime) -> Obj:
                 "status": "False",
                 "reason": "Pending",
                 "message": "Waiting for the next admission cycle",
-                "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "lastTransitionTime": stamp,
             }
         ],
+    }
+
+
+def submitted_entry(
+    submission: Submission, target: Target, entry_id: UUID, now: datetime
+) -> NewLedgerEntry:
+    """The ledger's ``workload.submitted`` entry, its body written straight
+    as ``ledger.WorkloadSubmitted(...).model_dump(mode="json")`` would write
+    it (every field comes from a validated submission, so validating them
+    again per item only cost time; a test keeps the two equal)."""
+    workload, actor = submission.workload, submission.actor.principal.name
+    body = {
+        "namespace": submission.namespace,
+        "workload": workload.metadata.name,
+        "local_queue": workload.spec.queueName,
+        "cluster_queue": target.cluster_queue,
+        "actor": actor,
+        "workload_class": workload.spec.workloadClass,
+        "priority": target.priority,
+        "requests": target.requests,
+    }
+    return NewLedgerEntry(entry_id, ledger.WorkloadSubmitted.KIND, body, now)
+
+
+def _workload_object(
+    namespace: str, name: str, uid: str, version: int, stamp: str, data: Obj
+) -> Obj:
+    """The created Workload as the API shows it: what ``to_object`` makes of
+    its read-model row, without building the row first."""
+    metadata: Obj = {
+        "name": name,
+        "uid": uid,
+        "resourceVersion": str(version),
+        "generation": 1,
+        "creationTimestamp": stamp,
+        "namespace": namespace,
+    }
+    if data["labels"]:
+        metadata["labels"] = data["labels"]
+    if data["annotations"]:
+        metadata["annotations"] = data["annotations"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": metadata,
+        "spec": data["spec"],
+        "status": data["status"],
     }
 
 
@@ -308,59 +374,67 @@ class SubmissionService:
             return [o for outcomes in pool.map(self.submit_parsed, chunks) for o in outcomes]
 
     def _append(self, uow: SqlUnitOfWork, accepted: Sequence[_Accepted]) -> list[Obj]:
+        """Each accepted submission's event, read-model row and ledger entry,
+        one outbox message per namespace; commit."""
         now = datetime.now(UTC)
+        stamp, created_at = now.strftime("%Y-%m-%dT%H:%M:%SZ"), now.isoformat()
         metas: dict[tuple[str, str | None], EventMetadata] = {}
-        rows = []
+        objects: list[Obj] = []
+        rows: list[Obj] = []
         submitted: list[NewLedgerEntry] = []
         namespaces: Counter[str] = Counter()
+        ids = new_uuids(3 * len(accepted))
         for item in accepted:
             actor, namespace, workload = (
                 item.submission.actor,
                 item.submission.namespace,
                 item.submission.workload,
             )
-            name = workload.metadata.name
+            name, labels, annotations = (
+                workload.metadata.name,
+                workload.metadata.labels,
+                workload.metadata.annotations,
+            )
             key = (actor.principal.name, actor.request_id)
             meta = metas.get(key)
             if meta is None:
                 meta = metas[key] = EventMetadata(actor.principal.name, now, actor.request_id)
             spec = dump(workload.spec)
             spec["priority"] = item.target.priority
+            status = _pending_status(item.target.cluster_queue, stamp)
+            uid, version = str(next(ids)), item.version + 1
             data = {
                 "kind": "Workload",
                 "namespace": namespace,
                 "name": name,
-                "uid": str(uuid4()),
+                "uid": uid,
                 "generation": 1,
-                "labels": workload.metadata.labels,
-                "annotations": workload.metadata.annotations,
+                "labels": labels,
+                "annotations": annotations,
                 "spec": spec,
-                "status": _pending_status(item.target.cluster_queue, now),
-                "created_at": now.isoformat(),
+                "status": status,
+                "created_at": created_at,
             }
             stream = stream_name("Workload", namespace, name)
             uow.events.append(
-                stream, item.version, [NewEvent(uuid4(), "WorkloadSubmitted", data, meta)]
+                stream, item.version, [NewEvent(next(ids), "WorkloadSubmitted", data, meta)]
             )
-            rows.append(resource_row(data, item.version + 1, now))
+            rows.append(
+                {
+                    "namespace": namespace,
+                    "name": name,
+                    "uid": uid,
+                    "version": version,
+                    "labels": labels,
+                    "annotations": annotations,
+                    "spec": spec,
+                    "status": status,
+                }
+            )
+            objects.append(_workload_object(namespace, name, uid, version, stamp, data))
             namespaces[namespace] += 1
-            submitted.append(
-                ledger.new_entry(
-                    ledger.WorkloadSubmitted(
-                        namespace=namespace,
-                        workload=name,
-                        local_queue=workload.spec.queueName,
-                        cluster_queue=item.target.cluster_queue,
-                        actor=actor.principal.name,
-                        workload_class=workload.spec.workloadClass,
-                        priority=item.target.priority,
-                        requests=total_requests(workload.spec),
-                    ),
-                    uuid4(),
-                    now,
-                )
-            )
-        uow.events.defer(UPSERT_SQL, [_upsert_params(row) for row in rows])
+            submitted.append(submitted_entry(item.submission, item.target, next(ids), now))
+        uow.events.defer(_UPSERT_WORKLOADS, [{"now": now, "rows": Jsonb(rows, dumps=_json_text)}])
         # Wake the admission cycle (the workers' outbox relay delivers it).
         uow.publish(
             [
@@ -374,7 +448,7 @@ class SubmissionService:
             uow.commit()
         except ConcurrencyConflict as error:
             raise AlreadyExists(f"a workload was created concurrently: {error}") from error
-        return [to_object(WORKLOADS, row) for row in rows]
+        return objects
 
     def _record_refusal(
         self, actor: Actor, namespace: str, workload: WorkloadObject | None, refusal: AppError
@@ -553,6 +627,25 @@ WHERE (kind = 'LocalQueue' AND namespace = %(ns)s AND name = ANY(%(queues)s) AND
 """
 
 
+@dataclass(frozen=True)
+class _QueueRules:
+    """What a ClusterQueue asks of every submission, read from its spec once
+    per unit of work rather than once per submission."""
+
+    served: str
+    covered: frozenset[str]
+    policy: SecurityPolicy
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> _QueueRules:
+        covered = {r for g in spec.get("resourceGroups", []) for r in g["coveredResources"]}
+        return cls(
+            served=spec.get("workloadClass", "training"),
+            covered=frozenset(covered | {"pods"}),
+            policy=SecurityPolicy.model_validate(spec.get("securityPolicy", {})),
+        )
+
+
 class _Resolver:
     """Resolves queues, ClusterQueues and priority classes once per request,
     locking them FOR SHARE so that none is deleted under a submission."""
@@ -563,6 +656,7 @@ class _Resolver:
         self._queues: dict[str, Row[Any] | None] = {}
         self._cqs: dict[str, Row[Any] | None] = {}
         self._classes: dict[str, Row[Any] | None] = {}
+        self._rules: dict[str, _QueueRules] = {}
 
     def _one(
         self, cache: dict[str, Row[Any] | None], kind: str, ns: str, name: str
@@ -627,14 +721,16 @@ class _Resolver:
                     [("spec.priorityClassName", f"{spec.priorityClassName} not found")],
                 )
             priority = int(wpc.spec["value"])
-        served = cq.spec.get("workloadClass", "training")
-        if spec.workloadClass != served:
+        rules = self._rules.get(cq_name)
+        if rules is None:
+            rules = self._rules[cq_name] = _QueueRules.of(cq.spec)
+        if spec.workloadClass != rules.served:
             raise Invalid(
-                f"ClusterQueue {cq_name} serves {served} workloads, not {spec.workloadClass}",
-                [("spec.workloadClass", f"must be {served} for queue {spec.queueName}")],
+                f"ClusterQueue {cq_name} serves {rules.served} workloads, not {spec.workloadClass}",
+                [("spec.workloadClass", f"must be {rules.served} for queue {spec.queueName}")],
             )
-        covered = {r for g in cq.spec.get("resourceGroups", []) for r in g["coveredResources"]}
-        missing = sorted(set(total_requests(spec)) - covered - {"pods"})
+        requests = total_requests(spec)
+        missing = sorted(set(requests) - rules.covered)
         if missing:
             raise Invalid(
                 f"ClusterQueue {cq_name} has no quota for {', '.join(missing)}",
@@ -643,16 +739,14 @@ class _Resolver:
                     for r in missing
                 ],
             )
-        violations = security_violations(
-            spec, SecurityPolicy.model_validate(cq.spec.get("securityPolicy", {}))
-        )
+        violations = security_violations(spec, rules.policy)
         if violations:
             raise PolicyRefused(
                 f"the workload breaks {len(violations)} rule(s) of "
                 f"ClusterQueue {cq_name}'s security policy",
                 violations,
             )
-        return Target(cq_name, priority)
+        return Target(cq_name, priority, requests)
 
 
 __all__ = ["ItemResult", "Outcome", "Submission", "SubmissionService"]

@@ -269,3 +269,44 @@ def test_a_second_unit_of_work_only_when_enough_wait() -> None:
     assert [o["metadata"]["name"] for o in outcomes if not isinstance(o, AppError)] == [
         f"n{i}" for i in range(9)
     ]
+
+
+def test_the_submitted_entry_is_what_the_ledger_schema_writes() -> None:
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    from service.app.submissions import Target, submitted_entry
+    from service.ledger import entries as ledger
+
+    submission = _submission("w", priorityClassName="high", workloadClass="inference")
+    requests = {"cpu": 8000, "nvidia.com/gpu": 8}
+    target = Target("cq-1", 7, requests)
+    now = datetime.now(UTC)
+    entry = submitted_entry(submission, target, uuid4(), now)
+    expected = ledger.new_entry(
+        ledger.WorkloadSubmitted(
+            namespace="team-a",
+            workload="w",
+            local_queue=submission.workload.spec.queueName,
+            cluster_queue="cq-1",
+            actor=ADMIN.principal.name,
+            workload_class="inference",
+            priority=7,
+            requests=requests,
+        ),
+        entry.entry_id,
+        now,
+    )
+    assert entry == expected
+    assert json.dumps(entry.body) == json.dumps(expected.body)  # the same keys, in order
+    assert ledger.parse_body(entry.kind, entry.body).model_dump(mode="json") == entry.body
+
+
+def test_new_uuids_are_version_4_and_distinct() -> None:
+    from uuid import UUID
+
+    from service.app.submissions import new_uuids
+
+    ids = list(new_uuids(1000))
+    assert len(set(ids)) == 1000
+    assert all(i.version == 4 and i.variant == UUID(int=0, version=4).variant for i in ids)
