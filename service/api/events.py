@@ -75,7 +75,8 @@ def events_router() -> APIRouter:
         """The position of the newest event: where a watch that wants only
         what happens from now on starts."""
         require(principal, EVERYONE)
-        return {"position": await anyio.to_thread.run_sync(deps.event_queries.head)}
+        head = await anyio.to_thread.run_sync(lambda: deps.event_queries.head(durable=True))
+        return {"position": head}
 
     @router.get("/v1/events")
     async def events(

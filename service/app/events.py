@@ -10,6 +10,7 @@ from sqlalchemy import Engine, and_, column, literal, select, table
 from sqlalchemy.dialects.postgresql import JSONB
 
 from service.app.auth import Principal, Role
+from service.eventstore.postgres import wait_durable
 
 _events = table(
     "events",
@@ -68,6 +69,8 @@ class EventQueries:
         query = query.order_by(_events.c.position).limit(limit)
         with self._engine.connect() as conn:
             rows = conn.execute(query).all()
+            if rows:
+                wait_durable(conn)
         return [
             {
                 "position": r.position,
@@ -82,9 +85,13 @@ class EventQueries:
             for r in rows
         ]
 
-    def head(self) -> int:
+    def head(self, durable: bool = False) -> int:
+        """The newest position; ``durable`` when it is handed to a client
+        (see service.eventstore.postgres.wait_durable)."""
         with self._engine.connect() as conn:
             value = conn.exec_driver_sql("SELECT position FROM event_head WHERE id = 1").scalar()
+            if durable:
+                wait_durable(conn)
         return int(value or 0)
 
 

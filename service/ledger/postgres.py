@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
 
+from service.eventstore.postgres import wait_durable
 from service.ledger.chain import (
     CHAIN_VERSION,
     LedgerEntry,
@@ -226,7 +227,12 @@ class PostgresLedgerReader:
         sql, params = select_statement(query, _COLUMNS)
         with self._engine.connect() as conn:
             conn.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
-            return [_row_to_entry(row) for row in conn.exec_driver_sql(sql, params)]
+            found = [_row_to_entry(row) for row in conn.exec_driver_sql(sql, params)]
+            if found:
+                # Entries commit with the events (asynchronously, then flushed):
+                # show an auditor none that a crash could still take back.
+                wait_durable(conn)
+            return found
 
     def head(self) -> tuple[int, bytes]:
         with self._engine.connect() as conn:

@@ -1,0 +1,108 @@
+"""An append commits asynchronously (the sequencer lock is not held through
+the WAL flush) yet is on disk before it returns; readers that hand events or
+ledger entries outside wait for the same (service/eventstore/postgres.py,
+"The WAL flush outside the lock").
+
+The WAL is read with pg_walinspect: the commit record of the transaction that
+wrote a row must lie below the flush LSN at the moment the call returned.
+Without the flush the WAL writer would write it out only within
+``wal_writer_delay`` (200 ms), so reading the flush LSN at once tells. (Found
+a flush that another test's commit made meanwhile, the check passes wrongly;
+it never fails wrongly.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from service.app.auth import Principal, Role
+from service.app.events import EventFilter, EventQueries
+from service.eventstore.postgres import PostgresEventStore
+from tests.eventstore.contract import new
+
+
+@pytest.fixture
+def walinspect(engine: sa.Engine) -> Iterator[sa.Engine]:
+    with engine.begin() as conn:
+        available = conn.exec_driver_sql(
+            "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_walinspect'"
+        ).scalar()
+        if not available:
+            pytest.skip("this Postgres has no pg_walinspect (contrib)")
+        conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    yield engine
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP EXTENSION IF EXISTS pg_walinspect")
+
+
+def _lsn(engine: sa.Engine, function: str) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql(f"SELECT {function}()").scalar_one())
+
+
+def _flushed_commit(engine: sa.Engine, since: str, until: str, position: int) -> str | None:
+    """The end LSN of the commit record of the transaction that wrote the
+    event at ``position``, if it lies in the WAL flushed between ``since``
+    and ``until``."""
+    with engine.connect() as conn:
+        end = conn.exec_driver_sql(
+            "SELECT w.end_lsn FROM pg_get_wal_records_info(%(since)s, %(until)s) AS w "
+            "WHERE w.record_type = 'COMMIT' AND w.xid::text = "
+            "(SELECT xmin::text FROM events WHERE position = %(position)s) "
+            "AND w.end_lsn <= %(until)s::pg_lsn",
+            {"since": since, "until": until, "position": position},
+        ).scalar()
+    return None if end is None else str(end)
+
+
+def test_an_append_is_flushed_to_disk_before_it_returns(walinspect: sa.Engine) -> None:
+    store = PostgresEventStore(walinspect)
+    for size in (1, 100):  # the single-statement path and the COPY path
+        since = _lsn(walinspect, "pg_current_wal_insert_lsn")
+        result = store.append(f"durable-{size}", 0, [new(seq=i) for i in range(size)])
+        flushed = _lsn(walinspect, "pg_current_wal_flush_lsn")
+        assert _flushed_commit(walinspect, since, flushed, result.positions[-1]), size
+
+
+def test_the_append_commits_asynchronously(walinspect: sa.Engine) -> None:
+    """After the append's own commit record comes the transaction that waits
+    for the flush (its logical message): the append did not wait for the
+    flush holding the sequencer lock."""
+    since = _lsn(walinspect, "pg_current_wal_insert_lsn")
+    result = PostgresEventStore(walinspect).append("async-commit", 0, [new(seq=0)])
+    flushed = _lsn(walinspect, "pg_current_wal_flush_lsn")
+    commit_end = _flushed_commit(walinspect, since, flushed, result.positions[0])
+    assert commit_end is not None
+    with walinspect.connect() as conn:
+        flushing = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_get_wal_records_info(%(end)s, %(flushed)s) "
+            "WHERE resource_manager = 'LogicalMessage'",
+            {"end": commit_end, "flushed": flushed},
+        ).scalar_one()
+    assert flushing >= 1
+
+
+def test_the_events_listing_shows_only_what_is_on_disk(walinspect: sa.Engine) -> None:
+    """An event committed asynchronously and not yet flushed (as an append is
+    between its two commits) is flushed before the listing answers with it."""
+    since = _lsn(walinspect, "pg_current_wal_insert_lsn")
+    with walinspect.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        position = conn.exec_driver_sql(
+            "UPDATE event_head SET position = position + 1 RETURNING position"
+        ).scalar_one()
+        conn.exec_driver_sql(
+            "INSERT INTO events (position, stream, version, event_id, type, data, metadata) "
+            "VALUES (%(p)s, 'late', 1, gen_random_uuid(), 'Noted', "
+            "'{\"kind\": \"Workload\", \"namespace\": \"team-a\"}', '{}')",
+            {"p": position},
+        )
+        conn.commit()
+    admin = Principal(name="auditor", roles=frozenset({Role.ADMIN}), namespaces=frozenset({"*"}))
+    listed = EventQueries(walinspect).after(admin, position - 1, EventFilter(), 10)
+    flushed = _lsn(walinspect, "pg_current_wal_flush_lsn")
+    assert [e["position"] for e in listed] == [position]
+    assert _flushed_commit(walinspect, since, flushed, position)
