@@ -189,6 +189,7 @@ class PostgresLedgerReader:
                 f"SELECT {_COLUMNS} FROM ledger_entries WHERE seq > %(after)s ORDER BY seq",
                 {"after": after_seq},
             )
+            self._durable()
             for row in rows:
                 yield _row_to_entry(row)
 
@@ -207,6 +208,7 @@ class PostgresLedgerReader:
                 with conn.cursor(name="ledger_records") as cursor:
                     cursor.itersize = batch
                     cursor.execute(_RECORDS, {"after": after_seq})
+                    self._durable()
                     for seq, entry_id, kind, recorded_at, body, prev_hex, entry_hex in cursor:
                         document = {
                             "v": CHAIN_VERSION,
@@ -220,6 +222,13 @@ class PostgresLedgerReader:
                         yield ExportRecord(document, entry_hex)
         finally:
             raw.close()
+
+    def _durable(self) -> None:
+        """Called once a read's snapshot is taken: every entry it can see is
+        on disk when this returns (entries commit with the events,
+        asynchronously then flushed: service.eventstore.postgres)."""
+        with self._engine.connect() as conn:
+            wait_durable(conn)
 
     def query(self, query: LedgerQuery) -> list[LedgerEntry]:
         """One page of entries answering ``query``; pass the last ``seq`` as
