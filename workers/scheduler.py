@@ -210,6 +210,7 @@ class Scheduler:
             engine, settings.ledger_signing_key, settings.ledger_checkpoint_interval
         )
         self._interval = settings.cycle_interval
+        self._spacing = settings.cycle_spacing
         self.stop = threading.Event()
         self.cycles = 0
         self.last: CycleReport | None = None
@@ -256,6 +257,7 @@ class Scheduler:
             self.waker.close()
 
     def _tick(self) -> None:
+        began = time.monotonic()
         try:
             self.metrics.outbox_depth.set(pending_count(self._engine))
             report = self.leader.step()
@@ -282,4 +284,14 @@ class Scheduler:
                 len(report.result.pending),
                 report.seconds,
             )
+        # Spaced: a cycle reads, decides and checks every live workload (its
+        # cost grows with the gangs held, not with those it admits), so one
+        # per wake-up (every relayed batch of submissions) cost the scheduler
+        # most of its CPU under steady submissions. The next begins at least
+        # ``cycle_spacing`` after this one began, and after a pause as long
+        # as this one took (cycles hold the scheduler's CPU half the time at
+        # most, sync and the relay the rest). Hints that come meanwhile wait
+        # in the subscription: one cycle for all of them.
+        ended = time.monotonic()
+        self.stop.wait(max(0.0, began + self._spacing - ended, ended - began))
         self.waker.wait(self._interval, self.stop)

@@ -32,6 +32,13 @@ class WorkerSettings(BaseSettings):
     cycle_interval: float = Field(
         default=1.0, description="The admission cycle runs at least this often (seconds)."
     )
+    cycle_spacing: float = Field(
+        default=0.2,
+        ge=0.0,
+        description="An admission cycle begins at least this long (seconds) after the previous "
+        "one began, and after a pause as long as the previous one took: wake-ups meanwhile "
+        "are one cycle (each reads and checks every live workload).",
+    )
     relay_poll_interval: float = Field(
         default=1.0, description="Outbox relay's fallback poll, besides LISTEN/NOTIFY."
     )
