@@ -147,7 +147,7 @@ def reconcile(
         return report
     actions = plan(view, actual)
     if actions.draining:
-        _delete(member, actions, report)
+        _delete(member, actions, report, actual)
         running = _holding(actual, actions.draining)
         if running:
             # What the deleted jobs' pods hold must be free before anything
@@ -171,7 +171,7 @@ def reconcile(
                 report.skipped = "gone or lost meanwhile"
                 return report
             actions = plan(view, actual)
-            _delete(member, actions, report)
+            _delete(member, actions, report, actual)
             still = _holding(actual, actions.draining)
             if still:  # deleted by someone else meanwhile, or newly preempted: next pass
                 report.waiting = [f"admission {a}" for a in still]
@@ -187,10 +187,33 @@ def reconcile(
     return report
 
 
-def _delete(member: Member, actions: Actions, report: Report) -> None:
+#: Admission ids in one label selector (its request line stays a few kB).
+DELETE_BATCH = 100
+
+
+def _delete(member: Member, actions: Actions, report: Report, actual: list[dict[str, Any]]) -> None:
+    """Delete ``actions.delete``: the jobs that carry an admission label
+    no other listed object of their kind and namespace carries, by label
+    selector, up to ``DELETE_BATCH`` a request; any other one by name."""
+    labelled: dict[tuple[str, str, str], int] = {}
+    for obj in actual:
+        ref = Ref.of(obj)
+        if admission := _admission_of(obj):
+            key = (ref.kind, ref.namespace, admission)
+            labelled[key] = labelled.get(key, 0) + 1
+    by_name = {Ref.of(o): _admission_of(o) for o in actual}
+    batches: dict[tuple[str, str], list[str]] = {}
     for ref in actions.delete:
-        member.delete(ref)
-        report.deleted.append(str(ref))
+        admission = by_name.get(ref, "")
+        if ref.namespace and labelled.get((ref.kind, ref.namespace, admission)) == 1:
+            batches.setdefault((ref.kind, ref.namespace), []).append(admission)
+        else:
+            member.delete(ref)
+    for (kind, namespace), ids in sorted(batches.items()):
+        for start in range(0, len(ids), DELETE_BATCH):
+            chosen = ",".join(sorted(ids[start : start + DELETE_BATCH]))
+            member.delete_labelled(kind, namespace, f"{MANAGED},{ADMISSION_LABEL} in ({chosen})")
+    report.deleted += [str(ref) for ref in actions.delete]
 
 
 def _holding(actual: list[dict[str, Any]], draining: list[str]) -> list[str]:
