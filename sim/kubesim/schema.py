@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import celpy
+import orjson
 from celpy.adapter import json_to_cel
 
 from sim.kubesim.errors import Cause
@@ -435,13 +436,19 @@ class SchemaValidator:
         rules = schema.get("x-kubernetes-validations")
         if not rules:
             return
-        cel_self = json_to_cel(value)
+        cel_self: Any = None
         cel_old = None
+        encoded = _encoded(value)
         for rule in rules:
             text = rule["rule"]
             transition = "oldSelf" in text
             if transition and old is _MISSING and not rule.get("optionalOldSelf"):
                 continue
+            key = None if transition or encoded is None else (text, encoded)
+            if key is not None and _VERDICTS.get(key, _MISSING) is None:
+                continue  # held for this very value before
+            if cel_self is None:
+                cel_self = json_to_cel(value)
             activation = {"self": cel_self}
             if transition:
                 if cel_old is None:
@@ -449,8 +456,32 @@ class SchemaValidator:
                 activation["oldSelf"] = cel_old
             failure = _evaluate(text, activation)
             if failure is None:
+                if key is not None:
+                    _remember(key)
                 continue
             causes.append(_rule_cause(rule, activation, value, path, failure))
+
+
+#: ``(rule, value as sorted JSON)`` of rules without ``oldSelf`` that held:
+#: such a rule's verdict depends on the value alone, and the interpreter
+#: (celpy) took most of a Kueue object's write (a ClusterQueue, rewritten
+#: with every quota change, evaluates dozens of rules on mostly unchanged
+#: parts). Bounded: emptied when full.
+_VERDICTS: dict[tuple[str, bytes], None] = {}
+_VERDICTS_MAX = 16384
+
+
+def _encoded(value: Any) -> bytes | None:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # not JSON as orjson writes it: evaluated every time
+        return None
+
+
+def _remember(key: tuple[str, bytes]) -> None:
+    if len(_VERDICTS) >= _VERDICTS_MAX:
+        _VERDICTS.clear()
+    _VERDICTS[key] = None
 
 
 _MISSING: Any = object()
