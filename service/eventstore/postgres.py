@@ -33,13 +33,13 @@ Large batches
 -------------
 Parsing a JSON array server-side costs more per event than the insert itself,
 and COPY is the fastest way into Postgres. A unit with at least
-``STAGE_THRESHOLD`` events encodes its rows as COPY text before it takes the
-lock; then one pipelined round trip takes the sequencer lock (moving the head
-by the batch's size) and reads the streams' versions, the expected versions
-are checked here, the rows — their positions and versions now known — are
-COPYed straight into ``events``, and COMMIT follows. The lock lives for two
-round trips, the COPY and the WAL flush: more than for small units, but each
-event is written once (bench/eventstore.py, batches of 100: a staging table
+``STAGE_THRESHOLD`` events encodes its rows as COPY text — all but their
+positions — before it takes the lock; then one pipelined round trip reads the
+streams' versions and takes the sequencer lock (moving the head by the
+batch's size), the expected versions are checked here, the positions are
+written in, the rows are COPYed straight into ``events``, and COMMIT follows.
+The lock lives for a round trip and the COPY: more than for small units, but
+each event is written once (bench/eventstore.py, batches of 100: a staging table
 numbered by INSERT … SELECT, which held the lock for one statement, wrote
 every event twice and was slower, alone and with 8 writers).
 
@@ -79,6 +79,7 @@ collected as undesired.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -132,9 +133,12 @@ FROM head, current, batch
 RETURNING position, version
 """
 STAGE_THRESHOLD = 32
-# Taken in one pipeline: the sequencer lock (moving the head by n), then the
-# versions of the batch's streams, read after the lock so that no writer can
-# move them before we commit.
+# Taken in one pipeline: the versions of the batch's streams, then the
+# sequencer lock (moving the head by n). The versions are read before the
+# lock, to keep it short: a stream appended to without an expected version is
+# held by its advisory lock; one with an expected version may move after we
+# read it, but then its rival's rows hold the versions ours are about to
+# take, and the unique key (stream, version) refuses our COPY.
 _TAKE_HEAD = "UPDATE event_head SET position = position + %(n)s WHERE id = 1 RETURNING position"
 _VERSIONS = (
     "SELECT stream, max(version) FROM events WHERE stream = ANY(%(streams)s) GROUP BY stream"
@@ -215,6 +219,13 @@ def _copy_tails(events: Sequence[NewEvent], metas: dict[int, str]) -> list[str]:
     return tails
 
 
+def _row_tails(item: _Pending, version: int, tails: Sequence[str]) -> list[str]:
+    """An append's COPY lines after their position, its events numbered from
+    ``version + 1``."""
+    stream = _copy_text(item.stream)
+    return [f"\t{stream}\t{version + k}{tail}" for k, tail in enumerate(tails, start=1)]
+
+
 def _row_to_event(row: Sequence[Any]) -> RecordedEvent:
     position, stream, version, event_id, type_, data, meta, recorded_at = row
     return RecordedEvent(
@@ -276,8 +287,19 @@ def _explain(
         )
         actual = int(detail) if detail.isdigit() else None
         raise ConcurrencyConflict(stale.stream, stale.expected, actual) from error
-    first = pending[0]
-    raise ConcurrencyConflict(first.stream, first.expected, None) from error
+    raced = _raced_stream(detail)
+    item = next((p for p in pending if p.stream == raced), pending[0])
+    raise ConcurrencyConflict(item.stream, item.expected, None) from error
+
+
+_TAKEN_VERSION = re.compile(r"Key \(stream, version\)=\((.*), (\d+)\) already exists\.", re.S)
+
+
+def _raced_stream(detail: str) -> str | None:
+    """The stream whose version a rival writer took first, from the unique
+    violation's DETAIL (``Key (stream, version)=(s, 3) already exists.``)."""
+    match = _TAKEN_VERSION.fullmatch(detail)
+    return match.group(1) if match else None
 
 
 def _replays(
@@ -377,10 +399,17 @@ class PostgresEventRecorder:
         deferred: Sequence[tuple[str, list[Mapping[str, Any]]]],
         commit_transaction: Callable[[], None],
     ) -> list[AppendResult]:
-        """Take the lock and the versions, COPY the numbered rows, COMMIT
+        """Read the versions, take the lock, COPY the numbered rows, COMMIT
         (see "Large batches" above)."""
         metas: dict[int, str] = {}
         tails = [_copy_tails(item.events, metas) for item in pending]
+        # Rows of appends with an expected version are known but for their
+        # position: built before the lock, so that under it only the
+        # positions are written in.
+        rows = [
+            None if item.expected == ANY_VERSION else _row_tails(item, item.expected, t)
+            for item, t in zip(pending, tails, strict=True)
+        ]
         total = sum(len(t) for t in tails)
         try:
             with raw.pipeline():
@@ -390,8 +419,8 @@ class PostgresEventRecorder:
                 for item in pending:
                     if item.expected == ANY_VERSION:
                         raw.execute(_LOCK_STREAM, {"stream": item.stream})
-                head = raw.execute(_TAKE_HEAD, {"n": total})
                 versions = raw.execute(_VERSIONS, {"streams": [p.stream for p in pending]})
+                head = raw.execute(_TAKE_HEAD, {"n": total})
             row = head.fetchone()
             assert row is not None
             position = int(row[0]) - total
@@ -409,15 +438,17 @@ class PostgresEventRecorder:
                 )
             results: list[AppendResult] = []
             lines: list[str] = []
-            for item, item_tails in zip(pending, tails, strict=True):
-                stream, version = _copy_text(item.stream), current.get(item.stream, 0)
+            for item, built, item_tails in zip(pending, rows, tails, strict=True):
+                version = current.get(item.stream, 0) if built is None else item.expected
+                item_rows = _row_tails(item, version, item_tails) if built is None else built
                 first = position + 1
-                for tail in item_tails:
+                for tail in item_rows:
                     position += 1
-                    version += 1
-                    lines.append(f"{position}\t{stream}\t{version}{tail}")
+                    lines.append(f"{position}{tail}")
                 results.append(
-                    AppendResult(item.stream, version, tuple(range(first, position + 1)))
+                    AppendResult(
+                        item.stream, version + len(item_rows), tuple(range(first, position + 1))
+                    )
                 )
             with raw.cursor().copy(_COPY_EVENTS) as copy:
                 copy.write("".join(lines))

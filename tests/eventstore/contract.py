@@ -129,18 +129,24 @@ class EventStoreContract:
             mine = [e.data["seq"] for e in events if e.data["writer"] == w]
             assert mine == list(range(1000))
 
+    @pytest.mark.parametrize("size", [1, 40], ids=["single", "large"])
     @pytest.mark.parametrize("writers", [2, 4, 16])
-    def test_of_n_appends_at_one_version_exactly_one_wins(self, store: Any, writers: int) -> None:
+    def test_of_n_appends_at_one_version_exactly_one_wins(
+        self, store: Any, writers: int, size: int
+    ) -> None:
+        store.append("other-1", 0, [new()])
         store.append("contended-1", 0, [new()])
         outcomes = run_released_together(
-            writers, lambda i: store.append("contended-1", 1, [new(writer=i)])
+            writers,
+            lambda i: store.append("contended-1", 1, [new(writer=i, k=k) for k in range(size)]),
         )
         winners = [o for o in outcomes if not isinstance(o, Exception)]
         losers = [o for o in outcomes if isinstance(o, Exception)]
         assert len(winners) == 1
         assert all(isinstance(o, ConcurrencyConflict) for o in losers)
-        assert store.stream_version("contended-1") == 2
-        assert [e.position for e in store.read_all(0)] == [1, 2]
+        assert {o.stream for o in losers} <= {"contended-1"}
+        assert store.stream_version("contended-1") == 1 + size
+        assert [e.position for e in store.read_all(0, limit=100)] == list(range(1, 3 + size))
 
     # Batches of STAGE_THRESHOLD (32) events or more take the Postgres
     # adapter's COPY path: rows encoded as COPY text, numbered under the lock.

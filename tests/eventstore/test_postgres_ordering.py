@@ -167,3 +167,41 @@ def test_one_unit_of_work_appends_to_many_streams_in_one_staged_commit(
     with SqlUnitOfWork(engine) as uow:
         uow.events.append("many-7", 2, [new() for _ in range(40)])
         assert uow.commit()[0].version == 42
+
+
+def test_a_rival_that_takes_a_version_after_we_read_it_is_a_conflict_on_its_stream(
+    engine: sa.Engine,
+) -> None:
+    """A staged commit reads the versions before the sequencer lock: a rival
+    that writes the same version meanwhile (here held uncommitted, then
+    committed) makes the unique key refuse our COPY, and the conflict names
+    the stream it happened on, not just the unit's first."""
+    rival = engine.connect()
+    rival.exec_driver_sql(
+        "INSERT INTO events (position, stream, version, event_id, type, data, metadata) "
+        "VALUES (1000000, 'raced-b', 1, gen_random_uuid(), 'Rival', '{}', '{}')"
+    )
+    outcome: list[BaseException | list[object]] = []
+
+    def ours() -> None:
+        try:
+            with SqlUnitOfWork(engine) as uow:
+                uow.events.append("calm-a", 0, [new() for _ in range(20)])
+                uow.events.append("raced-b", 0, [new() for _ in range(20)])
+                outcome.append(list(uow.commit()))
+        except BaseException as error:  # handed to the test thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=ours)
+    thread.start()
+    time.sleep(0.5)  # our COPY now waits on the rival's uncommitted key
+    assert thread.is_alive()
+    rival.commit()
+    rival.close()
+    thread.join(10)
+    [error] = outcome
+    assert isinstance(error, ConcurrencyConflict)
+    assert (error.stream, error.expected) == ("raced-b", 0)
+    store = PostgresEventStore(engine)
+    assert store.stream_version("calm-a") == 0
+    assert store.head_position() == 0
