@@ -97,7 +97,7 @@ def test_the_events_listing_shows_only_what_is_on_disk(walinspect: sa.Engine) ->
         conn.exec_driver_sql(
             "INSERT INTO events (position, stream, version, event_id, type, data, metadata) "
             "VALUES (%(p)s, 'late', 1, gen_random_uuid(), 'Noted', "
-            "'{\"kind\": \"Workload\", \"namespace\": \"team-a\"}', '{}')",
+            '\'{"kind": "Workload", "namespace": "team-a"}\', \'{}\')',
             {"p": position},
         )
         conn.commit()
