@@ -12,15 +12,22 @@ have their own variants (they must also refuse what cannot be stored).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-#: A run of digits that may be an integer past 64 bits, which orjson reads
-#: as a float (losing digits) where ``json.loads`` keeps it exact. Digits
-#: inside strings match too: such a document only takes the slow path.
-_LONG_NUMBER = re.compile(rb"\d{19}")
+#: A run of 19 digits may be an integer past 64 bits, which orjson reads as
+#: a float (losing digits) where ``json.loads`` keeps it exact. Digits inside
+#: strings count too: such a document only takes the slow path. Found as a
+#: substring once every ASCII digit reads "0" and every other byte ".": a
+#: regular expression (``\d{19}``) took longer than orjson's whole parse
+#: (a member's job listing: 24 ms against 11), this a fifteenth of it.
+_DIGITS = bytes(ord("0") if chr(b) in "0123456789" else ord(".") for b in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def _long_number(data: bytes) -> bool:
+    return _LONG_RUN in data.translate(_DIGITS)
 
 
 def read_fast(data: bytes) -> tuple[bool, Any]:
@@ -28,7 +35,7 @@ def read_fast(data: bytes) -> tuple[bool, Any]:
     would; ``(False, None)`` where only ``json.loads`` can say (a long number
     orjson would read differently, NaN, or not JSON at all: it then reads it,
     or refuses it with its own words)."""
-    if _LONG_NUMBER.search(data) is not None:
+    if _long_number(data):
         return False, None
     try:
         return True, orjson.loads(data)

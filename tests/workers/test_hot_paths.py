@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
 from service.app.uow import SqlUnitOfWork
+from service.runtime.jsonio import read_fast
 from tests.workers.conftest import ADMIN, set_cluster_status, setup_fleet, workload
 from workers import jsonio
 from workers.cli import GC_THRESHOLD, quiet_gc
@@ -123,6 +124,24 @@ def test_loads_reads_what_json_loads_reads(text: bytes) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "fast"),
+    [
+        (b'{"n": 1234567890123456789}', False),  # 19 digits: may be past 64 bits
+        (b'{"n": -12345678901234567890}', False),
+        (b'{"s": "id-1234567890123456789"}', False),  # in a string too: only slower
+        (b'{"n": 123456789012345678, "m": 1.5e300}', True),  # 18 digits: exact in orjson
+        (b'{"s": "\u00b2\u00b3 12345678 9012345678901"}', True),  # runs broken
+        (b'{"n": NaN}', False),  # orjson refuses: json.loads says
+    ],
+)
+def test_read_fast_leaves_long_digit_runs_to_json_loads(text: bytes, fast: bool) -> None:
+    ok, document = read_fast(text)
+    assert ok is fast
+    if ok:
+        assert document == json.loads(text)
+
+
 def test_loads_refuses_what_json_loads_refuses() -> None:
     with pytest.raises(json.JSONDecodeError):
         jsonio.loads(b'{"a": ')
@@ -168,3 +187,51 @@ def test_quiet_gc_freezes_what_start_up_made_and_collects_less_often() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class _Recording:
+    """A unit of work that records what ``records.append`` asks of it."""
+
+    def __init__(self) -> None:
+        self.recorded: list[list[Any]] = []
+        self.events = self
+        self.published: list[Any] = []
+
+    def append(self, *args: Any) -> None:
+        return None
+
+    def defer(self, *args: Any) -> None:
+        return None
+
+    def record(self, entries: list[Any]) -> list[Any]:
+        self.recorded.append(list(entries))
+        return []
+
+    def publish(self, messages: list[Any]) -> None:
+        self.published += messages
+
+
+def test_one_ledger_append_chains_a_batchs_entries_in_one_record_in_order() -> None:
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    from workers.records import append, one_ledger_append
+
+    uow: Any = _Recording()
+    now = datetime.now(UTC)
+    data = {
+        "kind": "Workload",
+        "namespace": "ns",
+        "name": "w",
+        "uid": str(uuid4()),
+        "generation": 1,
+    }
+    data |= {"labels": {}, "annotations": {}, "spec": {}, "status": {}}
+    data |= {"created_at": now.isoformat()}
+    with one_ledger_append(uow):
+        for entry in ("e1", "e2", "e3"):
+            append(uow, "workload-ns-w", 1, "WorkloadFinished", data, "t", now, [entry])  # type: ignore[list-item]
+        assert uow.recorded == []
+    assert uow.recorded == [["e1", "e2", "e3"]]
+    append(uow, "workload-ns-w", 1, "WorkloadFinished", data, "t", now, ["e4"])  # type: ignore[list-item]
+    assert uow.recorded[-1] == ["e4"]  # outside a batch: at once
