@@ -48,6 +48,7 @@ from workers.records import (
     append_cluster,
     append_workload,
     load,
+    one_ledger_append,
     parse_time,
     rfc3339,
     wake,
@@ -180,8 +181,9 @@ def _write_all(
         if len(batch) > 1:
             try:
                 with unit_of_work() as uow:
-                    for _, write in batch:
-                        write(uow)
+                    with one_ledger_append(uow):
+                        for _, write in batch:
+                            write(uow)
                     uow.commit()
             except ConcurrencyConflict:
                 log.info("%d changes of one batch moved on under sync; one by one", len(batch))
