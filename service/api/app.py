@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from service.api import openapi, problems
 from service.api.events import EventHead, events_router
+from service.api.fastpath import SubmitFastPath
 from service.api.group_commit import GroupCommit
 from service.api.ledger import ledger_router
 from service.api.middleware import (
@@ -136,7 +137,10 @@ def create_app(services: Services) -> FastAPI:
     problems.install(app)
     openapi.install(app)
     settings = services.settings
-    # Outermost first: metrics see every answer, including 429s and replays.
+    # Innermost first (each one added wraps those before it): metrics see
+    # every answer, including 429s and replays; submissions take the fast
+    # path inside all of ours.
+    app.add_middleware(SubmitFastPath)
     app.add_middleware(
         IdempotencyMiddleware, store=services.idempotency, max_body=settings.max_bulk_body_bytes
     )

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool as run
 from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
 from service.api.group_commit import GroupCommit
 from service.api.openapi import body_schema, list_schema, object_schema
-from service.app.auth import Role, require
+from service.app.auth import Principal, Role, require
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid
 from service.app.kinds import ADMIN_KINDS, Kind
@@ -273,12 +273,30 @@ def admin_router() -> APIRouter:
 # -- workloads ---------------------------------------------------------------------------
 
 
+SUBMIT_PATH = "/v1/namespaces/{namespace}/workloads"
+
+
+async def submit_workload(request: Request, namespace: str, principal: Principal) -> Response:
+    """The submit route's handler, for FastAPI's route and for the fast path
+    that serves the same route without FastAPI's per-request machinery
+    (service/api/fastpath.py)."""
+    deps: Container = request.app.state.container
+    actor = Actor(principal, request.headers.get("x-request-id"))
+    body = await read_body(request, deps.settings.max_body_bytes)
+    workload = deps.submissions.parse(actor, namespace, body)
+    committer: GroupCommit = request.app.state.group_commit
+    outcome = await committer.submit(Submission(actor, namespace, workload))
+    if isinstance(outcome, AppError):
+        raise outcome
+    return _etag(outcome, 201)
+
+
 def workload_router() -> APIRouter:
     from service.app.kinds import KINDS
 
     kind = KINDS["workloads"]
     router = APIRouter(tags=["Workload"])
-    base = "/v1/namespaces/{namespace}/workloads"
+    base = SUBMIT_PATH
 
     @router.post(
         base,
@@ -290,16 +308,7 @@ def workload_router() -> APIRouter:
         namespace: NamespacePath, request: Request, principal: CurrentPrincipal
     ) -> Any:
         """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
-        # Dependencies cost FastAPI about 20 µs each: the hot path takes one.
-        deps: Container = request.app.state.container
-        actor = Actor(principal, request.headers.get("x-request-id"))
-        body = await read_body(request, deps.settings.max_body_bytes)
-        workload = deps.submissions.parse(actor, namespace, body)
-        committer: GroupCommit = request.app.state.group_commit
-        outcome = await committer.submit(Submission(actor, namespace, workload))
-        if isinstance(outcome, AppError):
-            raise outcome
-        return _etag(outcome, 201)
+        return await submit_workload(request, namespace, principal)
 
     @router.get(base, responses={200: list_schema(kind)})
     async def list_workloads(
