@@ -8,8 +8,14 @@ scratch database, and, as the baseline in the same run, a bare endpoint
 through a psycopg pool) also with 2 workers. A load generator of 2 processes
 of asyncio keep-alive connections (a minimal HTTP/1.1 client, so that the
 generator costs little CPU on a 2-core machine) posts unique submissions for
-``--seconds`` per concurrency. Then the bulk endpoint: 5,000 workloads per
-request. Prints one JSON line; progress goes to stderr.
+``--seconds`` per concurrency, the baseline and then the API for each
+concurrency in turn (both servers are up throughout). Then the bulk endpoint:
+5,000 workloads per request. Besides rates and latencies, each figure carries
+the CPU that the server's processes and the database's backends spent per
+request (``server_cpu_us``, ``database_cpu_us``), which moves far less than
+the rates with whatever else runs on the box, and the run carries the load
+average at its start and end. Prints one JSON line; progress goes to stderr.
+The submissions carry no Idempotency-Key (see bench/results/README.md).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -106,7 +112,10 @@ def bare_app() -> Any:
 
 
 @contextmanager
-def server(args: list[str], env: dict[str, str], port: int, ready: str) -> Iterator[str]:
+def server(
+    args: list[str], env: dict[str, str], port: int, ready: str
+) -> Iterator[tuple[str, int]]:
+    """The server's base URL and its process group (uvicorn and its workers)."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -139,7 +148,7 @@ def server(args: list[str], env: dict[str, str], port: int, ready: str) -> Itera
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError(f"server {args} did not start")
             time.sleep(0.2)
-        yield base
+        yield base, process.pid
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -147,6 +156,38 @@ def server(args: list[str], env: dict[str, str], port: int, ready: str) -> Itera
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+# -- CPU accounting ----------------------------------------------------------------------
+# Other work shares the box: requests per second move with it, CPU per request
+# much less. So each run also says how much CPU the server's processes and the
+# database's backends spent per request.
+
+
+def _proc_cpu(match: Callable[[str, str], bool]) -> float:
+    """CPU seconds (user + system) of the processes ``match(stat, cmdline)`` picks."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if match(stat, cmdline):
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def server_cpu(group: int) -> float:
+    return _proc_cpu(lambda stat, _: int(stat.rsplit(")", 1)[1].split()[2]) == group)
+
+
+def database_cpu(database: str) -> float:
+    return _proc_cpu(lambda _, cmdline: cmdline.startswith("postgres:") and database in cmdline)
 
 
 # -- load generator ----------------------------------------------------------------------
@@ -209,7 +250,9 @@ def _generator(port: int, path: str, clients: int, seconds: float, tag: str, out
     out.put((latencies, errors))
 
 
-def load(port: int, path: str, clients: int, seconds: float, tag: str) -> dict[str, Any]:
+def load(
+    port: int, path: str, clients: int, seconds: float, tag: str, group: int, database: str
+) -> dict[str, Any]:
     processes = 2
     queue: Any = mp.get_context("spawn").Queue()
     workers = [
@@ -220,6 +263,7 @@ def load(port: int, path: str, clients: int, seconds: float, tag: str) -> dict[s
         for p in range(processes)
     ]
     started = time.perf_counter()
+    cpu = server_cpu(group), database_cpu(database)
     for worker in workers:
         worker.start()
     latencies: list[float] = []
@@ -228,6 +272,7 @@ def load(port: int, path: str, clients: int, seconds: float, tag: str) -> dict[s
         got, failed = queue.get()
         latencies += got
         errors += failed
+    spent = server_cpu(group) - cpu[0], database_cpu(database) - cpu[1]
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - started
@@ -242,6 +287,8 @@ def load(port: int, path: str, clients: int, seconds: float, tag: str) -> dict[s
         "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 2) if latencies else None,
         "mean_ms": round(1000 * statistics.fmean(latencies), 2) if latencies else None,
         "wall_s": round(elapsed, 2),
+        "server_cpu_us": round(1e6 * spent[0] / max(len(latencies), 1)),
+        "database_cpu_us": round(1e6 * spent[1] / max(len(latencies), 1)),
     }
 
 
@@ -273,9 +320,10 @@ def prepare(base: str) -> None:
         assert response.status_code == 201, response.text
 
 
-def bulk(base: str, batches: int, size: int = 5000) -> dict[str, Any]:
+def bulk(base: str, batches: int, group: int, database: str, size: int = 5000) -> dict[str, Any]:
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=300)
     created, started = 0, time.perf_counter()
+    cpu = server_cpu(group), database_cpu(database)
     for b in range(batches):
         items = [workload(f"bulk-{b}-{i}") for i in range(size)]
         response = client.post("/v1/namespaces/bench/bulk/workloads", json={"items": items})
@@ -283,7 +331,14 @@ def bulk(base: str, batches: int, size: int = 5000) -> dict[str, Any]:
         created += response.json()["created"]
         log(f"bulk {b + 1}/{batches}: {created} workloads")
     elapsed = time.perf_counter() - started
-    return {"workloads_per_s": round(created / elapsed, 1), "batches": batches, "batch_size": size}
+    spent = server_cpu(group) - cpu[0], database_cpu(database) - cpu[1]
+    return {
+        "workloads_per_s": round(created / elapsed, 1),
+        "batches": batches,
+        "batch_size": size,
+        "server_cpu_us": round(1e6 * spent[0] / max(created, 1)),
+        "database_cpu_us": round(1e6 * spent[1] / max(created, 1)),
+    }
 
 
 def main() -> None:
@@ -300,6 +355,7 @@ def main() -> None:
     with scratch_database(args.server, "bench_api") as url:
         upgrade(url)
         import sqlalchemy as sa
+        from sqlalchemy.engine import make_url
 
         engine = sa.create_engine(url)
         with engine.begin() as conn:
@@ -323,25 +379,35 @@ def main() -> None:
             "workers": 2,
             "single": {},
         }
-        port = free_port()
-        with server(["bench.api:bare_app", "--factory"], env, port, "/nothing") as _:
-            for n in clients:
-                log(f"baseline (bare INSERT), {n} clients ...")
-                results["single"].setdefault(str(n), {})["baseline"] = load(
-                    port, "/submit", n, args.seconds, f"bare{n}"
-                )
-        port = free_port()
-        with server(["service.api.main:create", "--factory"], env, port, "/readyz") as base:
+        database = make_url(url).database or ""
+        results["load_average"] = {"start": [round(x, 2) for x in os.getloadavg()]}
+        bare_port, api_port = free_port(), free_port()
+        # Both servers up at once, and each concurrency measured for the
+        # baseline and then the API, back to back: the box's other load moves
+        # both sides of a ratio alike.
+        with (
+            server(["bench.api:bare_app", "--factory"], env, bare_port, "/nothing") as (_, bare),
+            server(["service.api.main:create", "--factory"], env, api_port, "/readyz") as (
+                base,
+                group,
+            ),
+        ):
             prepare(base)
             for n in clients:
+                log(f"baseline (bare INSERT), {n} clients ...")
+                baseline = load(bare_port, "/submit", n, args.seconds, f"bare{n}", bare, database)
                 log(f"API submissions, {n} clients ...")
-                api = load(port, "/v1/namespaces/bench/workloads", n, args.seconds, f"api{n}")
-                entry = results["single"][str(n)]
-                entry["api"] = api
-                entry["ratio"] = round(api["per_s"] / max(entry["baseline"]["per_s"], 1e-9), 3)
-                base_rate = entry["baseline"]["per_s"]
-                log(f"  {api['per_s']}/s p99 {api['p99_ms']} ms vs baseline {base_rate}/s")
-            results["bulk"] = bulk(base, args.bulk_batches)
+                path = "/v1/namespaces/bench/workloads"
+                api = load(api_port, path, n, args.seconds, f"api{n}", group, database)
+                ratio = round(api["per_s"] / max(baseline["per_s"], 1e-9), 3)
+                results["single"][str(n)] = {"baseline": baseline, "api": api, "ratio": ratio}
+                log(
+                    f"  {api['per_s']}/s p99 {api['p99_ms']} ms vs baseline {baseline['per_s']}/s"
+                    f" (server CPU {api['server_cpu_us']} vs {baseline['server_cpu_us']} us"
+                    " per request)"
+                )
+            results["bulk"] = bulk(base, args.bulk_batches, group, database)
+        results["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
         results["targets"] = {
             "single_per_s_at_64": ">= 1500",
             "p99_ms_at_64": "<= 50",
