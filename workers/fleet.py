@@ -234,10 +234,15 @@ class FleetLoop:
                 self.on_sync(report)
             if not report.reachable:
                 return
+            # One pass: the other clusters' syncs wait meanwhile (a budget of a
+            # resync interval, passes spaced, held each cluster for a second
+            # under steady admissions, and finished gangs were seen, and their
+            # quota released, three seconds late). Passes wanted meanwhile are
+            # the reconcile consumer's, or the next resync's.
             self.coalescer.run(
                 name,
                 lambda: reconcile_once(self.engine, name, self.connect, self.settings, self.clock),
-                budget=self.settings.resync_interval,  # the other clusters wait meanwhile
+                budget=0.0,
             )
         except ConcurrencyConflict:
             log.info("%s changed during its pass; next pass redoes it", name)
