@@ -361,8 +361,9 @@ class _Cached:
     admitted: AdmittedWorkload | None
 
 
-def _cached(row: WorkloadRow) -> _Cached:
-    workload = workload_from_row(row)
+def _cached(row: WorkloadRow, workload: Workload | None = None) -> _Cached:
+    """``workload``: the row's domain value, if the caller knows it."""
+    workload = workload or workload_from_row(row)
     raw = row.status.get("admission")
     admitted = None
     if row.status.get("state", PENDING) in HOLDS_QUOTA and raw:
@@ -414,6 +415,42 @@ class WorkloadCache:
         for key in [k for k in self._items if k not in stamps]:
             del self._items[key]
         return [self._items[key][1] for key in stamps]
+
+    def written(self, appends: Sequence[tuple[str, int, str, Obj]]) -> None:
+        """The rows a committed cycle wrote, at the versions it wrote them:
+        the next refresh finds them here instead of fetching and decoding
+        again what this process just encoded (every admitted gang's row,
+        once a cycle). A row changed since by someone else has another
+        version, and is fetched as before."""
+        for _, version, _, data in appends:
+            key = f"{data['namespace']}/{data['name']}"
+            hit = self._items.get(key)
+            if hit is None or hit[0] != (str(data["uid"]), version):
+                continue
+            before = hit[1]
+            row = WorkloadRow(
+                before.row.namespace,
+                before.row.name,
+                before.row.uid,
+                version + 1,
+                int(data["generation"]),
+                data["labels"],
+                data["annotations"],
+                data["spec"],
+                data["status"],
+                before.row.created_at,
+            )
+            # The domain value reads the spec, the requeue state and the
+            # queue time: unchanged by an admission or a pending reason.
+            same = row.spec == before.row.spec and all(
+                row.status.get(k) == before.row.status.get(k) for k in ("requeueState", "queuedAt")
+            )
+            try:
+                entry = _cached(row, before.workload if same else None)
+            except (ValueError, KeyError, TypeError):
+                del self._items[key]  # the next refresh reads it (and says why it cannot)
+                continue
+            self._items[key] = ((row.uid, row.version), entry)
 
 
 def _cluster(row: Any) -> tuple[Cluster, list[Node]]:
@@ -885,6 +922,7 @@ class AdmissionCycle:
                 gc.enable()
         writes = plan(loaded, result, now)
         self.commit(writes, guard, result, before_commit, now)
+        self._cache.written(writes.appends)
         return CycleReport(
             result=result,
             plan=writes,

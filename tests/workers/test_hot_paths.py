@@ -71,6 +71,29 @@ def test_a_deleted_queue_leaves_the_cycle_cache(services: Services) -> None:
     assert report.plan.admitted == 1
 
 
+def test_the_cycle_keeps_the_rows_it_wrote_and_reads_them_as_a_fetch_would(
+    services: Services,
+) -> None:
+    from service.app.admission import WorkloadCache
+
+    setup_fleet(services, gpu_quota=8)
+    cycle = AdmissionCycle(services.engine, services.unit_of_work)
+    services.submissions.submit(ADMIN, "team-a", workload("a", count=1, gpus=8))
+    services.submissions.submit(ADMIN, "team-a", workload("b", count=1, gpus=8))
+    assert cycle.run(_no_guard).plan.admitted == 1  # b waits: no quota left
+    kept = dict(cycle._cache._items)
+    report = cycle.run(_no_guard)
+    assert report.plan.admitted == 0 and report.admitted_before == 1
+    for key in ("team-a/a", "team-a/b"):
+        assert cycle._cache._items[key][1] is kept[key][1], f"{key} was fetched again"
+    with services.engine.connect() as conn:
+        fetched = {e.row.key: e for e in WorkloadCache().refresh(conn)}
+    for key, (_, entry) in cycle._cache._items.items():
+        assert entry.row == fetched[key].row
+        assert entry.workload == fetched[key].workload
+        assert entry.admitted == fetched[key].admitted
+
+
 _ADMIT = sa.text(
     "UPDATE resources SET status = CAST(:status AS jsonb), "
     "resource_version = resource_version + 1 WHERE kind = 'Workload' AND name = :name"
