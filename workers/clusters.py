@@ -287,19 +287,26 @@ class Member:
             "field_validation": "Strict",
             "_content_type": APPLY,
             "_request_timeout": self.timeout,
+            # The answer (the object as stored) is not read: left to the
+            # client, it was decoded (and a Namespace deserialized into
+            # models) for every job dispatched.
+            "_preload_content": False,
         }
         body = dict(obj)
+        answer: Any
         with self._call(f"apply {ref}"):
             if k.api_version == "v1":
-                self._core.patch_namespace(ref.name, body, **options)
+                answer = self._core.patch_namespace(ref.name, body, **options)
             elif k.namespaced:
-                self._custom.patch_namespaced_custom_object(
+                answer = self._custom.patch_namespaced_custom_object(
                     k.group, k.version, ref.namespace, k.plural, ref.name, body, **options
                 )
             else:
-                self._custom.patch_cluster_custom_object(
+                answer = self._custom.patch_cluster_custom_object(
                     k.group, k.version, k.plural, ref.name, body, **options
                 )
+            answer.data  # noqa: B018  (read to the end: the connection goes back to the pool)
+            answer.release_conn()
 
     def pods(self, label_selector: str) -> list[Obj]:
         with self._call("list pods"):
