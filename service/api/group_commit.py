@@ -15,6 +15,10 @@ always, 16 clients got 0.25 of the bare baseline instead of 0.29-0.37).
 Each request still gets its own answer, its object or its own
 error (``SubmissionService.submit_parsed``); nothing is acknowledged
 before its unit of work has committed.
+
+The same batching serves the Idempotency-Key store: claims that arrive
+together are made in one transaction, and so are the stored responses
+(service/api/middleware.py).
 """
 
 from __future__ import annotations
@@ -22,29 +26,35 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import anyio
 
-from service.app.submissions import Outcome, Submission
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
-Commit = Callable[[Sequence[Submission]], list[Outcome]]
 
+class GroupCommit(Generic[Item, Result]):
+    """``commit(items)`` answers each item with its own result, in order."""
 
-class GroupCommit:
     def __init__(
-        self, commit: Commit, max_batch: int = 256, committers: int = 2, spill: int = 16
+        self,
+        commit: Callable[[Sequence[Item]], list[Result]],
+        max_batch: int = 256,
+        committers: int = 2,
+        spill: int = 16,
     ) -> None:
         self._commit = commit
         self._max_batch = max_batch
         self._committers = committers
         self._spill = spill
         self._running = 0
-        self._waiting: deque[tuple[Submission, asyncio.Future[Outcome]]] = deque()
+        self._waiting: deque[tuple[Item, asyncio.Future[Result]]] = deque()
 
-    async def submit(self, submission: Submission) -> Outcome:
-        """The submission's outcome, once the unit of work it rode in committed."""
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._waiting.append((submission, future))
+    async def submit(self, item: Item) -> Result:
+        """The item's result, once the unit of work it rode in committed."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
         if self._running == 0 or (
             self._running < self._committers and len(self._waiting) >= self._spill
         ):
@@ -63,7 +73,7 @@ class GroupCommit:
         finally:
             self._running -= 1
 
-    async def _run(self, batch: list[tuple[Submission, asyncio.Future[Outcome]]]) -> None:
+    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
         try:
             outcomes = await anyio.to_thread.run_sync(self._commit, [s for s, _ in batch])
         except Exception as error:  # e.g. the database is down: every request answers it

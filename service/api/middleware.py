@@ -21,6 +21,7 @@ from urllib.parse import unquote_to_bytes
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from service.api.group_commit import GroupCommit
 from service.api.problems import PROBLEM_JSON, TYPE_BASE
 from service.app.idempotency import (
     IN_FLIGHT_LEASE,
@@ -29,6 +30,7 @@ from service.app.idempotency import (
     InFlight,
     Mismatch,
     Replay,
+    Response,
 )
 
 Scope = MutableMapping[str, Any]
@@ -250,6 +252,12 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         self.max_body = max_body
+        # Claims, and stored responses, that arrive together share a
+        # transaction and a thread hop: one each per request cost about six
+        # times a submission's CPU (2.5 ms per request in-process at 32
+        # clients, threads taking turns at the GIL around every round trip).
+        self._claims = GroupCommit(store.claim_many)
+        self._finishes = GroupCommit(store.finish_many)
         self._releasing: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -270,7 +278,7 @@ class IdempotencyMiddleware:
         body, messages = await _drain(receive, self.max_body)
         principal = principal_key(scope)
         fingerprint = _fingerprint(scope, body)
-        outcome = await anyio.to_thread.run_sync(self.store.claim, principal, key, fingerprint)
+        outcome = await self._claims.submit((principal, key, fingerprint))
         if isinstance(outcome, Mismatch):
             await _send_problem(
                 send,
@@ -340,7 +348,7 @@ class IdempotencyMiddleware:
             body = b"".join(
                 bytes(m.get("body", b"")) for m in held if m["type"] == "http.response.body"
             )
-            await anyio.to_thread.run_sync(self.store.finish, principal, key, status, headers, body)
+            await self._finishes.submit(Response(principal, key, status, headers, body))
         for message in held:
             await send(message)
 

@@ -28,7 +28,7 @@ from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid
 from service.app.kinds import ADMIN_KINDS, Kind
 from service.app.resources import Actor, Page
-from service.app.submissions import MAX_BULK, Submission
+from service.app.submissions import MAX_BULK, Outcome, Submission
 from service.app.workloads import validation_problems
 
 NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -284,7 +284,7 @@ async def submit_workload(request: Request, namespace: str, principal: Principal
     actor = Actor(principal, request.headers.get("x-request-id"))
     body = await read_body(request, deps.settings.max_body_bytes)
     workload = deps.submissions.parse(actor, namespace, body)
-    committer: GroupCommit = request.app.state.group_commit
+    committer: GroupCommit[Submission, Outcome] = request.app.state.group_commit
     outcome = await committer.submit(Submission(actor, namespace, workload))
     if isinstance(outcome, AppError):
         raise outcome

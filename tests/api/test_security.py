@@ -335,3 +335,26 @@ def test_a_claim_whose_request_failed_while_the_database_was_down_is_released_wh
             assert again.status_code == 503  # ran again: not 409 "in flight"
 
     asyncio.run(scenario())
+
+
+def test_claims_made_together_answer_as_if_made_one_by_one(engine: sa.Engine) -> None:
+    from service.app.idempotency import Claimed, InFlight, Mismatch, Replay, Response
+
+    store = IdempotencyStore(engine, ttl_seconds=3600)
+    first = store.claim_many(
+        [("p", "a", b"1"), ("p", "a", b"1"), ("p", "b", b"1"), ("p", "b", b"2"), ("q", "a", b"1")]
+    )
+    # The first request with a key claims it; a second in the same batch meets it.
+    assert first == [Claimed(), InFlight(), Claimed(), Mismatch(), Claimed()]
+    store.finish_many(
+        [
+            Response("p", "a", 201, [("content-type", "application/json")], b"{}"),
+            Response("p", "b", 503, [], b""),  # not kept: its retry runs again
+        ]
+    )
+    assert store.claim_many([("p", "a", b"1"), ("p", "a", b"2"), ("p", "b", b"9")]) == [
+        Replay(201, [("content-type", "application/json")], b"{}"),
+        Mismatch(),
+        Claimed(),
+    ]
+    assert store.claim("q", "a", b"1") == InFlight()
