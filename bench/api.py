@@ -15,7 +15,8 @@ the CPU that the server's processes and the database's backends spent per
 request (``server_cpu_us``, ``database_cpu_us``), which moves far less than
 the rates with whatever else runs on the box, and the run carries the load
 average at its start and end. Prints one JSON line; progress goes to stderr.
-The submissions carry no Idempotency-Key (see bench/results/README.md).
+The submissions carry no Idempotency-Key; ``--keyed 64`` adds a run at 64
+clients in which each one does (its own key).
 """
 
 from __future__ import annotations
@@ -204,17 +205,24 @@ async def read_answer(reader: asyncio.StreamReader) -> bytes:
     return status_line
 
 
-def _request(path: str, body: bytes, port: int) -> bytes:
+def _request(path: str, body: bytes, port: int, key: str | None = None) -> bytes:
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        + (f"Idempotency-Key: {key}\r\n" if key else "")
+        + f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
 
 async def _connection(
-    port: int, path: str, prefix: str, stop: float, latencies: list[float], errors: list[int]
+    port: int,
+    path: str,
+    prefix: str,
+    stop: float,
+    latencies: list[float],
+    errors: list[int],
+    keyed: bool,
 ) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     template = json.dumps(workload("NAME"), separators=(",", ":"))
@@ -224,7 +232,8 @@ async def _connection(
             counter += 1
             body = template.replace("NAME", f"{prefix}-{counter}").encode()
             start = time.perf_counter()
-            writer.write(_request(path, body, port))
+            key = f"{prefix}-{counter}" if keyed else None
+            writer.write(_request(path, body, port, key))
             status_line = await read_answer(reader)
             latencies.append(time.perf_counter() - start)
             if not status_line.startswith(b"HTTP/1.1 201"):
@@ -233,7 +242,9 @@ async def _connection(
         writer.close()
 
 
-def _generator(port: int, path: str, clients: int, seconds: float, tag: str, out: Any) -> None:
+def _generator(
+    port: int, path: str, clients: int, seconds: float, tag: str, keyed: bool, out: Any
+) -> None:
     latencies: list[float] = []
     errors: list[int] = []
 
@@ -241,7 +252,7 @@ def _generator(port: int, path: str, clients: int, seconds: float, tag: str, out
         stop = time.perf_counter() + seconds
         await asyncio.gather(
             *(
-                _connection(port, path, f"{tag}-{i}", stop, latencies, errors)
+                _connection(port, path, f"{tag}-{i}", stop, latencies, errors, keyed)
                 for i in range(clients)
             )
         )
@@ -251,14 +262,21 @@ def _generator(port: int, path: str, clients: int, seconds: float, tag: str, out
 
 
 def load(
-    port: int, path: str, clients: int, seconds: float, tag: str, group: int, database: str
+    port: int,
+    path: str,
+    clients: int,
+    seconds: float,
+    tag: str,
+    group: int,
+    database: str,
+    keyed: bool = False,
 ) -> dict[str, Any]:
     processes = 2
     queue: Any = mp.get_context("spawn").Queue()
     workers = [
         mp.get_context("spawn").Process(
             target=_generator,
-            args=(port, path, clients // processes, seconds, f"{tag}-p{p}", queue),
+            args=(port, path, clients // processes, seconds, f"{tag}-p{p}", keyed, queue),
         )
         for p in range(processes)
     ]
@@ -347,6 +365,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", default="16,64,256")
     parser.add_argument("--bulk-batches", type=int, default=4)
+    parser.add_argument(
+        "--keyed",
+        default="",
+        help="client counts at which the API is also measured with an Idempotency-Key per "
+        "submission (e.g. 64); none by default",
+    )
     parser.add_argument("--server", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     from service.app.migrate import upgrade
@@ -406,6 +430,12 @@ def main() -> None:
                     f" (server CPU {api['server_cpu_us']} vs {baseline['server_cpu_us']} us"
                     " per request)"
                 )
+            for n in [int(c) for c in args.keyed.split(",") if c]:
+                log(f"API submissions with an Idempotency-Key each, {n} clients ...")
+                path = "/v1/namespaces/bench/workloads"
+                keyed = load(api_port, path, n, args.seconds, f"key{n}", group, database, True)
+                results.setdefault("keyed", {})[str(n)] = keyed
+                log(f"  {keyed['per_s']}/s p99 {keyed['p99_ms']} ms")
             results["bulk"] = bulk(base, args.bulk_batches, group, database)
         results["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
         results["targets"] = {
