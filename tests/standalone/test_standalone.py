@@ -78,7 +78,9 @@ class Standalone:
             lines.append(line.rstrip("\n"))
 
     def _wait_ready(self, began: float, timeout: float = 60.0) -> float:
-        while not any("Quartermaster is ready" in line for line in self.out):
+        # The ready block's last line: the lines between (API, admin token, …)
+        # are read by the time it is, however slowly the collector runs.
+        while not any("Ctrl-C stops everything" in line for line in self.out):
             if self.process.poll() is not None or time.monotonic() - began > timeout:
                 self.interrupt()
                 pytest.fail("standalone did not become ready:\n" + self.transcript())
