@@ -195,7 +195,12 @@ def main() -> None:
         help="writers x events per transaction, comma-separated",
     )
     args = parser.parse_args()
-    results: dict[str, object] = {"bench": "eventstore", "seconds_per_case": args.seconds}
+    results: dict[str, Any] = {
+        "bench": "eventstore",
+        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seconds_per_case": args.seconds,
+        "load_average": {"before": list(os.getloadavg())},
+    }
     with bench_database(args.database_url) as url:
         upgrade(url)
         engine = make_engine(url, pool_size=40)
@@ -227,6 +232,7 @@ def main() -> None:
             count = conn.exec_driver_sql("SELECT count(*) FROM events").scalar_one()
         results["gap_free"] = head == count
         engine.dispose()
+    results["load_average"]["after"] = list(os.getloadavg())
     print(json.dumps(results))
 
 
