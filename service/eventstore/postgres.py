@@ -132,6 +132,32 @@ SELECT head.base + batch.ord, %(stream)s, current.v + batch.ord,
 FROM head, current, batch
 RETURNING position, version
 """
+# The same for the appends of a unit to several streams, in one statement:
+# one turn at the sequencer and one row version of event_head for the unit
+# (a statement per stream moved the head once each), the versions of every
+# stream checked before the head moves.
+_INSERT_MANY = """
+WITH batch AS (
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS b(
+        ord bigint, stream text, k integer, expected bigint,
+        id uuid, type text, data jsonb, meta jsonb)
+), current AS (
+    SELECT s.stream, s.expected,
+           coalesce((SELECT max(e.version) FROM events e WHERE e.stream = s.stream), 0) AS v
+    FROM (SELECT DISTINCT stream, expected FROM batch) AS s
+), head AS (
+    UPDATE event_head SET position = position + %(n)s + (
+        SELECT coalesce(sum(CASE WHEN c.expected IN (-1, c.v) THEN 0
+                            ELSE qm_version_conflict(c.stream, c.expected, c.v) END), 0)
+        FROM current AS c)
+    WHERE id = 1
+    RETURNING position - %(n)s AS base
+)
+INSERT INTO events (position, stream, version, event_id, type, data, metadata)
+SELECT head.base + b.ord, b.stream, c.v + b.k, b.id, b.type, b.data, b.meta
+FROM head, batch AS b JOIN current AS c ON c.stream = b.stream
+RETURNING position, stream, version
+"""
 STAGE_THRESHOLD = 32
 # Taken in one pipeline: the versions of the batch's streams, then the
 # sequencer lock (moving the head by n). The versions are read before the
@@ -194,6 +220,28 @@ def _encode_batch(events: Sequence[NewEvent]) -> str:
         )
         + "]"
     )
+
+
+def _encode_many(pending: Sequence[_Pending]) -> str:
+    """The rows of ``_INSERT_MANY``: each event with its ordinal in the unit,
+    its stream, its ordinal in the stream's append and that append's expected
+    version (metadata a unit usually shares encoded once)."""
+    metas: dict[int, str] = {}
+    rows, ordinal = [], 0
+    for item in pending:
+        stream = _json(item.stream)
+        for k, event in enumerate(item.events, start=1):
+            ordinal += 1
+            meta = metas.get(id(event.metadata))
+            if meta is None:
+                meta = orjson.dumps(event.metadata.to_json()).decode()
+                metas[id(event.metadata)] = meta
+            rows.append(
+                f'{{"ord":{ordinal},"stream":{stream},"k":{k},"expected":{item.expected},'
+                f'"id":"{event.event_id}","type":{_json(event.type)},'
+                f'"data":{_json(event.data)},"meta":{meta}}}'
+            )
+    return "[" + ",".join(rows) + "]"
 
 
 def _copy_text(value: str) -> str:
@@ -364,6 +412,7 @@ class PostgresEventRecorder:
         total = sum(len(item.events) for item in pending)
         if total >= STAGE_THRESHOLD and len(set(streams)) == len(streams):
             return self._commit_staged(raw, pending, deferred, commit_transaction)
+        together = len(pending) > 1 and len(set(streams)) == len(streams)
         cursors = []
         try:
             with raw.pipeline():
@@ -373,7 +422,11 @@ class PostgresEventRecorder:
                 for item in pending:
                     if item.expected == ANY_VERSION:
                         raw.execute(_LOCK_STREAM, {"stream": item.stream})
-                    cursors.append(raw.execute(_INSERT, item.params()))
+                    if not together:
+                        cursors.append(raw.execute(_INSERT, item.params()))
+                if together:
+                    many = {"batch": _encode_many(pending), "n": total}
+                    cursors.append(raw.execute(_INSERT_MANY, many))
                 commit_transaction()
                 raw.execute(_FLUSH)
                 raw.commit()
@@ -383,13 +436,18 @@ class PostgresEventRecorder:
             # gets the connection back clean, then explain the failure.
             raw.rollback()
             return _explain(raw, error, pending)
+        if together:
+            found: dict[str, list[Any]] = {}
+            for position, stream, version in rows[0]:
+                found.setdefault(str(stream), []).append((position, version))
+            rows = [found[item.stream] for item in pending]
         return [
             AppendResult(
                 item.stream,
-                max(int(r[1]) for r in found),
-                tuple(sorted(int(r[0]) for r in found)),
+                max(int(r[1]) for r in found_rows),
+                tuple(sorted(int(r[0]) for r in found_rows)),
             )
-            for item, found in zip(pending, rows, strict=True)
+            for item, found_rows in zip(pending, rows, strict=True)
         ]
 
     def _commit_staged(

@@ -205,3 +205,29 @@ def test_a_rival_that_takes_a_version_after_we_read_it_is_a_conflict_on_its_stre
     store = PostgresEventStore(engine)
     assert store.stream_version("calm-a") == 0
     assert store.head_position() == 0
+
+
+def test_a_small_unit_appends_to_several_streams_in_one_statement(engine: sa.Engine) -> None:
+    """Below the COPY threshold, a unit's appends to several streams go in one
+    statement: numbered in the unit's order, each stream's versions checked
+    (a stale one named in the conflict)."""
+    store = PostgresEventStore(engine)
+    store.append("few-b", 0, [new(), new()])
+    with SqlUnitOfWork(engine) as uow:
+        uow.events.append("few-a", 0, [new(i=0), new(i=1)])
+        uow.events.append("few-b", 2, [new(i=2)])
+        uow.events.append("few-log", ANY_VERSION, [new(i=3), new(i=4), new(i=5)])
+        results = uow.commit()
+    assert [(r.stream, r.version, r.positions) for r in results] == [
+        ("few-a", 2, (3, 4)),
+        ("few-b", 3, (5,)),
+        ("few-log", 3, (6, 7, 8)),
+    ]
+    assert [e.data.get("i") for e in store.read_all(2)] == [0, 1, 2, 3, 4, 5]
+    with SqlUnitOfWork(engine) as uow:
+        uow.events.append("few-c", 0, [new()])
+        uow.events.append("few-a", 1, [new()])  # stale: few-a is at 2
+        with pytest.raises(ConcurrencyConflict) as raised:
+            uow.commit()
+    assert (raised.value.stream, raised.value.expected, raised.value.actual) == ("few-a", 1, 2)
+    assert store.head_position() == 8 and store.stream_version("few-c") == 0
