@@ -127,6 +127,7 @@ class Relay:
         republish_after: float = 300.0,
         limit: int = 500,
         hints: Hints | None = None,
+        spacing: float = 0.05,
     ) -> None:
         self._engine = engine
         self._send = send
@@ -134,6 +135,7 @@ class Relay:
         self._poll = poll_interval
         self._republish_after = republish_after
         self._limit = limit
+        self._spacing = spacing
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -152,27 +154,46 @@ class Relay:
         return conn
 
     def _loop(self, listener: psycopg.Connection[Any]) -> None:
+        swept = -float("inf")
         while not self.stop.is_set():
+            began = time.monotonic()
+            # Messages the broker lost are looked for now and then, not on
+            # every pass (they are ``republish_after`` old at least).
+            sweep = began - swept >= min(self._republish_after / 10, 30.0)
             # LISTEN was issued before this pass, so no commit falls between.
             try:
                 result = relay_once(
                     self._engine,
                     self._send,
                     limit=self._limit,
-                    republish_after=self._republish_after,
+                    republish_after=self._republish_after if sweep else None,
                     hints=self._hints,
                 )
             except Exception:
                 log.exception("outbox relay pass failed; retrying")
                 self.stop.wait(self._poll)
                 continue
+            if sweep:
+                swept = began
             if result.sent < self._limit:
+                # Spaced: every submission's commit notifies, and a pass per
+                # notification (two transactions each) was the relay's whole
+                # cost; the commits of the next ``spacing`` are one pass.
+                self.stop.wait(max(0.0, began + self._spacing - time.monotonic()))
                 self._wait(listener)
 
     def _wait(self, listener: psycopg.Connection[Any]) -> None:
         """Until a commit is notified or ``poll_interval`` passes, looking
-        at ``stop`` every quarter second."""
+        at ``stop`` every quarter second; then the notifications that came
+        with it are taken too (one pass for all of them)."""
         deadline = time.monotonic() + self._poll
         while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
-            for _ in listener.notifies(timeout=min(left, 0.25), stop_after=1):
+            heard = listener.notifies(timeout=min(left, 0.25), stop_after=1)
+            try:
+                woken = next(heard, None) is not None
+            finally:
+                heard.close()  # it holds the connection's lock while open
+            if woken:
+                for _ in listener.notifies(timeout=0.001):
+                    pass
                 return

@@ -161,3 +161,34 @@ def test_the_relay_hears_a_commit_at_once_not_at_its_next_poll(engine: sa.Engine
         relay.stop.set()
         thread.join(2)
     assert not thread.is_alive()
+
+
+def test_the_relay_takes_a_burst_of_commits_in_few_passes_and_sweeps_now_and_then(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every commit notifies; passes begin ``spacing`` apart and take the
+    notifications that came meanwhile, so a burst is a few passes, not one
+    each; the sweep for messages the broker lost is not every pass."""
+    from workers import outbox
+
+    passes: list[float | None] = []
+    real = outbox.relay_once
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        passes.append(kwargs.get("republish_after"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(outbox, "relay_once", counting)
+    sent: list[UUID] = []
+    relay = Relay(engine, lambda m, t, p: sent.append(m), poll_interval=30.0, spacing=0.2)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        time.sleep(0.3)  # listening
+        ids = [i for n in range(40) for i in _publish(engine, {"n": n})]
+        wait_for(lambda: sorted(sent) == sorted(ids), 10)
+    finally:
+        relay.stop.set()
+        thread.join(2)
+    assert len(passes) < 20, f"{len(passes)} passes for 40 commits"
+    assert passes[0] == 300.0 and all(p is None for p in passes[1:])
