@@ -1,5 +1,6 @@
-"""An append commits asynchronously (the sequencer lock is not held through
-the WAL flush) yet is on disk before it returns; readers that hand events or
+"""A unit of several appends or a large batch commits asynchronously (the
+sequencer lock is not held through the WAL flush) yet is on disk before it
+returns; readers that hand events or
 ledger entries outside wait for the same (service/eventstore/postgres.py,
 "The WAL flush outside the lock").
 
@@ -20,7 +21,7 @@ import sqlalchemy as sa
 
 from service.app.auth import Principal, Role
 from service.app.events import EventFilter, EventQueries
-from service.eventstore.postgres import PostgresEventStore
+from service.app.uow import SqlUnitOfWork
 from tests.eventstore.contract import new
 
 
@@ -59,12 +60,14 @@ def _flushed_commit(engine: sa.Engine, since: str, until: str, position: int) ->
 
 
 def test_an_append_is_flushed_to_disk_before_it_returns(walinspect: sa.Engine) -> None:
-    store = PostgresEventStore(walinspect)
-    for size in (1, 100):  # the single-statement path and the COPY path
+    for streams, size in ((1, 1), (3, 2), (1, 100)):  # one append, several, COPY
         since = _lsn(walinspect, "pg_current_wal_insert_lsn")
-        result = store.append(f"durable-{size}", 0, [new(seq=i) for i in range(size)])
+        with SqlUnitOfWork(walinspect) as uow:
+            for s in range(streams):
+                uow.events.append(f"durable-{size}-{s}", 0, [new(seq=i) for i in range(size)])
+            result = uow.commit()[-1]
         flushed = _lsn(walinspect, "pg_current_wal_flush_lsn")
-        assert _flushed_commit(walinspect, since, flushed, result.positions[-1]), size
+        assert _flushed_commit(walinspect, since, flushed, result.positions[-1]), (streams, size)
 
 
 def test_the_append_commits_asynchronously(walinspect: sa.Engine) -> None:
@@ -72,7 +75,10 @@ def test_the_append_commits_asynchronously(walinspect: sa.Engine) -> None:
     for the flush (its logical message): the append did not wait for the
     flush holding the sequencer lock."""
     since = _lsn(walinspect, "pg_current_wal_insert_lsn")
-    result = PostgresEventStore(walinspect).append("async-commit", 0, [new(seq=0)])
+    with SqlUnitOfWork(walinspect) as uow:  # several streams: the asynchronous kind
+        uow.events.append("async-a", 0, [new(seq=0)])
+        uow.events.append("async-b", 0, [new(seq=1)])
+        result = uow.commit()[-1]
     flushed = _lsn(walinspect, "pg_current_wal_flush_lsn")
     commit_end = _flushed_commit(walinspect, since, flushed, result.positions[0])
     assert commit_end is not None
