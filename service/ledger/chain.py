@@ -109,19 +109,66 @@ def seal(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> LedgerEntry:
 def seal_with_bytes(seq: int, item: NewLedgerEntry, prev_hash: bytes) -> tuple[LedgerEntry, bytes]:
     """:func:`seal`, and the RFC 8785 bytes it hashed (:func:`entry_bytes`),
     which storage keeps beside the entry."""
+    return prepare(item).seal(seq, prev_hash)
+
+
+# Stand-ins for the two fields known only at the tip. In the canonical
+# document the keys come sorted (body, entry_id, kind, prev_hash,
+# recorded_at, seq, v): ``prev_hash`` is the last field whose value can hold
+# arbitrary text before it, so the stand-in's last occurrence is the field's.
+_PREV_STAND_IN: Final = "p" * 64
+_PREV_FIELD: Final = f'"prev_hash":"{_PREV_STAND_IN}"'.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEntry:
+    """An entry canonicalised before its place in the chain is known: the
+    costly part of sealing (the body's JSON), done before the tip is locked;
+    :meth:`seal` then only splices in the tip's hash and the sequence number
+    and hashes."""
+
+    item: NewLedgerEntry
+    before_prev: bytes
+    after_prev: bytes
+    """Up to ``"seq":`` (the document ends ``"seq":N,"v":V}``)."""
+    ending: bytes
+
+    def seal(self, seq: int, prev_hash: bytes) -> tuple[LedgerEntry, bytes]:
+        data = b"".join(
+            (
+                self.before_prev,
+                prev_hash.hex().encode(),
+                self.after_prev,
+                str(seq).encode(),
+                self.ending,
+            )
+        )
+        item = self.item
+        entry = LedgerEntry(
+            seq,
+            item.entry_id,
+            item.kind,
+            item.recorded_at,
+            item.body,
+            prev_hash,
+            hashlib.sha256(data).digest(),
+        )
+        return entry, data
+
+
+def prepare(item: NewLedgerEntry) -> PreparedEntry:
+    """``item`` canonicalised with stand-ins for ``prev_hash`` and ``seq``."""
     body = canonical_body(item.body)
     clean = NewLedgerEntry(item.entry_id, item.kind, body, in_utc(item.recorded_at))
-    data = canonical_json(entry_document(seq, clean, prev_hash))
-    entry = LedgerEntry(
-        seq,
-        clean.entry_id,
-        clean.kind,
-        clean.recorded_at,
-        clean.body,
-        prev_hash,
-        hashlib.sha256(data).digest(),
-    )
-    return entry, data
+    document = entry_document(0, clean, bytes(32))
+    document["prev_hash"] = _PREV_STAND_IN
+    data = canonical_json(document)
+    at = data.rindex(_PREV_FIELD) + len(b'"prev_hash":"')
+    ending = f',"v":{CHAIN_VERSION}}}'.encode()
+    seq_at = len(data) - len(ending) - 1  # the stand-in seq, 0, is one digit
+    if not data.endswith(b'"seq":0' + ending):
+        raise AssertionError("the canonical entry document no longer ends with seq and v")
+    return PreparedEntry(clean, data[:at], data[at + 64 : seq_at], ending)
 
 
 def recompute(entry: LedgerEntry) -> bytes:

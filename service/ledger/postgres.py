@@ -14,8 +14,9 @@ from service.ledger.chain import (
     CHAIN_VERSION,
     LedgerEntry,
     NewLedgerEntry,
+    PreparedEntry,
     Verification,
-    seal_with_bytes,
+    prepare,
     verify_chain,
 )
 from service.ledger.checkpoint import Checkpoint, NoteVerifier
@@ -114,6 +115,9 @@ class PostgresLedgerWriter:
             return []
         raw = self._psycopg()
         ids = list({e.entry_id: e for e in entries})
+        # Canonicalised before the tip's lock is taken: under it, sealing only
+        # splices in the tip's hash and the sequence number, and hashes.
+        prepared = {e.entry_id: prepare(e) for e in entries}
         if self._tip is None:
             with raw.pipeline():
                 tip_cursor = raw.execute(_LOCK_TIP)
@@ -128,16 +132,18 @@ class PostgresLedgerWriter:
         known = {entry.entry_id: entry for entry in map(_row_to_entry, found.fetchall())}
         known.update({i: self._sealed[i] for i in ids if i in self._sealed})
         fresh = list({e.entry_id: e for e in entries if e.entry_id not in known}.values())
-        sealed = self._seal(fresh, int(seq), bytes(tip)) if fresh else []
+        sealed = self._seal([prepared[e.entry_id] for e in fresh], int(seq), bytes(tip))
         by_id = {**known, **{s.entry_id: s for s in sealed}}
         return [by_id[e.entry_id] for e in entries]
 
-    def _seal(self, fresh: Sequence[NewLedgerEntry], seq: int, tip: bytes) -> list[LedgerEntry]:
+    def _seal(self, fresh: Sequence[PreparedEntry], seq: int, tip: bytes) -> list[LedgerEntry]:
+        if not fresh:
+            return []
         sealed: list[LedgerEntry] = []
         rows: list[dict[str, Any]] = []
         previous, next_seq = tip, seq + 1
         for item in fresh:
-            entry, data = seal_with_bytes(next_seq, item, previous)
+            entry, data = item.seal(next_seq, previous)
             sealed.append(entry)
             rows.append(_params(entry, data))
             previous, next_seq = entry.entry_hash, next_seq + 1

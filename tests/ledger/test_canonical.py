@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -10,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.ledger.canonical import canonical_json
+from service.ledger.chain import NewLedgerEntry, canonical_body, entry_document, prepare
 
 keys = st.one_of(st.text(max_size=8), st.sampled_from(["a", "B", "é", "\ue000", "😀", "_", "aa"]))
 scalars = st.one_of(
@@ -80,3 +84,38 @@ def test_every_float_writes_as_rfc8785_does(value: float) -> None:
     assert canonical_json({"x": value, "y": [value, -value]}) == rfc8785.dumps(
         {"x": value, "y": [value, -value]}
     )
+
+
+# Sealing splices the tip's hash and the sequence number into a document
+# canonicalised beforehand (service/ledger/chain.PreparedEntry): the bytes
+# must be what rfc8785 makes of the whole document, whatever the body holds
+# (including text that looks like the fields spliced in).
+tricky_bodies = st.one_of(
+    documents,
+    st.just({"prev_hash": "p" * 64, "seq": 0, "x": '"prev_hash":"' + "p" * 64 + '"'}),
+    st.just({"nested": {"prev_hash": "p" * 64, "v": 1, "seq": 0}}),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=tricky_bodies,
+    seq=st.integers(1, 10**12),
+    prev=st.binary(min_size=32, max_size=32),
+    kind=st.text(min_size=1, max_size=12),
+)
+def test_a_prepared_entry_seals_to_the_canonical_bytes(
+    body: dict[str, Any], seq: int, prev: bytes, kind: str
+) -> None:
+    item = NewLedgerEntry(uuid.UUID(int=seq), kind, body, datetime(2026, 11, 30, tzinfo=UTC))
+    try:
+        clean = NewLedgerEntry(item.entry_id, kind, canonical_body(body), item.recorded_at)
+        expected = rfc8785.dumps(entry_document(seq, clean, prev))
+    except (ValueError, rfc8785.CanonicalizationError):
+        with pytest.raises((ValueError, rfc8785.CanonicalizationError)):
+            prepare(item)
+        return
+    entry, data = prepare(item).seal(seq, prev)
+    assert data == expected
+    assert entry.entry_hash == hashlib.sha256(expected).digest()
+    assert (entry.seq, entry.prev_hash, entry.body) == (seq, prev, clean.body)
