@@ -53,20 +53,19 @@ The WAL flush outside the lock
 A synchronous COMMIT flushes the WAL (fdatasync, 1-2 ms here) *before* the
 transaction becomes visible and releases its locks, so every writer used to
 wait for every earlier writer's flush, one at a time. A unit that appends to
-several streams, COPYs a large batch, or also holds other locks to its commit
-(the ledger's tip, read-model rows: the API's submissions, admission cycles,
-bulk) therefore commits asynchronously (``SET LOCAL synchronous_commit =
-off``): it becomes visible and releases the sequencer lock as soon as its
-commit record is in the WAL buffers — still strictly in position order. Then,
-in the same pipeline, a second transaction that writes a few bytes of WAL (a
-logical message) commits synchronously; its commit flushes the WAL through its
-own commit record, which lies after ours. So ``commit`` returns (the caller
-acknowledges) only once the append is on disk, as before, but the flushes of
-concurrent writers now overlap and are grouped by Postgres instead of queueing
-behind the lock. (A single append of a few events and nothing else commits
-synchronously: for it the second transaction costs more than it saves.) A
-crash before that flush loses only appends that nobody was told of; their
-client retries with the same event ids.
+several streams or COPYs a large batch (the API's group commits, admission
+cycles, bulk submissions) therefore commits asynchronously (``SET LOCAL
+synchronous_commit = off``): it becomes visible and releases the sequencer
+lock as soon as its commit record is in the WAL buffers — still strictly in
+position order. Then, in the same pipeline, a second transaction that writes a
+few bytes of WAL (a logical message) commits synchronously; its commit flushes
+the WAL through its own commit record, which lies after ours. So ``commit``
+returns (the caller acknowledges) only once the append is on disk, as before,
+but the flushes of concurrent writers now overlap and are grouped by Postgres
+instead of queueing behind the lock. (A unit of a single append of a few
+events commits synchronously: for it the second transaction costs more than it
+saves.) A crash before that flush loses only appends that nobody was told of;
+their client retries with the same event ids.
 
 What changes is that an append is visible to other readers for the moment
 between the two commits before it is durable. A reader whose own writes go to
@@ -416,13 +415,13 @@ class PostgresEventRecorder:
         if total >= STAGE_THRESHOLD and len(set(streams)) == len(streams):
             return self._commit_staged(raw, pending, deferred, commit_transaction)
         together = len(pending) > 1 and len(set(streams)) == len(streams)
-        # One append of a few events and nothing else commits synchronously:
-        # the second transaction would cost it more than the flush outside
-        # the lock gains (bench/eventstore.py, single events: 1 writer a
-        # quarter slower, 8 writers no faster). A unit that also holds other
-        # locks to its commit (the ledger's tip, read-model rows: the deferred
-        # statements) releases them before the flush too.
-        flush_apart = len(pending) > 1 or bool(deferred)
+        # A unit of one append of a few events commits synchronously: the
+        # second transaction would cost it more than the flush outside the
+        # lock gains (bench/eventstore.py, single events: 1 writer a quarter
+        # slower, 8 writers no faster; bench/api.py at 16 clients, where most
+        # groups hold one submission: no faster either). Under load, units
+        # grow (the API's group commit) and flush apart.
+        flush_apart = len(pending) > 1
         cursors = []
         try:
             with raw.pipeline():
