@@ -47,13 +47,6 @@ _INSERT = (
     "(%(seq)s, %(entry_id)s, %(kind)s, %(recorded_at)s, %(body)s, %(prev_hash)s, %(entry_hash)s, "
     "%(entry_bytes)s)"
 )
-# A unit's entries in one statement (one execution, not one per entry).
-_INSERT_MANY = (
-    "INSERT INTO ledger_entries (" + _COLUMNS + ", entry_bytes) "
-    "SELECT * FROM unnest(%(seq)s::bigint[], %(entry_id)s::uuid[], %(kind)s::text[], "
-    "%(recorded_at)s::timestamptz[], %(body)s::jsonb[], %(prev_hash)s::bytea[], "
-    "%(entry_hash)s::bytea[], %(entry_bytes)s::bytea[])"
-)
 _RECORDS = (
     "SELECT seq, entry_id::text, kind, recorded_at, body, encode(prev_hash, 'hex'), "
     "encode(entry_hash, 'hex') FROM ledger_entries WHERE seq > %(after)s ORDER BY seq"
@@ -155,16 +148,15 @@ class PostgresLedgerWriter:
             rows.append(_params(entry, data))
             previous, next_seq = entry.entry_hash, next_seq + 1
         last = sealed[-1]
-        insert, params = (_INSERT, rows) if len(rows) == 1 else (_INSERT_MANY, [_columns(rows)])
         if self._defer is not None:
             self._tip = (last.seq, last.entry_hash)
             self._sealed.update({e.entry_id: e for e in sealed})
-            self._defer(insert, params)
+            self._defer(_INSERT, rows)
             self._defer(_MOVE_TIP, [{"seq": last.seq, "entry_hash": last.entry_hash}])
             return sealed
         raw = self._psycopg()
         with raw.pipeline(), raw.cursor() as cursor:
-            cursor.executemany(insert, params)
+            cursor.executemany(_INSERT, rows)
             cursor.execute(_MOVE_TIP, {"seq": last.seq, "entry_hash": last.entry_hash})
         return sealed
 
@@ -172,11 +164,6 @@ class PostgresLedgerWriter:
         """The psycopg connection under the caller's transaction (pipelines
         are psycopg's, not SQLAlchemy's)."""
         return self._conn.connection.driver_connection
-
-
-def _columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
-    """``_INSERT_MANY``'s parameters: the rows' values, column by column."""
-    return {name: [row[name] for row in rows] for name in rows[0]}
 
 
 def _params(entry: LedgerEntry, data: bytes) -> dict[str, Any]:
