@@ -47,16 +47,49 @@ def api(
 ) -> None:
     """Serve the REST API (QM_DATABASE_URL must point at a migrated database)."""
     import tempfile
+    from contextlib import ExitStack
 
     import uvicorn
 
     _database_url()
-    with tempfile.TemporaryDirectory(prefix="qm-metrics-") as shared:
+    with ExitStack() as stack:
         if workers > 1:
             # Every worker process writes its samples here and /metrics sums
-            # them, whichever process answers the scrape.
+            # them, whichever process answers the scrape. Named after us, so
+            # that the next start removes it should we be killed.
+            sweep_metrics_dirs(Path(tempfile.gettempdir()))
+            shared = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
+            )
             os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", shared)
         uvicorn.run("service.api.main:create", factory=True, host=host, port=port, workers=workers)
+
+
+METRICS_PREFIX = "qm-metrics-"
+
+
+def sweep_metrics_dirs(parent: Path) -> list[Path]:
+    """Remove the metrics directories of API processes that are gone (killed
+    before they could remove their own); return them."""
+    import shutil
+
+    removed = []
+    for path in parent.glob(f"{METRICS_PREFIX}*-*"):
+        pid = path.name[len(METRICS_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @projections_app.command("rebuild")

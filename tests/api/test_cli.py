@@ -80,3 +80,18 @@ def test_migrate_then_api_with_a_bootstrap_token(blank_database: str) -> None:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
+
+
+def test_the_api_sweeps_metrics_directories_of_processes_that_are_gone(tmp_path: Path) -> None:
+    from service.cli import METRICS_PREFIX, sweep_metrics_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{METRICS_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{METRICS_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{METRICS_PREFIX}notapid"
+    for path in (dead, live, other):
+        path.mkdir()
+        (path / "counter_1.db").write_bytes(b"x")
+    assert sweep_metrics_dirs(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()

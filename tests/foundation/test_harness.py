@@ -14,13 +14,14 @@ from tests.harness import redis_database, worker_tag
 
 
 def test_embedded_postgres_starts_answers_and_stops() -> None:
-    data = Path(tempfile.mkdtemp(prefix="qm-embedded-")) / "pgdata"
-    with embedded_postgres(data, cleanup="delete") as url:
-        engine = sa.create_engine(url)
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("SELECT 40 + 2").scalar() == 42
-        engine.dispose()
-    assert not data.exists()
+    with tempfile.TemporaryDirectory(prefix="qm-embedded-") as parent:
+        data = Path(parent) / "pgdata"
+        with embedded_postgres(data, cleanup="delete") as url:
+            engine = sa.create_engine(url)
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT 40 + 2").scalar() == 42
+            engine.dispose()
+        assert not data.exists()
 
 
 def test_embedded_redis_starts_answers_and_stops() -> None:
