@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +195,6 @@ class Relay:
             finally:
                 heard.close()  # it holds the connection's lock while open
             if woken:
-                for _ in listener.notifies(timeout=0.001):
-                    pass
+                # Consume what else is queued already: one pass serves it all.
+                deque(listener.notifies(timeout=0.001), maxlen=0)
                 return
