@@ -40,7 +40,7 @@ from service.app.resources import (
     stream_name,
     to_object,
 )
-from service.app.schemas import API_VERSION, SecurityPolicy, dump
+from service.app.schemas import SecurityPolicy, dump
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import (
     SubmissionError,
@@ -203,32 +203,6 @@ def submitted_entry(
         "requests": target.requests,
     }
     return NewLedgerEntry(entry_id, ledger.WorkloadSubmitted.KIND, body, now)
-
-
-def _workload_object(
-    namespace: str, name: str, uid: str, version: int, stamp: str, data: Obj
-) -> Obj:
-    """The created Workload as the API shows it: what ``to_object`` makes of
-    its read-model row, without building the row first."""
-    metadata: Obj = {
-        "name": name,
-        "uid": uid,
-        "resourceVersion": str(version),
-        "generation": 1,
-        "creationTimestamp": stamp,
-        "namespace": namespace,
-    }
-    if data["labels"]:
-        metadata["labels"] = data["labels"]
-    if data["annotations"]:
-        metadata["annotations"] = data["annotations"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "Workload",
-        "metadata": metadata,
-        "spec": data["spec"],
-        "status": data["status"],
-    }
 
 
 class SubmissionService:
@@ -431,7 +405,17 @@ class SubmissionService:
                     "status": status,
                 }
             )
-            objects.append(_workload_object(namespace, name, uid, version, stamp, data))
+            objects.append(
+                to_object(
+                    WORKLOADS,
+                    {
+                        **rows[-1],
+                        "resource_version": version,
+                        "generation": 1,
+                        "created_at": now,
+                    },
+                )
+            )
             namespaces[namespace] += 1
             submitted.append(submitted_entry(item.submission, item.target, next(ids), now))
         uow.events.defer(_UPSERT_WORKLOADS, [{"now": now, "rows": Jsonb(rows, dumps=_json_text)}])
