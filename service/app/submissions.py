@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -12,7 +11,6 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
@@ -61,6 +59,7 @@ from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import UPSERT_SQL, resource_row, upsert_resources
 from service.projections.schema import resources
+from service.runtime.jsonio import dumps
 
 WORKLOADS = KINDS["workloads"]
 MAX_BULK = 5000
@@ -127,16 +126,6 @@ def _by_namespace(
     for index, submission in enumerate(submissions):
         groups.setdefault(submission.namespace, []).append((index, submission))
     return groups
-
-
-def _json_text(value: Any) -> bytes:
-    """JSON for a jsonb parameter: orjson (the values are pydantic's JSON
-    dumps, so no NaN or infinity), or the standard encoder for an integer
-    beyond 64 bits, which orjson refuses."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value).encode()
 
 
 # The read-model rows of a unit's new Workloads in one statement: one JSON
@@ -418,7 +407,7 @@ class SubmissionService:
             )
             namespaces[namespace] += 1
             submitted.append(submitted_entry(item.submission, item.target, next(ids), now))
-        uow.events.defer(_UPSERT_WORKLOADS, [{"now": now, "rows": Jsonb(rows, dumps=_json_text)}])
+        uow.events.defer(_UPSERT_WORKLOADS, [{"now": now, "rows": Jsonb(rows, dumps=dumps)}])
         # Wake the admission cycle (the workers' outbox relay delivers it).
         uow.publish(
             [
