@@ -50,6 +50,7 @@ class Waker:
 
     def __init__(self, url: str) -> None:
         self._url = url
+        self._client: redis.Redis | None = None
         self._pubsub: Any = None
 
     def listen(self) -> None:
@@ -58,12 +59,16 @@ class Waker:
         try:
             self._subscribe()
         except (redis.RedisError, OSError):
-            self._pubsub = None  # wait() tries again
+            self.close()  # wait() tries again
 
     def _subscribe(self) -> None:
         if self._pubsub is None:
-            client = redis.Redis.from_url(self._url)
-            pubsub: Any = client.pubsub
+            # The client is kept as long as its subscription: a client made
+            # by ``from_url`` closes its whole connection pool when it is
+            # collected, the subscription's connection included, and the
+            # hints published until a read happened to reconnect were lost.
+            self._client = redis.Redis.from_url(self._url)
+            pubsub: Any = self._client.pubsub
             self._pubsub = pubsub(ignore_subscribe_messages=True)
             self._pubsub.subscribe(WAKE_CHANNEL)
 
@@ -82,14 +87,18 @@ class Waker:
                     return True
             return woken
         except (redis.RedisError, OSError):
-            self._pubsub = None
+            self.close()
             stop.wait(max(0.0, deadline - time.monotonic()))
             return False
 
     def close(self) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(redis.RedisError, OSError):
-                self._pubsub.close()
+        pubsub, client = self._pubsub, self._client
+        self._pubsub = self._client = None
+        with contextlib.suppress(redis.RedisError, OSError):
+            if pubsub is not None:
+                pubsub.close()
+            if client is not None:
+                client.close()
 
 
 class WakeHint:
