@@ -82,4 +82,3 @@ def test_submit_wake_admit_within_quota_and_explain(
             )
         ).scalar_one()
     assert wakes == 3
-
