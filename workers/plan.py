@@ -168,6 +168,7 @@ def _short(value: str, limit: int = 63) -> str:
     return f"{value[: limit - 11].rstrip('-.')}-{digest}"
 
 
+@functools.lru_cache(maxsize=8192)
 def _dns(value: str) -> str:
     return "".join(c if c.isalnum() or c == "-" else "-" for c in value.lower()).strip("-")
 
@@ -184,10 +185,16 @@ def job_name(workload: WorkloadView) -> str:
 def admission_id(workload: WorkloadView) -> str:
     """Names one admission: a job from an earlier admission of the same
     workload (requeued, admitted again) is stale, never adopted."""
-    raw = (
-        f"{workload.uid}/{workload.admission.get('cluster')}/{workload.admission.get('admittedAt')}"
+    admission = workload.admission
+    return _admission_hash(
+        workload.uid, str(admission.get("cluster")), str(admission.get("admittedAt"))
     )
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=65536)
+def _admission_hash(uid: str, cluster: str, admitted_at: str) -> str:
+    """Hashed once per admission, not once per pass for every gang in flight."""
+    return hashlib.sha256(f"{uid}/{cluster}/{admitted_at}".encode()).hexdigest()[:16]
 
 
 def workload_label(namespace: str, name: str) -> str:
@@ -200,6 +207,7 @@ def priority_class_name(priority: int) -> str:
     return f"qm-p{priority}" if priority >= 0 else f"qm-m{-priority}"
 
 
+@functools.lru_cache(maxsize=4096)
 def flavor_name(flavor: str, island: str | None) -> str:
     return _short(_dns(f"qm-{flavor}-{island}" if island else f"qm-{flavor}"), 253)
 
@@ -222,6 +230,8 @@ class _Desired:
 
 #: One central flavor on the member, pinned to one island or not: ``(flavor, island)``.
 Placed = tuple[str, str | None]
+#: A use's flavors and selector, hashable.
+Shape = tuple[tuple[tuple[str, Placed], ...], tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,9 @@ class _Use:
     flavors: Mapping[str, Placed]
     usage: Mapping[str, int]
     selector: Mapping[str, str]
+    #: ``flavors`` and ``selector`` as one value: all that the member queue
+    #: reads of a use but its usage, which it only sums (:func:`_merged`).
+    shape: Shape
 
 
 def _island_label(view: ClusterView, flavor: str) -> str | None:
@@ -247,20 +260,57 @@ def _node_labels(view: ClusterView, flavor: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items()}
 
 
-def _use(view: ClusterView, assignment: Mapping[str, Any]) -> _Use:
+#: Placements worked out in one :func:`desired`, by island and (resource, flavor) pairs.
+Placements = dict[
+    tuple[str | None, tuple[tuple[str, str], ...]],
+    tuple[dict[str, Placed], dict[str, str], Shape],
+]
+
+
+def _use(view: ClusterView, assignment: Mapping[str, Any], placements: Placements) -> _Use:
     islands = list(assignment.get("islands") or ())
     island = str(islands[0]) if len(islands) == 1 else None
+    assigned = tuple((str(r), str(f)) for r, f in (assignment.get("flavors") or {}).items())
+    placed = placements.get((island, assigned))
+    if placed is None:
+        placed = placements[(island, assigned)] = _placement(view, island, assigned)
+    usage = {str(r): _amount(str(r), q) for r, q in (assignment.get("resourceUsage") or {}).items()}
+    return _Use(placed[0], usage, placed[1], placed[2])
+
+
+def _placement(
+    view: ClusterView, island: str | None, assigned: Iterable[tuple[str, str]]
+) -> tuple[dict[str, Placed], dict[str, str], Shape]:
+    """Per resource the flavor (pinned to ``island`` if it has islands), and
+    the node selector: the same for every pod set of one assignment (a
+    fleet's gangs share a few), shared by their uses and never written to."""
     flavors: dict[str, Placed] = {}
     selector: dict[str, str] = {}
-    for resource, flavor in (assignment.get("flavors") or {}).items():
-        key = _island_label(view, str(flavor))
+    for resource, flavor in assigned:
+        key = _island_label(view, flavor)
         pinned = island if key is not None else None
-        flavors[str(resource)] = (str(flavor), pinned)
-        selector.update(_node_labels(view, str(flavor)))
+        flavors[resource] = (flavor, pinned)
+        selector.update(_node_labels(view, flavor))
         if key is not None and pinned is not None:
             selector[key] = pinned
-    usage = {str(r): _amount(str(r), q) for r, q in (assignment.get("resourceUsage") or {}).items()}
-    return _Use(flavors, usage, selector)
+    return flavors, selector, (tuple(flavors.items()), tuple(selector.items()))
+
+
+def _merged(uses: Iterable[_Use]) -> list[_Use]:
+    """Uses of one shape as one, their usage summed: what the member queue
+    makes of them is the same (it reads their flavors and selectors, and
+    their usage only in sum), and a pass weighs every gang in flight."""
+    usage: dict[Shape, dict[str, int]] = {}
+    first: dict[Shape, _Use] = {}
+    for use in uses:
+        total = usage.get(use.shape)
+        if total is None:
+            first[use.shape] = use
+            usage[use.shape] = dict(use.usage)
+            continue
+        for resource, amount in use.usage.items():
+            total[resource] = total.get(resource, 0) + amount
+    return [_Use(u.flavors, usage[s], u.selector, s) for s, u in first.items()]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -666,7 +716,7 @@ def _holds(
     view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[_Admitted]
 ) -> _MemberQueue | None:
     """The one member ClusterQueue that admits exactly ``admitted``, if any."""
-    uses = [u for a in admitted for u in a.uses]
+    uses = _merged(u for a in admitted for u in a.uses)
     if not _one_flavor_per_group(_components(_links(uses)), uses):
         return None
     member = _member_queue(view, "", spec, uses)
@@ -725,70 +775,90 @@ def desired(view: ClusterView, held: Set[tuple[str, str]] = frozenset()) -> _Des
     of the jobs it holds, which are only noted in ``held``, not built (a
     pass built every in-flight gang's job to dispatch a few)."""
     out = _Desired()
-    by_queue: dict[str, list[_Admitted]] = {}
-    for workload in view.workloads:
-        if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
-            continue
-        central = str(workload.admission["clusterQueue"])
-        entry = _Admitted(workload, [], {})
-        for assignment in workload.admission.get("podSetAssignments") or ():
-            use = _use(view, assignment)
-            entry.uses.append(use)
-            entry.selectors.setdefault(str(assignment.get("name")), {}).update(use.selector)
-        by_queue.setdefault(central, []).append(entry)
-        out.namespaces.setdefault(
-            workload.namespace,
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": workload.namespace, "labels": _labels()},
-            },
-        )
-        wpc = priority_class_name(_priority(workload))
-        out.queues.setdefault(
-            Ref("WorkloadPriorityClass", "", wpc),
-            {
-                "apiVersion": _API_VERSIONS["WorkloadPriorityClass"],
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": wpc, "labels": _labels()},
-                "value": _priority(workload),
-            },
-        )
-    for central, admitted in sorted(by_queue.items()):
+    for central, admitted in sorted(_admitted_here(view, out).items()):
         spec = view.cluster_queues.get(central) or {}
         for generation, (entries, member) in enumerate(_generations(view, spec, admitted)):
             cq = _generation_name(f"qm-{_dns(central)}", generation, 253)
             member.queue["metadata"]["name"] = cq
             out.queues[Ref("ClusterQueue", "", cq)] = member.queue
             for name, placed in member.flavors.items():
-                out.queues.setdefault(Ref("ResourceFlavor", "", name), _flavor(view, name, placed))
-            for entry in entries:
-                workload = entry.workload
-                queue = _local_queue(out, workload, cq, generation)
-                out.queues.setdefault(
-                    Ref("LocalQueue", workload.namespace, queue),
-                    {
-                        "apiVersion": _API_VERSIONS["LocalQueue"],
-                        "kind": "LocalQueue",
-                        "metadata": {
-                            "name": queue,
-                            "namespace": workload.namespace,
-                            "labels": _labels(),
-                        },
-                        "spec": {"clusterQueue": cq},
-                    },
-                )
-                admission = admission_id(workload)
-                if (workload.key, admission) in held:
-                    out.held.add((workload.key, admission))
-                    continue
-                out.jobs[(workload.key, admission)] = _job(
-                    workload, queue, entry.selectors, admission
-                )
+                ref = Ref("ResourceFlavor", "", name)
+                if ref not in out.queues:
+                    out.queues[ref] = _flavor(view, name, placed)
+            _jobs(out, entries, cq, generation, held)
     if view.cluster_uid:
         for obj in (*out.namespaces.values(), *out.queues.values(), *out.jobs.values()):
             obj["metadata"]["labels"][CLUSTER_UID_LABEL] = view.cluster_uid
     return out
+
+
+def _admitted_here(view: ClusterView, out: _Desired) -> dict[str, list[_Admitted]]:
+    """The workloads admitted here by central ClusterQueue, each with its
+    uses; their Namespaces and WorkloadPriorityClasses noted in ``out``."""
+    by_queue: dict[str, list[_Admitted]] = {}
+    placements: Placements = {}
+    for workload in view.workloads:
+        if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
+            continue
+        central = str(workload.admission["clusterQueue"])
+        entry = _Admitted(workload, [], {})
+        for assignment in workload.admission.get("podSetAssignments") or ():
+            use = _use(view, assignment, placements)
+            entry.uses.append(use)
+            entry.selectors.setdefault(str(assignment.get("name")), {}).update(use.selector)
+        by_queue.setdefault(central, []).append(entry)
+        if workload.namespace not in out.namespaces:
+            out.namespaces[workload.namespace] = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": workload.namespace, "labels": _labels()},
+            }
+        wpc = Ref("WorkloadPriorityClass", "", priority_class_name(_priority(workload)))
+        if wpc not in out.queues:
+            out.queues[wpc] = {
+                "apiVersion": _API_VERSIONS["WorkloadPriorityClass"],
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": wpc.name, "labels": _labels()},
+                "value": _priority(workload),
+            }
+    return by_queue
+
+
+def _jobs(
+    out: _Desired,
+    entries: Sequence[_Admitted],
+    cq: str,
+    generation: int,
+    held: Set[tuple[str, str]],
+) -> None:
+    """The LocalQueues and the jobs of ``entries``, admitted through member
+    ClusterQueue ``cq``: jobs the member holds only noted."""
+    #: A (namespace, central LocalQueue)'s member LocalQueue, once decided.
+    queues: dict[tuple[str, str], str] = {}
+    for entry in entries:
+        workload = entry.workload
+        local = (workload.namespace, str(workload.spec.get("queueName", "default")))
+        queue = queues.get(local)
+        if queue is None:
+            queue = queues[local] = _local_queue(out, workload, cq, generation)
+            out.queues.setdefault(
+                Ref("LocalQueue", workload.namespace, queue),
+                {
+                    "apiVersion": _API_VERSIONS["LocalQueue"],
+                    "kind": "LocalQueue",
+                    "metadata": {
+                        "name": queue,
+                        "namespace": workload.namespace,
+                        "labels": _labels(),
+                    },
+                    "spec": {"clusterQueue": cq},
+                },
+            )
+        admission = admission_id(workload)
+        if (workload.key, admission) in held:
+            out.held.add((workload.key, admission))
+            continue
+        out.jobs[(workload.key, admission)] = _job(workload, queue, entry.selectors, admission)
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -821,32 +891,31 @@ def _job_key(obj: Mapping[str, Any]) -> tuple[str, str]:
 def plan(view: ClusterView, actual: Sequence[Mapping[str, Any]]) -> Actions:
     """``actual``: the member's objects that carry our managed label."""
     actions = Actions()
-    jobs = [o for o in actual if o.get("kind") in JOB_KINDS]
-    present = {_job_key(o) for o in jobs}
+    refs = [Ref.of(o) for o in actual]
+    jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in JOB_KINDS]
+    present = {key for _, _, key in jobs}
     want = desired(view, present)
-    occupied = {Ref.of(o) for o in jobs}
-    for obj in jobs:
-        if _job_key(obj) not in want.jobs and _job_key(obj) not in want.held:
-            actions.draining.append(_job_key(obj)[1])
+    occupied = {ref for ref, _, _ in jobs}
+    for ref, obj, key in jobs:
+        if key not in want.jobs and key not in want.held:
+            actions.draining.append(key[1])
             if not (obj.get("metadata") or {}).get("deletionTimestamp"):
-                actions.delete.append(Ref.of(obj))
-    on_cluster = {Ref.of(o): o for o in actual}
+                actions.delete.append(ref)
+    on_cluster = dict(zip(refs, actual, strict=True))
     for ns in want.namespaces.values():
         if Ref.of(ns) not in on_cluster:
             actions.apply.append(ns)
+    queues = sorted(want.queues.items())
     for kind in reversed(QUEUE_KINDS):  # flavors, then ClusterQueues, then LocalQueues
-        for ref, obj in sorted(want.queues.items()):
+        for ref, obj in queues:
             if ref.kind == kind and not _contains(on_cluster.get(ref), obj):
                 actions.apply.append(obj)
     for key, job in sorted(want.jobs.items()):
         if key not in present and Ref.of(job) not in occupied:
             actions.dispatch.append(job)
-    in_use = {ref for ref in want.queues}
+    unused = [ref for ref in refs if ref.kind in QUEUE_KINDS and ref not in want.queues]
     for kind in QUEUE_KINDS:
-        for obj in actual:
-            ref = Ref.of(obj)
-            if ref.kind == kind and ref not in in_use:
-                actions.collect.append(ref)
+        actions.collect += [ref for ref in unused if ref.kind == kind]
     running = {key for key, _ in present}
     for workload in view.workloads:
         if workload.key in running:

@@ -513,3 +513,22 @@ def test_jobs_the_member_holds_are_noted_not_built_and_neither_sent_nor_deleted(
     assert [Ref.of(j) for j in actions.dispatch] == [
         Ref.of(j) for k, j in sorted(every.items()) if k != held_key
     ]
+
+
+def test_gangs_placed_alike_add_up_in_one_member_flavor() -> None:
+    """Gangs of one placement are weighed once as a shape, but each one's
+    quota counts."""
+    gangs = [admitted(f"w{n}", count=n) for n in (1, 2, 3)]
+    other = admitted("x", island="c1-h100-i1", count=4)
+    actions = plan(view(*gangs, other), [])
+    (queue,) = [o for o in actions.apply if o["kind"] == "ClusterQueue"]
+    (group,) = queue["spec"]["resourceGroups"]
+    quotas = {
+        f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]} for f in group["flavors"]
+    }
+    assert quotas == {
+        "qm-h100-c1-h100-i0": {"cpu": "48", GPU: "48"},
+        "qm-h100-c1-h100-i1": {"cpu": "32", GPU: "32"},
+    }
+    selectors = [j["spec"]["template"]["spec"]["nodeSelector"][ISLAND] for j in actions.dispatch]
+    assert selectors == ["c1-h100-i0"] * 3 + ["c1-h100-i1"]
