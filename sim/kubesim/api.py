@@ -13,8 +13,10 @@ which keep their resourceVersion as etcd's guaranteed update does).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -75,7 +77,13 @@ _MODIFIED = (
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current second in RFC 3339 (formatted once a second: every write asks for it)."""
+    return _format_second(int(time.time()))
+
+
+@functools.lru_cache(maxsize=2)
+def _format_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True)
@@ -384,7 +392,13 @@ class ApiCore:
                 name,
                 _MODIFIED,
             )
-        new = self._merge_update(resource, old, patched, subresource)
+        if subresource == "status" and content_type == MERGE_PATCH and _only_status(body):
+            # ``patched`` is a copy of the object that differs in status alone: it is
+            # what _merge_update would build from a second copy.
+            patched["apiVersion"] = resource.api_version
+            new = patched
+        else:
+            new = self._merge_update(resource, old, patched, subresource)
         new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
         if _comparable(new) == _comparable(old):
             return old
@@ -437,6 +451,7 @@ class ApiCore:
             api_version=resource.api_version,
             now=now,
             force=force,
+            owned=True,
         )
         if old is None:
             if subresource:
@@ -484,18 +499,21 @@ class ApiCore:
         old = self.get(resource, namespace, name)
         _check_delete_preconditions(resource, old, preconditions or {})
         policy = propagation or self._default_propagation(resource)
-        obj = clone(old)
-        metadata = obj["metadata"]
-        finalizers = list(metadata.get("finalizers") or ())
+        finalizers = list(old["metadata"].get("finalizers") or ())
         if policy == "Foreground" and "foregroundDeletion" not in finalizers:
             finalizers.append("foregroundDeletion")
         if policy == "Orphan" and "orphan" not in finalizers and not ctx.dry_run:
-            self._orphan_dependents(metadata["uid"], namespace)
+            self._orphan_dependents(old["metadata"]["uid"], namespace)
         if resource.rtype.key == "namespaces":
-            return self._delete_namespace(resource, old, obj, ctx), False
+            return self._delete_namespace(resource, old, clone(old), ctx), False
         if finalizers:
-            if metadata.get("deletionTimestamp") and metadata.get("finalizers") == finalizers:
+            if old["metadata"].get("deletionTimestamp") and (
+                old["metadata"].get("finalizers") == finalizers
+            ):
                 return old, False
+            # Only a deletion that waits for finalizers writes a new state: copied here.
+            obj = clone(old)
+            metadata = obj["metadata"]
             metadata["finalizers"] = finalizers
             metadata.setdefault("deletionTimestamp", now_rfc3339())
             metadata.setdefault("deletionGracePeriodSeconds", 0)
@@ -742,6 +760,11 @@ class ApiCore:
             return obj
         self.store.write(resource.rtype, obj)
         return obj
+
+
+def _only_status(patch: Any) -> bool:
+    """Whether a merge patch touches nothing but ``status``."""
+    return isinstance(patch, dict) and all(key == "status" for key in patch)
 
 
 def _after(key: tuple[str, str], start: str) -> bool:

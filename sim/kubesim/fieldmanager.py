@@ -127,19 +127,42 @@ def _encode(value: Any) -> str:
 
 def _leaf(value: Any) -> str:
     """A leaf's value in a flat form: only ever compared, so strings skip JSON encoding
-    (the NUL prefix keeps ``"1"`` apart from ``1``, which encodes as ``1``)."""
-    if type(value) is str:
-        return "\x00" + value
+    (the NUL prefix keeps ``"1"`` apart from ``1``, which encodes as ``1``); the other
+    common scalars take their JSON text without the encoder."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" + str(value)
+    if kind is int:
+        return str(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
     return _encode(value)
 
 
 def _item_element(item: Any, shape: Shape) -> str | None:
     if shape.list_type == "set":
+        if type(item) is str:
+            return _set_element(item)
         return "v:" + _encode(item)
     if shape.list_type == "map" and isinstance(item, dict):
-        keys = {k: item[k] for k in sorted(shape.list_keys) if k in item}
-        return "k:" + _encode(keys)
+        pairs = tuple((k, item[k]) for k in sorted(shape.list_keys) if k in item)
+        if all(type(v) in (str, int) for _, v in pairs):
+            return _key_element(pairs)
+        return "k:" + _encode(dict(pairs))
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _set_element(item: str) -> str:
+    return "v:" + _encode(item)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_element(pairs: tuple[tuple[str, str | int], ...]) -> str:
+    """An associative list item's element (its keys' values are few: remembered)."""
+    return "k:" + _encode(dict(pairs))
 
 
 def _flatten(value: Any, shape: Shape, path: Path, out: Flat) -> None:
@@ -207,17 +230,20 @@ def _metadata_subset(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
-    return clone(_encoded(frozenset(paths)))
+    tree: dict[str, Any] = marshal.loads(_encoded(frozenset(paths)))
+    return tree
 
 
 @functools.lru_cache(maxsize=2048)
-def _encoded(paths: frozenset[Path]) -> dict[str, Any]:
+def _encoded(paths: frozenset[Path]) -> bytes:
+    """The tree of ``paths``, marshalled: each call unmarshals a copy of its own (format 2,
+    which never shares a node between two places, so no part of one copy aliases another)."""
     tree: dict[str, Any] = {}
     for path in sorted(paths):
         node = tree
         for element in path:
             node = node.setdefault(element, {})
-    return tree
+    return marshal.dumps(tree, 2)
 
 
 def from_fields_v1(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
@@ -456,11 +482,16 @@ class FieldManager:
         api_version: str,
         now: str,
         force: bool,
+        owned: bool = False,
     ) -> dict[str, Any]:
-        """The object after ``manager`` applies ``applied`` to ``live`` (409 on conflicts)."""
+        """The object after ``manager`` applies ``applied`` to ``live`` (409 on conflicts).
+
+        ``owned``: the caller hands ``applied`` over (a copy of its own that it no longer
+        uses), so that a creation can store it as it is rather than a copy of it.
+        """
         applied_flat = self.flatten(applied, subresource)
         if live is None:
-            result = clone(applied)
+            result = applied if owned else clone(applied)
             self._store(
                 result, [Entry(manager, "Apply", subresource, api_version, now, set(applied_flat))]
             )
