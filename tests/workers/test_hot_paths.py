@@ -130,6 +130,32 @@ def test_row_cache_reuses_unchanged_rows_and_rereads_changed_ones(services: Serv
     assert sorted(_rows(engine, cache)) == ["b"]
 
 
+_WHOLE = sa.text(
+    "SELECT namespace, name, uid, resource_version, generation, labels, annotations, spec, "
+    "status, created_at FROM resources WHERE kind = 'Workload' AND name = :name"
+)
+
+
+def test_row_cache_reads_every_column_as_a_whole_row_reads(services: Services) -> None:
+    """The cache reads a row's JSON columns as one document: each must land
+    where a whole row's read puts it."""
+    from service.app.admission import WorkloadRow
+
+    setup_fleet(services, gpu_quota=64)
+    manifest = workload("a", count=1, gpus=8)
+    manifest["metadata"] |= {"labels": {"team": "x"}, "annotations": {"note": "y"}}
+    services.submissions.submit(ADMIN, "team-a", manifest)
+    status = {"state": "Admitted", "admission": {"cluster": "c1", "clusterQueue": "cq"}}
+    with services.engine.begin() as conn:
+        conn.execute(_ADMIT, {"status": json.dumps(status), "name": "a"})
+    (cached,) = _rows(services.engine, RowCache()).values()
+    with services.engine.connect() as conn:
+        whole = WorkloadRow.of(conn.execute(_WHOLE, {"name": "a"}).one())
+    assert cached == whole
+    assert cached.labels["team"] == "x" and cached.annotations["note"] == "y"
+    assert cached.status == status and cached.spec["queueName"] == "train"
+
+
 @pytest.mark.parametrize(
     "text",
     [
