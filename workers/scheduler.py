@@ -30,6 +30,7 @@ from workers.metrics import SchedulerMetrics
 from workers.outbox import Relay, Send, pending_count
 from workers.records import WAKE_TOPIC
 from workers.settings import WorkerSettings
+from workers.statistics import StatisticsKeeper
 from workers.tasks import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,8 @@ class Scheduler:
         self.checkpoints = CheckpointPublisher(
             engine, settings.ledger_signing_key, settings.ledger_checkpoint_interval
         )
+        # Planner statistics of fast-growing tables, kept by the leader only.
+        self.statistics = StatisticsKeeper(engine)
         self._interval = settings.cycle_interval
         self._spacing = settings.cycle_spacing
         self.stop = threading.Event()
@@ -248,11 +251,19 @@ class Scheduler:
             daemon=True,
         )
         checkpoint_thread.start()
+        statistics_thread = threading.Thread(
+            target=self.statistics.run,
+            args=(lambda: self.leader.lease.leading,),
+            name="planner-statistics",
+            daemon=True,
+        )
+        statistics_thread.start()
         try:
             while not self.stop.is_set():
                 self._tick()
         finally:
             self.checkpoints.halt()
+            self.statistics.stop.set()
             if self.relay is not None:
                 self.relay.stop.set()
             if self.fleet is not None:
@@ -262,6 +273,7 @@ class Scheduler:
             if fleet_thread is not None:
                 fleet_thread.join(10)
             checkpoint_thread.join(10)
+            statistics_thread.join(10)
             self.leader.lease.release()
             self.waker.close()
 
