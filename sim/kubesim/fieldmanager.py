@@ -225,8 +225,11 @@ def _metadata_subset(metadata: Mapping[str, Any]) -> dict[str, Any]:
 # Every write re-encodes every manager's field set into its managedFields
 # entry and decodes the old object's entries back: most of what a write of
 # a Job cost. Objects of one kind written by one manager carry the same few
-# field sets, so both directions are remembered (copies are handed out: a
-# stored object never shares a mutable part with another).
+# field sets, so both directions are remembered (copies are handed out: two
+# objects never share a mutable part). An entry whose fields a write leaves
+# as they were keeps its tree: the new version of the object shares it with
+# the old one, which is safe because stored objects are never mutated in
+# place (every write works on a copy of its own, see sim/kubesim/store.py).
 
 
 def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
@@ -259,6 +262,18 @@ def from_fields_v1(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
 @functools.lru_cache(maxsize=2048)
 def _decoded(key: bytes) -> frozenset[Path]:
     return frozenset(_decode(marshal.loads(key), ()))
+
+
+def _stored_fields(tree: Mapping[str, Any]) -> tuple[set[Path], frozenset[Path] | None]:
+    """The field set of a stored entry's tree, and that set again (frozen) where the tree
+    is exactly what :func:`to_fields_v1` makes of it (same nodes, same order): only such
+    a tree may stand for its fields unchanged."""
+    try:
+        key = marshal.dumps(dict(tree), 2)
+    except ValueError:  # not plain JSON data: not remembered
+        return _decode(tree, ()), None
+    fields = _decoded(key)
+    return set(fields), fields if _encoded(fields) == key else None
 
 
 def _decode(tree: Mapping[str, Any], prefix: Path) -> set[Path]:
@@ -346,6 +361,15 @@ class Entry:
     api_version: str
     time: str
     fields: set[Path]
+    #: The stored tree this entry was read from, while it is the encoding of ``kept_fields``.
+    kept: dict[str, Any] | None = None
+    kept_fields: frozenset[Path] | None = None
+
+    def fields_v1(self) -> dict[str, Any]:
+        kept, kept_fields = self.kept, self.kept_fields
+        if kept is not None and kept_fields is not None and kept_fields == self.fields:
+            return kept
+        return to_fields_v1(self.fields)
 
     def as_dict(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -354,7 +378,7 @@ class Entry:
             "apiVersion": self.api_version,
             "time": self.time,
             "fieldsType": "FieldsV1",
-            "fieldsV1": to_fields_v1(self.fields),
+            "fieldsV1": self.fields_v1(),
         }
         if self.subresource:
             entry["subresource"] = self.subresource
@@ -364,6 +388,8 @@ class Entry:
 def _entries(obj: Mapping[str, Any]) -> list[Entry]:
     entries = []
     for raw in obj.get("metadata", {}).get("managedFields") or ():
+        tree = raw.get("fieldsV1") or {}
+        fields, canonical = _stored_fields(tree)
         entries.append(
             Entry(
                 manager=raw.get("manager", ""),
@@ -371,7 +397,9 @@ def _entries(obj: Mapping[str, Any]) -> list[Entry]:
                 subresource=raw.get("subresource", ""),
                 api_version=raw.get("apiVersion", ""),
                 time=raw.get("time", ""),
-                fields=from_fields_v1(raw.get("fieldsV1") or {}),
+                fields=fields,
+                kept=tree if canonical is not None else None,
+                kept_fields=canonical,
             )
         )
     return entries

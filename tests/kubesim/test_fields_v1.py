@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sim.kubesim.api import APPLY_PATCH, MERGE_PATCH, Context
+from sim.kubesim.cluster import ClusterOptions, SimCluster
 from sim.kubesim.fieldmanager import Shape, _item_element, _leaf, from_fields_v1, to_fields_v1
 
 PATHS = {
@@ -83,3 +85,99 @@ def test_list_elements_are_their_json_whether_remembered_or_not() -> None:
     as_set = Shape(list_type="set")
     for value in ["a", "é", 1, True, None] * 2:
         assert _item_element(value, as_set) == "v:" + _json(value)
+
+
+def _job(labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "owned", "labels": labels},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "m", "image": "b:1"}]}
+            },
+        },
+    }
+
+
+def _entry(obj: dict[str, Any], manager: str) -> dict[str, Any]:
+    entries = [e for e in obj["metadata"]["managedFields"] if e["manager"] == manager]
+    assert len(entries) == 1
+    return entries[0]
+
+
+def _fresh(tree: dict[str, Any]) -> dict[str, Any]:
+    return _tree(_paths(tree))
+
+
+def _paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    out: set[tuple[str, ...]] = set()
+    for element, child in tree.items():
+        out |= _paths(child, (*prefix, element)) if child else {(*prefix, element)}
+    return out
+
+
+def test_entries_a_write_leaves_alone_keep_their_tree_and_changed_ones_are_re_encoded() -> None:
+    cluster = SimCluster(ClusterOptions(name="owned", controllers=False))
+    core, jobs = cluster.core, cluster.core.resource("batch", "v1", "jobs")
+    applied = core.patch(
+        jobs, "default", "owned", APPLY_PATCH, _job({"a": "1", "b": "1"}), Context(manager="qm")
+    )
+    tree = _entry(applied, "qm")["fieldsV1"]
+    status = {"status": {"active": 1}}
+    patched = core.patch(
+        jobs,
+        "default",
+        "owned",
+        MERGE_PATCH,
+        status,
+        Context(manager="kubelet"),
+        subresource="status",
+    )
+    kept = _entry(patched, "qm")["fieldsV1"]
+    assert kept == _fresh(kept) and list(kept) == sorted(kept)
+    assert kept == tree
+    labelled = core.patch(
+        jobs,
+        "default",
+        "owned",
+        MERGE_PATCH,
+        {"metadata": {"labels": {"a": "2"}}},
+        Context(manager="other"),
+    )
+    taken = _entry(labelled, "qm")["fieldsV1"]
+    assert "f:a" not in taken["f:metadata"]["f:labels"]
+    assert taken == _fresh(taken) and _entry(labelled, "other")["fieldsV1"] == {
+        "f:metadata": {"f:labels": {"f:a": {}}}
+    }
+    assert "f:a" in tree["f:metadata"]["f:labels"], "the old version's tree changed"
+
+
+def test_a_tree_not_in_our_order_is_written_in_our_order_by_the_next_write() -> None:
+    cluster = SimCluster(ClusterOptions(name="order", controllers=False))
+    core, jobs = cluster.core, cluster.core.resource("batch", "v1", "jobs")
+    body = _job({"a": "1"})
+    reversed_tree = {"f:spec": {"f:suspend": {}}, "f:metadata": {"f:labels": {"f:a": {}}}}
+    body["metadata"]["managedFields"] = [
+        {
+            "manager": "import",
+            "operation": "Update",
+            "apiVersion": "batch/v1",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": reversed_tree,
+        }
+    ]
+    created = core.create(jobs, "default", body, Context(manager="import"))
+    assert list(_entry(created, "import")["fieldsV1"]) == ["f:spec", "f:metadata"]
+    status = {"status": {"active": 1}}
+    patched = core.patch(
+        jobs,
+        "default",
+        "owned",
+        MERGE_PATCH,
+        status,
+        Context(manager="kubelet"),
+        subresource="status",
+    )
+    assert list(_entry(patched, "import")["fieldsV1"]) == ["f:metadata", "f:spec"]
