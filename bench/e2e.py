@@ -33,6 +33,13 @@ missing when the phase ended. Beside it, measured in the same run: the pure
 engine admitting the same workloads on the same fleet (one admission cycle,
 the snapshot built as the admission cycle builds it).
 
+CPU per workload, over the phases and their drains: each of the stack's
+processes (``cpu_ms_per_workload_in_phases``) and the rest of the box
+(``box_cpu_ms_per_workload_in_phases``): the Postgres server (every backend;
+on the shared local server other clients' queries count too, so read it on an
+otherwise idle machine or with ``--private-postgres``), Redis, and this bench's
+own generators, watches and kubelet.
+
 Progress on stderr; one JSON line on stdout; ``--out`` also writes it.
 """
 
@@ -489,12 +496,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(db.dispose)
         phases = []
         cpu_before = {c.name: _cpu_seconds(c.pid) for c in processes.supervisor.children}
+        box = BoxCpu(db, redis_server.process.pid if redis_server.process else None)
+        box_before = box.seconds()
         for rate in (float(r) for r in args.rates.split(",")):
             log(f"submitting {rate:g}/s for {args.seconds:g} s…")
             phases.append(
                 phase(processes, watch, db, rate, args.seconds, args.drain, args.connections)
             )
         cpu = {c.name: _cpu_seconds(c.pid) for c in processes.supervisor.children}
+        box_after = box.seconds()
         cycles = processes.metric("qm_admission_cycle_duration_seconds_count") or 0.0
         cycle_seconds = processes.metric("qm_admission_cycle_duration_seconds_sum") or 0.0
         with db.connect() as conn:
@@ -518,6 +528,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ms_per_workload_in_phases": {
             k: round(1000 * (v - cpu_before.get(k, 0.0)) / max(1, submitted), 2)
             for k, v in cpu.items()
+        },
+        # The rest of what the 2 cores did meanwhile: Postgres (the whole
+        # server: on the shared local one, other clients' queries too),
+        # Redis, and this bench (its generators, member watches and kubelet).
+        "box_cpu_ms_per_workload_in_phases": {
+            k: round(1000 * (box_after[k] - box_before[k]) / max(1, submitted), 2)
+            for k in box_after
         },
         "admission_cycles": {
             "cycles": int(cycles),
@@ -558,6 +575,47 @@ def main() -> None:
     print(line)
     if args.out:
         args.out.write_text(line + "\n")
+
+
+class BoxCpu:
+    """CPU seconds of what runs beside the stack's own processes."""
+
+    def __init__(self, db: sa.Engine, redis_pid: int | None) -> None:
+        import psutil
+
+        with db.connect() as conn:
+            backend = int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+        # Backends are the postmaster's children: it accrues those that
+        # exited (children_user/system), the live ones are counted apiece.
+        self._postmaster = psutil.Process(backend).parent()
+        self._redis = psutil.Process(redis_pid) if redis_pid else None
+        self._self = psutil.Process()
+
+    def seconds(self) -> dict[str, float]:
+        import psutil
+
+        def own(process: psutil.Process | None) -> float:
+            if process is None:
+                return 0.0
+            try:
+                return float(sum(process.cpu_times()[:2]))
+            except psutil.Error:
+                return 0.0
+
+        postgres = 0.0
+        if self._postmaster is not None:
+            times = self._postmaster.cpu_times()
+            postgres = float(sum(times[:4])) + sum(
+                own(c) for c in self._postmaster.children(recursive=True)
+            )
+        # This process's threads and its reaped children (each phase's
+        # generator), not the stack's processes (counted apiece above).
+        times = self._self.cpu_times()
+        return {
+            "postgres": postgres,
+            "redis": own(self._redis),
+            "bench": float(sum(times[:2])) + float(times.children_user + times.children_system),
+        }
 
 
 def _cpu_seconds(pid: int) -> float:
