@@ -113,11 +113,12 @@ def bare_app() -> Callable[..., Any]:
 def serve(tls: bool, pipe: Any) -> None:
     import uvicorn
 
-    from sim.kubesim.server import listen_socket, make_tls
+    from sim.kubesim.server import listen_socket, make_tls, settle_heap
     from sim.kubesim.testing import running_cluster
 
     demo = Path(__file__).resolve().parents[1] / "sim" / "fleets" / "demo.yaml"
     with running_cluster(demo, name="east-1", tls=tls, time_scale=1.0) as cluster:
+        settle_heap()  # as quartermaster sim cluster does once its clusters are up
         material = make_tls() if tls else None
         sock = listen_socket("127.0.0.1", 0)
         config = uvicorn.Config(

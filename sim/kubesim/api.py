@@ -106,10 +106,11 @@ class Resource:
     strategy: Strategy
     validator: SchemaValidator | None
     fields: FieldManager
+    #: ``group/version`` (``v1`` for the core group): asked for several times a write.
+    api_version: str = field(init=False)
 
-    @property
-    def api_version(self) -> str:
-        return self.rtype.api_version(self.version.name)
+    def __post_init__(self) -> None:
+        self.api_version = self.rtype.api_version(self.version.name)
 
     @property
     def group(self) -> str:

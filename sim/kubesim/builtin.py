@@ -9,6 +9,7 @@ spec), and the required fields whose absence is a 422.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -57,11 +58,18 @@ def _name_causes(name: str, *, label: bool) -> list[Cause]:
     return []
 
 
+@functools.lru_cache(maxsize=8192)
 def _qualified_name_ok(key: str) -> bool:
+    """Whether ``key`` is a qualified name (label and annotation keys: few, remembered)."""
     prefix, _, name = key.rpartition("/")
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         return False
     return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+@functools.lru_cache(maxsize=8192)
+def _label_value_ok(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
 
 
 def validate_metadata(obj: Obj, *, dns_label: bool = False) -> list[Cause]:
@@ -77,7 +85,7 @@ def validate_metadata(obj: Obj, *, dns_label: bool = False) -> list[Cause]:
                     "metadata.labels",
                 )
             )
-        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        if not isinstance(value, str) or not _label_value_ok(value):
             causes.append(
                 Cause(
                     "FieldValueInvalid",

@@ -12,7 +12,13 @@ from typing import Annotated
 import typer
 
 from sim.kubesim.cluster import ClusterOptions, SimCluster
-from sim.kubesim.server import ClusterServer, kubeconfig, make_tls, write_kubeconfig
+from sim.kubesim.server import (
+    ClusterServer,
+    kubeconfig,
+    make_tls,
+    settle_heap,
+    write_kubeconfig,
+)
 
 __all__ = ["register"]
 
@@ -79,6 +85,7 @@ async def _serve(
                     }
                 )
             )
+        settle_heap()
         ca = material.ca_pem if material else None
         write_kubeconfig(kubeconfig_out, kubeconfig((n, s.url, t, ca) for n, s, t, _ in servers))
         typer.echo(f"kubeconfig written to {kubeconfig_out}")

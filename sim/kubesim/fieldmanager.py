@@ -136,6 +136,8 @@ def _leaf(value: Any) -> str:
         return str(value)
     if value is None:
         return "null"
+    if not value and (kind is dict or kind is list):
+        return "{}" if kind is dict else "[]"
     if kind is bool:
         return "true" if value else "false"
     return _encode(value)

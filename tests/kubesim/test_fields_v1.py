@@ -59,7 +59,7 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-LEAVES = [0, 1, -7, 2**70, 1.0, 0.5, True, False, None, "1", "true", "", [1, "a"], {"b": 1}]
+LEAVES = [0, 1, -7, 2**70, 1.0, 0.5, True, False, None, "1", "true", "", [1, "a"], {"b": 1}, {}, []]
 
 
 def test_leaves_compare_as_their_json_does() -> None:
