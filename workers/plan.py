@@ -97,6 +97,10 @@ class WorkloadView:
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    #: The row's resource version: with the uid it names one content of the
+    #: row (every event moves it), so what :func:`desired` makes of the
+    #: workload is kept between passes; ``None``: nothing kept.
+    version: int | None = None
 
     @property
     def key(self) -> str:
@@ -704,6 +708,40 @@ class _Admitted:
     selectors: dict[str, dict[str, str]]
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """What :func:`desired` made of one cluster's workloads in its last
+    pass, by (uid, version): valid while the flavors and topologies it read
+    are as they were (a copy of them, compared whole every pass)."""
+
+    flavors: Mapping[str, Mapping[str, Any]]
+    topologies: Mapping[str, Mapping[str, Any]]
+    entries: Mapping[tuple[str, int], _Admitted]
+
+
+#: By cluster name. Replaced whole by each pass (a pass of another process
+#: or thread at the same time only replaces what is equally valid).
+_KEPT: dict[str, _Kept] = {}
+
+
+def _kept(view: ClusterView) -> _Kept:
+    """``view.cluster``'s kept entries if its flavors and topologies are
+    unchanged, else none (and a copy of the new ones to compare with)."""
+    kept = _KEPT.get(view.cluster)
+    if kept is not None and kept.flavors == view.flavors and kept.topologies == view.topologies:
+        return kept
+    return _Kept(copy.deepcopy(dict(view.flavors)), copy.deepcopy(dict(view.topologies)), {})
+
+
+def _admitted(view: ClusterView, workload: WorkloadView, placements: Placements) -> _Admitted:
+    entry = _Admitted(workload, [], {})
+    for assignment in workload.admission.get("podSetAssignments") or ():
+        use = _use(view, assignment, placements)
+        entry.uses.append(use)
+        entry.selectors.setdefault(str(assignment.get("name")), {}).update(use.selector)
+    return entry
+
+
 def _links(uses: Iterable[_Use]) -> list[list[str]]:
     used: dict[str, set[str]] = {}
     for use in uses:
@@ -797,30 +835,38 @@ def _admitted_here(view: ClusterView, out: _Desired) -> dict[str, list[_Admitted
     uses; their Namespaces and WorkloadPriorityClasses noted in ``out``."""
     by_queue: dict[str, list[_Admitted]] = {}
     placements: Placements = {}
+    kept = _kept(view)
+    entries: dict[tuple[str, int], _Admitted] = {}
+    priorities: set[int] = set()
     for workload in view.workloads:
         if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
             continue
         central = str(workload.admission["clusterQueue"])
-        entry = _Admitted(workload, [], {})
-        for assignment in workload.admission.get("podSetAssignments") or ():
-            use = _use(view, assignment, placements)
-            entry.uses.append(use)
-            entry.selectors.setdefault(str(assignment.get("name")), {}).update(use.selector)
-        by_queue.setdefault(central, []).append(entry)
+        if workload.version is None:
+            entry = _admitted(view, workload, placements)
+        else:
+            stamp = (workload.uid, workload.version)
+            known = kept.entries.get(stamp)
+            entry = known if known is not None else _admitted(view, workload, placements)
+            entries[stamp] = entry
+        by_queue.setdefault(central, []).append(_Admitted(workload, entry.uses, entry.selectors))
         if workload.namespace not in out.namespaces:
             out.namespaces[workload.namespace] = {
                 "apiVersion": "v1",
                 "kind": "Namespace",
                 "metadata": {"name": workload.namespace, "labels": _labels()},
             }
-        wpc = Ref("WorkloadPriorityClass", "", priority_class_name(_priority(workload)))
-        if wpc not in out.queues:
+        priority = _priority(workload)
+        if priority not in priorities:
+            priorities.add(priority)
+            wpc = Ref("WorkloadPriorityClass", "", priority_class_name(priority))
             out.queues[wpc] = {
                 "apiVersion": _API_VERSIONS["WorkloadPriorityClass"],
                 "kind": "WorkloadPriorityClass",
                 "metadata": {"name": wpc.name, "labels": _labels()},
-                "value": _priority(workload),
+                "value": priority,
             }
+    _KEPT[view.cluster] = _Kept(kept.flavors, kept.topologies, entries)
     return by_queue
 
 

@@ -233,7 +233,8 @@ def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str =
     return ClusterView(
         cluster=cluster,
         workloads=[
-            WorkloadView(r.namespace, r.name, r.uid, r.spec, r.status, r.annotations) for r in rows
+            WorkloadView(r.namespace, r.name, r.uid, r.spec, r.status, r.annotations, r.version)
+            for r in rows
         ],
         flavors=config["ResourceFlavor"],
         topologies=config["Topology"],

@@ -3,6 +3,7 @@ decisions, and the actions against what the member holds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -532,3 +533,33 @@ def test_gangs_placed_alike_add_up_in_one_member_flavor() -> None:
     }
     selectors = [j["spec"]["template"]["spec"]["nodeSelector"][ISLAND] for j in actions.dispatch]
     assert selectors == ["c1-h100-i0"] * 3 + ["c1-h100-i1"]
+
+
+def _versioned(workload: WorkloadView, version: int) -> WorkloadView:
+    return replace(workload, version=version)
+
+
+def _selectors(cluster: ClusterView) -> list[dict[str, str]]:
+    return [j["spec"]["template"]["spec"]["nodeSelector"] for j in plan(cluster, []).dispatch]
+
+
+def test_what_a_pass_keeps_of_a_workload_follows_its_version() -> None:
+    first = _versioned(admitted("a"), 1)
+    assert _selectors(view(first))[0][ISLAND] == "c1-h100-i0"
+    moved = _versioned(admitted("a", island="c1-h100-i1"), 2)
+    assert _selectors(view(moved))[0][ISLAND] == "c1-h100-i1"
+
+
+def test_what_a_pass_keeps_is_dropped_when_flavors_or_topologies_change() -> None:
+    """Same rows at the same versions, but the flavor's node labels (or
+    the topology's island level) changed: every job is pinned anew."""
+    gang = _versioned(admitted("a"), 1)
+    flavors = {"h100": {**FLAVORS["h100"], "nodeLabels": {"example.com/gpu": "h100"}}}
+    topologies = {"fabric": {"levels": [dict(level) for level in TOPOLOGIES["fabric"]["levels"]]}}
+    cluster = ClusterView("c1", [gang], flavors, topologies)
+    assert _selectors(cluster)[0]["example.com/gpu"] == "h100"
+    flavors["h100"]["nodeLabels"] = {"example.com/gpu": "h100-sxm"}  # changed in place, even
+    assert _selectors(cluster)[0]["example.com/gpu"] == "h100-sxm"
+    topologies["fabric"]["levels"][0]["nodeLabel"] = "example.com/rack"
+    (selector,) = _selectors(ClusterView("c1", [gang], flavors, topologies))
+    assert selector["example.com/rack"] == "c1-h100-i0" and ISLAND not in selector
