@@ -280,8 +280,12 @@ class ApiCore:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def create(self, resource: Resource, namespace: str, body: Obj, ctx: Context) -> Obj:
-        obj = clone(body)
+    def create(
+        self, resource: Resource, namespace: str, body: Obj, ctx: Context, *, owned: bool = False
+    ) -> Obj:
+        """``owned``: ``body`` is the caller's to give away (a request's freshly parsed
+        body), stored as it is rather than copied; otherwise it is left untouched."""
+        obj = body if owned else clone(body)
         self._check_identity(resource, obj, namespace)
         metadata = obj.setdefault("metadata", {})
         if metadata.get("resourceVersion"):
@@ -363,9 +367,11 @@ class ApiCore:
         *,
         subresource: str = "",
         force: bool = False,
+        owned: bool = False,
     ) -> Obj:
+        """``owned`` as for :meth:`create` (an apply's configuration is stored as it is)."""
         if content_type in (APPLY_PATCH, APPLY_PATCH_CBOR):
-            return self._apply(resource, namespace, name, body, ctx, subresource, force)
+            return self._apply(resource, namespace, name, body, ctx, subresource, force, owned)
         old = self.get(resource, namespace, name)
         current = self.present(resource, old)
         if content_type == MERGE_PATCH:
@@ -422,6 +428,7 @@ class ApiCore:
         ctx: Context,
         subresource: str,
         force: bool,
+        owned: bool,
     ) -> Obj:
         if not ctx.manager:
             raise errors.bad_request(
@@ -429,7 +436,7 @@ class ApiCore:
             )
         if not isinstance(body, dict):
             raise errors.bad_request("apply patch must be an object")
-        applied = clone(body)
+        applied = body if owned else clone(body)
         if (
             applied.get("apiVersion") != resource.api_version
             or applied.get("kind") != resource.rtype.kind

@@ -11,8 +11,9 @@ transfer encoding, exactly like the real server.
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from sim.kubesim.api import APPLY_PATCH, APPLY_PATCH_CBOR, Context, Resource
 from sim.kubesim.auth import AuditRecord, User, forbidden_reason
 from sim.kubesim.errors import ApiError, Cause
 from sim.kubesim.selectors import parse_field_selector, parse_label_selector
-from sim.kubesim.store import ADDED, DELETED, MODIFIED, Event, Watcher
+from sim.kubesim.store import ADDED, DELETED, MODIFIED, Event, Watcher, clone
 from sim.kubesim.tables import table
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ class KubeApp:
         ctx = _context(request, user)
         if verb == "create":
             body = _body_object(request)
-            obj = core.create(resource, namespace, body, ctx)
+            obj = core.create(resource, namespace, body, ctx, owned=True)
             code = 201
         elif verb == "update":
             obj = core.update(
@@ -277,6 +278,7 @@ class KubeApp:
                 ctx,
                 subresource=target.subresource,
                 force=request.flag("force"),
+                owned=True,
             )
             code = 200
         elif verb == "delete":
@@ -619,12 +621,23 @@ async def _read(scope: Scope, receive: Receive) -> Request:
             break
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
-    query = {
-        k.decode() if isinstance(k, bytes) else k: v[-1]
-        for k, v in parse_qs(scope["query_string"].decode(), keep_blank_values=True).items()
-    }
+    query = dict(_query(scope["query_string"]))
     headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
     return Request(scope["method"], scope["path"], query, headers, b"".join(chunks))
+
+
+@functools.lru_cache(maxsize=1024)
+def _query(raw: bytes) -> dict[str, str]:
+    """A query string's parameters (the last of repeated ones); remembered, as clients send
+    the same few again and again: callers take a copy."""
+    return {k: v[-1] for k, v in parse_qs(raw.decode(), keep_blank_values=True).items()}
+
+
+def _audit_id() -> bytes:
+    """A random (version 4) UUID, as ``uuid.uuid4`` makes it, without its object."""
+    h = os.urandom(16).hex()
+    variant = "89ab"[int(h[16], 16) & 3]
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}".encode()
 
 
 async def _start_stream(send: Send) -> None:
@@ -649,7 +662,7 @@ async def _respond(
     raw = [
         (b"content-type", content_type),
         (b"content-length", str(len(body)).encode()),
-        (b"audit-id", str(uuid.uuid4()).encode()),
+        (b"audit-id", _audit_id()),
         (b"cache-control", b"no-cache, private"),
     ]
     for key, value in (headers or {}).items():
@@ -703,7 +716,9 @@ def _parse(raw: bytes, content_type: str) -> Any:
                     return loads(raw)
                 except ValueError:
                     pass
-            return yaml.load(raw, Loader=yaml.CSafeLoader)
+            # Copied: YAML anchors make one node appear in several places, and a body
+            # is stored as it is (ApiCore's ``owned``): no part of it may alias another.
+            return clone(yaml.load(raw, Loader=yaml.CSafeLoader))
         return loads(raw)
     except (ValueError, yaml.YAMLError) as error:
         raise errors.bad_request(f"the body of the request could not be decoded: {error}") from None

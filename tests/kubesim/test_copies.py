@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from sim.kubesim.api import APPLY_PATCH, MERGE_PATCH, ApiCore, Context, Resource
 from sim.kubesim.cluster import ClusterOptions, SimCluster
@@ -144,3 +145,40 @@ def test_a_deletion_that_waits_for_finalizers_writes_a_copy(cluster: SimCluster)
     deleting, gone = core.delete(jobs, NS, "held", Context(), propagation="Background")
     assert not gone and deleting["metadata"]["deletionTimestamp"]
     assert stored == before and "deletionTimestamp" not in stored["metadata"]
+
+
+ANCHORED = """
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: anchored
+  labels: &labels {app: anchored}
+spec:
+  suspend: true
+  template:
+    metadata:
+      labels: *labels
+    spec:
+      restartPolicy: Never
+      containers: [{name: main, image: "busybox:1"}]
+"""
+
+
+def test_a_yaml_body_whose_anchors_repeat_a_node_is_stored_without_aliases(
+    api: client.ApiClient,
+) -> None:
+    """The pod template's labels get the Job's generated ones; its metadata's must not."""
+    params = api.param_serialize(
+        method="PATCH",
+        resource_path="/apis/batch/v1/namespaces/default/jobs/anchored",
+        query_params=[("fieldManager", "yaml")],
+        header_params={"Content-Type": APPLY_PATCH, "Accept": "application/json"},
+        body=ANCHORED,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*params)
+    response.read()
+    assert response.status < 300, response.data
+    stored = json.loads(response.data)
+    assert stored["metadata"]["labels"] == {"app": "anchored"}
+    assert "job-name" in stored["spec"]["template"]["metadata"]["labels"]
