@@ -7,7 +7,8 @@ alone would spend 20 s of a 10 s budget on verifying a million entries.
 For documents made only of objects with ASCII keys, arrays, strings, ``true``,
 ``false``, ``null``, integers within ±(2**53 - 1) and non-integral floats
 within 1e-4 ≤ |x| < 1e16, the standard library's C encoder with sorted keys,
-no whitespace and ``ensure_ascii=False`` writes exactly the RFC 8785 bytes:
+no whitespace and ``ensure_ascii=False`` writes exactly the RFC 8785 bytes
+(integral floats within ±(2**53 - 1) too, once written as the ints they equal):
 
 * key order: for ASCII keys, code-point order (Python's sort) equals the
   UTF-16 code-unit order RFC 8785 §3.2.3 asks for;
@@ -18,7 +19,7 @@ no whitespace and ``ensure_ascii=False`` writes exactly the RFC 8785 bytes:
 * such floats: ``repr`` and ECMAScript's Number::toString (RFC 8785
   §3.2.2.3) both print the shortest digits that round-trip, positionally.
 
-Anything else — an integral or very large or small float, a non-ASCII key,
+Anything else — a very large or small float, a non-ASCII key,
 a big integer, a non-JSON type — goes to
 ``rfc8785``, which also raises for what JCS cannot represent. The equivalence
 is checked property-wise in ``tests/ledger/test_canonical.py``.
@@ -40,32 +41,72 @@ _ENCODER: Final = json.JSONEncoder(
 )
 
 
-def _plain(value: Any) -> bool:
-    """True when the C encoder's output for ``value`` is already canonical."""
+class _Slow:
+    """Marks a value the C encoder cannot write canonically."""
+
+
+_SLOW: Final = _Slow()
+
+
+def _fast(value: Any) -> Any:
+    """``value`` as the C encoder writes canonically (itself, or a copy with
+    integral floats as ints), or ``_SLOW``."""
     kind = type(value)
     if kind is str or kind is bool or value is None:
-        return True
+        return value
     if kind is int:
-        return bool(-_INT_LIMIT <= value <= _INT_LIMIT)
+        return value if -_INT_LIMIT <= value <= _INT_LIMIT else _SLOW
     if kind is float:
+        if value.is_integer():
+            # ECMAScript writes an integral number without a fraction ("2",
+            # where repr writes "2.0"): within ±(2**53 - 1) its digits are
+            # the int's (-0.0 included: "0"). GPU-seconds of a run timed to
+            # the second are such numbers.
+            return int(value) if -_INT_LIMIT <= value <= _INT_LIMIT else _SLOW
         # repr and ECMAScript agree on positional, shortest round-trip digits
-        # here; integral floats differ ("2.0" vs "2"), NaN and inf fail both.
-        return not value.is_integer() and _FLOAT_LOW <= abs(value) < _FLOAT_HIGH
+        # here; NaN and inf fail both.
+        return value if _FLOAT_LOW <= abs(value) < _FLOAT_HIGH else _SLOW
     if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or not key.isascii() or not _plain(item):
-                return False
-        return True
+        return _fast_dict(value)
     if kind is list:
-        return all(_plain(item) for item in value)
-    return False
+        return _fast_list(value)
+    return _SLOW
+
+
+def _fast_dict(value: dict[Any, Any]) -> Any:
+    copy: dict[str, Any] | None = None
+    for key, item in value.items():
+        if type(key) is not str or not key.isascii():
+            return _SLOW
+        fast = _fast(item)
+        if fast is _SLOW:
+            return _SLOW
+        if fast is not item:
+            if copy is None:
+                copy = dict(value)
+            copy[key] = fast
+    return value if copy is None else copy
+
+
+def _fast_list(value: list[Any]) -> Any:
+    copy: list[Any] | None = None
+    for index, item in enumerate(value):
+        fast = _fast(item)
+        if fast is _SLOW:
+            return _SLOW
+        if fast is not item:
+            if copy is None:
+                copy = list(value)
+            copy[index] = fast
+    return value if copy is None else copy
 
 
 def canonical_json(document: Mapping[str, Any]) -> bytes:
     """The RFC 8785 serialisation of ``document`` (a JSON object)."""
-    if type(document) is dict and _plain(document):
+    fast = _fast(document) if type(document) is dict else _SLOW
+    if fast is not _SLOW:
         try:
-            return _ENCODER.encode(document).encode("utf-8")
+            return _ENCODER.encode(fast).encode("utf-8")
         except UnicodeEncodeError:
             pass  # a lone surrogate: let rfc8785 raise its own error
     return rfc8785.dumps(dict(document))

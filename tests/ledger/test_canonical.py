@@ -64,10 +64,21 @@ def test_same_bytes_as_rfc8785(document: dict[str, Any]) -> None:
         {"a": 1e-4, "b": 9.999e-5, "c": 1e16 - 2, "d": 1e16, "e": 0.1, "f": -123.456},
         {"a": 1e15 + 0.5, "b": 2.0**53, "c": 5e-324, "d": 1.7976931348623157e308},
         {"nested": [{"b": 1, "a": [True, False, None]}]},
+        # Integral floats: the fast path writes them as the ints they equal.
+        {"a": 2.0, "b": -0.0, "c": 9007199254740991.0, "d": -9007199254740991.0},
+        {"e": 9007199254740992.0, "f": [1.0, {"x": 3.0, "y": "s"}], "g": 1e20},
+        {"consumed": {"h100": {"cpu": 2000.0, "nvidia.com/gpu": 2.0}}, "gpu_seconds": 2.5},
     ],
 )
 def test_edge_cases(document: dict[str, Any]) -> None:
     assert canonical_json(document) == rfc8785.dumps(document)
+
+
+def test_integral_floats_are_written_without_touching_the_document() -> None:
+    document = {"a": [1.0, {"b": 2.0}], "c": 0.5}
+    assert canonical_json(document) == b'{"a":[1,{"b":2}],"c":0.5}'
+    assert document == {"a": [1.0, {"b": 2.0}], "c": 0.5}
+    assert type(document["a"][0]) is float and type(document["a"][1]["b"]) is float  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
