@@ -399,9 +399,10 @@ class ApiCore:
                 name,
                 _MODIFIED,
             )
-        if subresource == "status" and content_type == MERGE_PATCH and _only_status(body):
-            # ``patched`` is a copy of the object that differs in status alone: it is
-            # what _merge_update would build from a second copy.
+        if subresource == "status" and content_type != JSON_PATCH and _only_status(body):
+            # A merge or strategic merge patch of status alone: ``patched`` is a copy of
+            # the object that differs in status only, what _merge_update would build
+            # from a second copy.
             patched["apiVersion"] = resource.api_version
             new = patched
         else:
@@ -771,7 +772,7 @@ class ApiCore:
 
 
 def _only_status(patch: Any) -> bool:
-    """Whether a merge patch touches nothing but ``status``."""
+    """Whether a (strategic) merge patch touches nothing but ``status`` (no directive)."""
     return isinstance(patch, dict) and all(key == "status" for key in patch)
 
 

@@ -439,12 +439,18 @@ class SchemaValidator:
         cel_self: Any = None
         cel_old = None
         encoded = _encoded(value)
+        encoded_pair: bytes | None = _MISSING
         for rule in rules:
             text = rule["rule"]
             transition = "oldSelf" in text
             if transition and old is _MISSING and not rule.get("optionalOldSelf"):
                 continue
-            key = None if transition or encoded is None else (text, encoded)
+            if not transition:
+                key = None if encoded is None else (text, encoded)
+            else:
+                if encoded_pair is _MISSING:
+                    encoded_pair = _encoded_pair(encoded, old)
+                key = None if encoded_pair is None else (text, encoded_pair)
             if key is not None and _VERDICTS.get(key, _MISSING) is None:
                 continue  # held for this very value before
             if cel_self is None:
@@ -466,7 +472,9 @@ class SchemaValidator:
 #: such a rule's verdict depends on the value alone, and the interpreter
 #: (celpy) took most of a Kueue object's write (a ClusterQueue, rewritten
 #: with every quota change, evaluates dozens of rules on mostly unchanged
-#: parts). Bounded: emptied when full.
+#: parts). A transition rule's verdict depends on the value and the old one
+#: alone (its activation holds nothing else): remembered by both, NUL apart
+#: (JSON text never holds a raw NUL). Bounded: emptied when full.
 _VERDICTS: dict[tuple[str, bytes], None] = {}
 _VERDICTS_MAX = 16384
 
@@ -476,6 +484,15 @@ def _encoded(value: Any) -> bytes | None:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # not JSON as orjson writes it: evaluated every time
         return None
+
+
+def _encoded_pair(encoded: bytes | None, old: Any) -> bytes | None:
+    """The key part of a transition rule: value and old value (``None``: not remembered,
+    as when there is no old value, which ``optionalOldSelf`` rules are evaluated without)."""
+    if encoded is None or old is _MISSING:
+        return None
+    encoded_old = _encoded(old)
+    return None if encoded_old is None else encoded + b"\x00" + encoded_old
 
 
 def _remember(key: tuple[str, bytes]) -> None:

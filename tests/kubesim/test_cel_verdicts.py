@@ -1,6 +1,7 @@
 """CEL rules of a CRD schema: a rule that does not name ``oldSelf`` is
-evaluated once per value it held for; a rule that fails is evaluated (and
-refused) every time, and one naming ``oldSelf`` is never remembered."""
+evaluated once per value it held for, one naming it once per pair of value
+and old value it held for; a rule that fails is evaluated (and refused)
+every time."""
 
 from __future__ import annotations
 
@@ -70,3 +71,19 @@ def test_a_transition_rule_is_evaluated_against_each_old_value(evaluations: list
     (cause,) = validator.validate(_obj(1, 4), _obj(1, 8))
     assert "the limit may only grow" in cause.message
     assert evaluations.count("self.limit >= oldSelf.limit") == 2
+
+
+def test_a_transition_rule_that_held_for_a_pair_is_not_evaluated_again(
+    evaluations: list[str],
+) -> None:
+    validator = SchemaValidator(SCHEMA)
+    for _ in range(3):
+        assert validator.validate(_obj(1, 8), _obj(1, 4)) == []
+    assert evaluations.count("self.limit >= oldSelf.limit") == 1
+    assert validator.validate(_obj(1, 8), _obj(1, 8)) == []  # another old value
+    assert validator.validate(_obj(1, 4), _obj(1, 4)) == []  # another value
+    assert evaluations.count("self.limit >= oldSelf.limit") == 3
+    for _ in range(2):
+        (cause,) = validator.validate(_obj(1, 4), _obj(1, 8))
+        assert "the limit may only grow" in cause.message
+    assert evaluations.count("self.limit >= oldSelf.limit") == 5

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sim.kubesim.api import APPLY_PATCH, MERGE_PATCH, ApiCore, Context, Resource
+from sim.kubesim.api import (
+    APPLY_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_PATCH,
+    ApiCore,
+    Context,
+    Resource,
+)
 from sim.kubesim.cluster import ClusterOptions, SimCluster
 
 NS = "default"
@@ -72,31 +79,33 @@ def _identity_free(obj: Obj) -> Obj:
     return out
 
 
-def test_a_status_merge_patch_stores_what_the_general_path_stores(cluster: SimCluster) -> None:
+@pytest.mark.parametrize("kind", [MERGE_PATCH, STRATEGIC_PATCH])
+def test_a_status_merge_patch_stores_what_the_general_path_stores(
+    cluster: SimCluster, kind: str
+) -> None:
     core, jobs = cluster.core, _jobs(cluster.core)
     ctx = Context(manager="kubelet")
     for name in ("short", "long"):
         core.create(jobs, NS, _job(name), Context(manager="maker"))
-    short = core.patch(jobs, NS, "short", MERGE_PATCH, _status(), ctx, subresource="status")
+    short = core.patch(jobs, NS, "short", kind, _status(), ctx, subresource="status")
     # A metadata key in the patch takes the general path (and is ignored on /status).
     general = {**_status(), "metadata": {"labels": {"app": "ignored"}}}
-    long = core.patch(jobs, NS, "long", MERGE_PATCH, general, ctx, subresource="status")
+    long = core.patch(jobs, NS, "long", kind, general, ctx, subresource="status")
     assert short["status"] == _status()["status"]
     assert long["metadata"]["labels"] == {"app": "copies"}
     assert _identity_free(short) == _identity_free(long)
     assert list(short) == list(long) and list(short["metadata"]) == list(long["metadata"])
 
 
+@pytest.mark.parametrize("kind", [MERGE_PATCH, STRATEGIC_PATCH])
 def test_a_status_merge_patch_ignores_the_spec_and_leaves_the_old_object_alone(
-    cluster: SimCluster,
+    cluster: SimCluster, kind: str
 ) -> None:
     core, jobs = cluster.core, _jobs(cluster.core)
     old = core.create(jobs, NS, _job("alone"), Context(manager="maker"))
     before = copy.deepcopy(old)
     body = _status()
-    new = core.patch(
-        jobs, NS, "alone", MERGE_PATCH, body, Context(manager="k"), subresource="status"
-    )
+    new = core.patch(jobs, NS, "alone", kind, body, Context(manager="k"), subresource="status")
     assert old == before, "the stored old object (an event's prev) changed"
     assert new["spec"] == old["spec"] and new["spec"] is not old["spec"]
     body["status"]["conditions"][0]["status"] = "False"
