@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+import orjson
 import yaml
 
 from service.runtime.jsonio import dumps, loads
@@ -254,7 +255,7 @@ class KubeApp:
             await self._list(target, request, send)
             return 200
         if verb == "get":
-            obj = core.present(resource, core.get(resource, namespace, name))
+            obj = core.get(resource, namespace, name)
             await self._object(send, 200, resource, obj, request)
             return 200
         ctx = _context(request, user)
@@ -287,7 +288,7 @@ class KubeApp:
             return await self._delete_collection(target, request, ctx, send)
         else:
             raise errors.method_not_allowed()
-        await self._object(send, code, resource, core.present(resource, obj), request, ctx.warnings)
+        await self._object(send, code, resource, obj, request, ctx.warnings)
         return code
 
     async def _object(
@@ -299,18 +300,25 @@ class KubeApp:
         request: Request,
         warnings: list[str] | None = None,
     ) -> None:
+        """Answer with ``obj`` (as stored: shown at ``resource``'s version here)."""
         if _wants_table(request):
-            rv = obj["metadata"].get("resourceVersion", "")
+            shown = self.cluster.core.present(resource, obj)
+            rv = shown["metadata"].get("resourceVersion", "")
             body = table(
                 resource.rtype,
                 resource.version.name,
-                [obj],
+                [shown],
                 rv,
                 request.query.get("includeObject", "Metadata"),
             )
             await _respond(send, code, dumps(body), warnings=warnings)
             return
-        await _respond(send, code, dumps(obj), warnings=warnings)
+        await _respond(send, code, self._json(resource, obj), warnings=warnings)
+
+    def _json(self, resource: Resource, obj: dict[str, Any]) -> bytes:
+        """``obj`` as served at ``resource``'s version (encoded once per stored object)."""
+        text = self.cluster.store.encoded(resource.rtype, obj, resource.api_version)
+        return text if text is not None else dumps(self.cluster.core.present(resource, obj))
 
     async def _list(self, target: Target, request: Request, send: Send) -> None:
         core = self.cluster.core
@@ -325,6 +333,14 @@ class KubeApp:
             resource_version=request.query.get("resourceVersion", ""),
             resource_version_match=request.query.get("resourceVersionMatch", ""),
         )
+        if not _wants_table(request):
+            parts = [
+                self.cluster.store.encoded(resource.rtype, o, resource.api_version) for o in items
+            ]
+            if all(part is not None for part in parts):
+                head = _list_head(resource, rv, token, remaining)
+                await _respond(send, 200, _spliced(head, b"items", parts))
+                return
         items = [core.present(resource, obj) for obj in items]
         if _wants_table(request):
             body = table(
@@ -337,22 +353,8 @@ class KubeApp:
             )
             await _respond(send, 200, dumps(body))
             return
-        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
-        if token:
-            metadata["continue"] = token
-        if remaining is not None:
-            metadata["remainingItemCount"] = remaining
         await _respond(
-            send,
-            200,
-            dumps(
-                {
-                    "kind": resource.rtype.list_kind,
-                    "apiVersion": resource.api_version,
-                    "metadata": metadata,
-                    "items": items,
-                }
-            ),
+            send, 200, dumps({**_list_head(resource, rv, token, remaining), "items": items})
         )
 
     async def _delete(self, target: Target, request: Request, ctx: Context, send: Send) -> int:
@@ -533,6 +535,11 @@ class WatchSession:
         return None
 
     def _encode(self, kind: str, obj: dict[str, Any]) -> bytes:
+        if not self.table:
+            text = self.cluster.store.encoded(self.resource.rtype, obj, self.resource.api_version)
+            if text is not None:
+                # ``kind`` is ADDED, MODIFIED or DELETED: nothing in it to escape.
+                return b'{"type":"' + kind.encode() + b'","object":' + text + b"}\n"
         shown = self.cluster.core.present(self.resource, obj)
         if self.table:
             shown = table(
@@ -671,6 +678,29 @@ async def _respond(
         raw.append((b"warning", f'299 - "{warning}"'.encode()))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+def _list_head(resource: Resource, rv: int, token: str, remaining: int | None) -> dict[str, Any]:
+    """A list's kind, apiVersion and metadata (its items follow)."""
+    metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+    if token:
+        metadata["continue"] = token
+    if remaining is not None:
+        metadata["remainingItemCount"] = remaining
+    return {
+        "kind": resource.rtype.list_kind,
+        "apiVersion": resource.api_version,
+        "metadata": metadata,
+    }
+
+
+def _spliced(head: dict[str, Any], name: bytes, parts: list[bytes | None]) -> bytes:
+    """``head`` with a last member ``name`` whose value is the array of the JSON ``parts``:
+    the bytes orjson writes for the whole (compact, members in order)."""
+    opening = orjson.dumps(head)[:-1]
+    separator = b"," if len(head) else b""
+    items = b",".join(part for part in parts if part is not None)
+    return opening + separator + b'"' + name + b'":[' + items + b"]}"
 
 
 def _not_served() -> ApiError:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+import orjson
+
 from sim.kubesim.errors import expired
 from sim.kubesim.resources import ResourceType
 
@@ -127,6 +129,8 @@ class Collection:
     #: Events with ``rv <= compacted_rv`` have left the history.
     compacted_rv: int = 0
     watchers: set[Watcher] = field(default_factory=set)
+    #: The JSON of stored objects as last served: key → (object, apiVersion, bytes).
+    encoded: dict[Key, tuple[Obj, str, bytes]] = field(default_factory=dict)
 
     def record(self, event: Event) -> None:
         if len(self.history) >= self.history_size:
@@ -182,6 +186,29 @@ class Store:
         self.rv += 1
         return self.rv
 
+    def encoded(self, rtype: ResourceType, obj: Obj, api_version: str) -> bytes | None:
+        """``obj`` as JSON served at ``api_version`` (orjson's compact text), or ``None``
+        where orjson cannot write it.
+
+        Remembered for the object stored now, so that a write's response, its watch
+        events and later lists encode it once (as the real watch cache's cachingObject
+        does): stored objects are never mutated in place, so the text stays true until
+        a write stores another object under the key.
+        """
+        collection = self.collections[rtype.key]
+        key = object_key(obj)
+        hit = collection.encoded.get(key)
+        if hit is not None and hit[0] is obj and hit[1] == api_version:
+            return hit[2]
+        shown = obj if obj.get("apiVersion") == api_version else {**obj, "apiVersion": api_version}
+        try:
+            text = orjson.dumps(shown)
+        except TypeError:
+            return None
+        if collection.objects.get(key) is obj:
+            collection.encoded[key] = (obj, api_version, text)
+        return text
+
     def write(self, rtype: ResourceType, obj: Obj) -> Event:
         """Store ``obj`` (created or replaced) at the next revision; returns the event."""
         collection = self.collections[rtype.key]
@@ -199,6 +226,7 @@ class Store:
         collection = self.collections[rtype.key]
         key = object_key(obj)
         prev = collection.objects.pop(key)
+        collection.encoded.pop(key, None)
         rv = self.next_rv()
         final = dict(obj)
         final["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
