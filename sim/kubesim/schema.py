@@ -439,7 +439,8 @@ class SchemaValidator:
         cel_self: Any = None
         cel_old = None
         encoded = _encoded(value)
-        encoded_pair: bytes | None = _MISSING
+        pair: bytes | None = None  # value and old value, once a transition rule asks
+        pair_known = False
         for rule in rules:
             text = rule["rule"]
             transition = "oldSelf" in text
@@ -448,9 +449,9 @@ class SchemaValidator:
             if not transition:
                 key = None if encoded is None else (text, encoded)
             else:
-                if encoded_pair is _MISSING:
-                    encoded_pair = _encoded_pair(encoded, old)
-                key = None if encoded_pair is None else (text, encoded_pair)
+                if not pair_known:
+                    pair, pair_known = _encoded_pair(encoded, old), True
+                key = None if pair is None else (text, pair)
             if key is not None and _VERDICTS.get(key, _MISSING) is None:
                 continue  # held for this very value before
             if cel_self is None:
