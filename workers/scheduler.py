@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -51,6 +53,8 @@ class Waker:
 
     def __init__(self, url: str) -> None:
         self._url = url
+        #: How the subscription shows in Redis's CLIENT LIST.
+        self.name = f"qm-wake:{socket.gethostname()}:{os.getpid()}"
         self._client: redis.Redis | None = None
         self._pubsub: Any = None
 
@@ -68,7 +72,7 @@ class Waker:
             # by ``from_url`` closes its whole connection pool when it is
             # collected, the subscription's connection included, and the
             # hints published until a read happened to reconnect were lost.
-            self._client = redis.Redis.from_url(self._url)
+            self._client = redis.Redis.from_url(self._url, client_name=self.name)
             pubsub: Any = self._client.pubsub
             self._pubsub = pubsub(ignore_subscribe_messages=True)
             self._pubsub.subscribe(WAKE_CHANNEL)

@@ -8,12 +8,14 @@ import threading
 import redis
 
 from workers.scheduler import WakeHint, Waker
-from workers.tasks import WAKE_CHANNEL
 
 
-def _subscribers(client: redis.Redis) -> int:
-    counts = dict(client.pubsub_numsub(WAKE_CHANNEL))
-    return int(counts.get(WAKE_CHANNEL.encode(), 0))
+def _subscribed(client: redis.Redis, waker: Waker) -> int:
+    """This waker's subscribed connections (pub/sub channels are server-wide:
+    other tests' schedulers may listen on the same channel meanwhile)."""
+    return sum(
+        1 for c in client.client_list() if c.get("name") == waker.name and int(c.get("sub", 0)) > 0
+    )
 
 
 def test_subscription_outlives_garbage_collection(broker: str) -> None:
@@ -26,7 +28,7 @@ def test_subscription_outlives_garbage_collection(broker: str) -> None:
     try:
         waker.listen()
         gc.collect()
-        assert _subscribers(probe) == 1
+        assert _subscribed(probe, waker) == 1
         WakeHint(broker)()
         assert waker.wait(2.0, threading.Event()) is True
     finally:
@@ -53,8 +55,8 @@ def test_close_ends_the_subscription(broker: str) -> None:
     probe = redis.Redis.from_url(broker)
     try:
         waker.listen()
-        assert _subscribers(probe) == 1
+        assert _subscribed(probe, waker) == 1
         waker.close()
-        assert _subscribers(probe) == 0
+        assert _subscribed(probe, waker) == 0
     finally:
         probe.close()
