@@ -22,6 +22,9 @@ p50 / p99 latency of:
 * ``apply`` — server-side apply of a Job by a field manager (managedFields);
 * ``bare`` — the create's request, same body and path, to the bare endpoint;
 
+and the serving process's CPU per request (``server_cpu_us_per_request``: what the
+stand-in costs, which the rates, bounded by the clients' CPU on a small box, hide);
+
 Each write kind runs ``--rounds`` times, interleaved with the others and the
 baseline, and reports its best round (all rounds' rates are listed too): the
 machine is shared, and the best round is the stand-in's capacity. Then
@@ -266,6 +269,12 @@ def client_process(
     out.put(results)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def hammer(kind: str, server: dict[str, Any], clients: int, seconds: float) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     processes = min(clients, MAX_PROCESSES)
@@ -282,9 +291,11 @@ def hammer(kind: str, server: dict[str, Any], clients: int, seconds: float) -> d
     # Every client has its connection and its objects: start the clock (a dead one times out).
     ready.wait(timeout=120)
     started = time.perf_counter()
+    cpu_before = cpu_seconds(server["pid"])
     start.set()
     collected = [out.get(timeout=seconds + 120) for _ in procs]
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(server["pid"]) - cpu_before
     for proc in procs:
         proc.join()
     count = sum(n for result in collected for n, _ in result)
@@ -294,6 +305,9 @@ def hammer(kind: str, server: dict[str, Any], clients: int, seconds: float) -> d
         "p50_ms": round(percentile(latencies, 0.50) * 1000, 2),
         "p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
         "requests": count,
+        # The serving process's CPU per request (both servers share it: the stand-in
+        # idles while the bare endpoint is measured, and the other way round).
+        "server_cpu_us_per_request": round(cpu / count * 1e6) if count else None,
     }
 
 
@@ -418,6 +432,7 @@ def main() -> None:
     server_process = ctx.Process(target=serve, args=(not args.no_tls, there))
     server_process.start()
     server = here.recv()
+    server["pid"] = server_process.pid
     results: dict[str, Any] = {
         "bench": "kubesim",
         "seconds_per_case": args.seconds,
