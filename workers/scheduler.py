@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -240,28 +241,9 @@ class Scheduler:
             relay_thread.start()
         fleet_thread = None
         if self.fleet is not None:
-            fleet = self.fleet
-            fleet_thread = threading.Thread(
-                target=fleet.run,
-                args=(lambda: self.leader.lease.leading,),
-                name="fleet",
-                daemon=True,
-            )
-            fleet_thread.start()
-        checkpoint_thread = threading.Thread(
-            target=self.checkpoints.run,
-            args=(lambda: self.leader.lease.leading,),
-            name="ledger-checkpoints",
-            daemon=True,
-        )
-        checkpoint_thread.start()
-        statistics_thread = threading.Thread(
-            target=self.statistics.run,
-            args=(lambda: self.leader.lease.leading,),
-            name="planner-statistics",
-            daemon=True,
-        )
-        statistics_thread.start()
+            fleet_thread = self._while_leading(self.fleet.run, "fleet")
+        checkpoint_thread = self._while_leading(self.checkpoints.run, "ledger-checkpoints")
+        statistics_thread = self._while_leading(self.statistics.run, "planner-statistics")
         try:
             while not self.stop.is_set():
                 self._tick()
@@ -280,6 +262,16 @@ class Scheduler:
             statistics_thread.join(10)
             self.leader.lease.release()
             self.waker.close()
+
+    def _while_leading(
+        self, run: Callable[[Callable[[], bool]], None], name: str
+    ) -> threading.Thread:
+        """A daemon thread of ``run(active)``, active while this process leads."""
+        thread = threading.Thread(
+            target=run, args=(lambda: self.leader.lease.leading,), name=name, daemon=True
+        )
+        thread.start()
+        return thread
 
     def _tick(self) -> None:
         began = time.monotonic()

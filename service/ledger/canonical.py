@@ -28,7 +28,7 @@ is checked property-wise in ``tests/ledger/test_canonical.py``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import rfc8785
@@ -67,37 +67,26 @@ def _fast(value: Any) -> Any:
         # here; NaN and inf fail both.
         return value if _FLOAT_LOW <= abs(value) < _FLOAT_HIGH else _SLOW
     if kind is dict:
-        return _fast_dict(value)
+        if not all(type(key) is str and key.isascii() for key in value):
+            return _SLOW
+        return _fast_items(value, value.items(), dict)
     if kind is list:
-        return _fast_list(value)
+        return _fast_items(value, enumerate(value), list)
     return _SLOW
 
 
-def _fast_dict(value: dict[Any, Any]) -> Any:
-    copy: dict[str, Any] | None = None
-    for key, item in value.items():
-        if type(key) is not str or not key.isascii():
-            return _SLOW
+def _fast_items(value: Any, items: Iterable[tuple[Any, Any]], kind: Callable[[Any], Any]) -> Any:
+    """A dict or list whose items all pass ``_fast``: itself, or a copy (made
+    by ``kind``) with the items that changed."""
+    copy = None
+    for at, item in items:
         fast = _fast(item)
         if fast is _SLOW:
             return _SLOW
         if fast is not item:
             if copy is None:
-                copy = dict(value)
-            copy[key] = fast
-    return value if copy is None else copy
-
-
-def _fast_list(value: list[Any]) -> Any:
-    copy: list[Any] | None = None
-    for index, item in enumerate(value):
-        fast = _fast(item)
-        if fast is _SLOW:
-            return _SLOW
-        if fast is not item:
-            if copy is None:
-                copy = list(value)
-            copy[index] = fast
+                copy = kind(value)
+            copy[at] = fast
     return value if copy is None else copy
 
 
