@@ -17,7 +17,7 @@ from uuid import uuid4
 
 from sqlalchemy import Connection, Engine, text
 
-from service.app.admission import WorkloadRow
+from service.app.admission import WORKLOAD_ROWS, WorkloadRow
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from service.eventstore.port import EventMetadata, NewEvent, OutboxMessage
@@ -57,15 +57,6 @@ _HERE = (
 )
 _WORKLOAD_STAMPS = text(
     f"SELECT namespace, name, CAST(uid AS text), resource_version FROM resources WHERE {_HERE}"
-)
-# The four JSON columns as one document: one decode a row, not four (each
-# through psycopg's loader and ours: most of what reading a row cost).
-_WORKLOADS = text(
-    "SELECT r.namespace, r.name, CAST(r.uid AS text), r.resource_version, r.generation, "
-    "r.created_at, jsonb_build_array(r.labels, r.annotations, r.spec, r.status) "
-    "FROM resources r "
-    "JOIN unnest(CAST(:namespaces AS text[]), CAST(:names AS text[])) AS k(namespace, name) "
-    "ON r.kind = 'Workload' AND r.namespace = k.namespace AND r.name = k.name"
 )
 _CONFIG = text(
     "SELECT kind, name, spec FROM resources "
@@ -182,7 +173,7 @@ class RowCache:
         ]
         if missing:
             params = {"namespaces": [m[0] for m in missing], "names": [m[1] for m in missing]}
-            for row in map(_workload_row, conn.execute(_WORKLOADS, params)):
+            for row in map(WorkloadRow.packed, conn.execute(WORKLOAD_ROWS, params)):
                 known[row.key] = ((row.uid, row.version), row)
         # Read in the caller's transaction, so each row is the one stamped;
         # one that moved on between the two reads (not possible in a
@@ -195,23 +186,6 @@ class RowCache:
         with self._lock:
             self._rows[cluster] = {k: known[k] for k in fresh}
         return list(fresh.values())
-
-
-def _workload_row(r: Any) -> WorkloadRow:
-    """A row of ``_WORKLOADS``, as :meth:`WorkloadRow.of` reads a whole one."""
-    namespace, name, uid, version, generation, created_at, (labels, annotations, spec, status) = r
-    return WorkloadRow(
-        namespace,
-        name,
-        uid,
-        int(version),
-        int(generation),
-        labels or {},
-        annotations or {},
-        spec,
-        status or {},
-        created_at,
-    )
 
 
 #: This process's rows (a Celery pool process, the scheduler's fleet loop).

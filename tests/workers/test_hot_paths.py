@@ -137,8 +137,8 @@ _WHOLE = sa.text(
 
 
 def test_row_cache_reads_every_column_as_a_whole_row_reads(services: Services) -> None:
-    """The cache reads a row's JSON columns as one document: each must land
-    where a whole row's read puts it."""
+    """Workload rows are read with their JSON columns as one document
+    (WORKLOAD_ROWS): each must land where a whole row's read puts it."""
     from service.app.admission import WorkloadRow
 
     setup_fleet(services, gpu_quota=64)
@@ -150,7 +150,19 @@ def test_row_cache_reads_every_column_as_a_whole_row_reads(services: Services) -
         conn.execute(_ADMIT, {"status": json.dumps(status), "name": "a"})
     (cached,) = _rows(services.engine, RowCache()).values()
     with services.engine.connect() as conn:
-        whole = WorkloadRow.of(conn.execute(_WHOLE, {"name": "a"}).one())
+        r = conn.execute(_WHOLE, {"name": "a"}).one()
+    whole = WorkloadRow(
+        r.namespace,
+        r.name,
+        str(r.uid),
+        r.resource_version,
+        r.generation,
+        r.labels,
+        r.annotations,
+        r.spec,
+        r.status,
+        r.created_at,
+    )
     assert cached == whole
     assert cached.labels["team"] == "x" and cached.annotations["note"] == "y"
     assert cached.status == status and cached.spec["queueName"] == "train"
