@@ -118,6 +118,20 @@ def _paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str,
     return out
 
 
+def _kubelet_reports_active(core: Any, jobs: Any) -> dict[str, Any]:
+    """A status-only merge patch of Job ``default/owned`` by another manager."""
+    patched: dict[str, Any] = core.patch(
+        jobs,
+        "default",
+        "owned",
+        MERGE_PATCH,
+        {"status": {"active": 1}},
+        Context(manager="kubelet"),
+        subresource="status",
+    )
+    return patched
+
+
 def test_entries_a_write_leaves_alone_keep_their_tree_and_changed_ones_are_re_encoded() -> None:
     cluster = SimCluster(ClusterOptions(name="owned", controllers=False))
     core, jobs = cluster.core, cluster.core.resource("batch", "v1", "jobs")
@@ -125,16 +139,7 @@ def test_entries_a_write_leaves_alone_keep_their_tree_and_changed_ones_are_re_en
         jobs, "default", "owned", APPLY_PATCH, _job({"a": "1", "b": "1"}), Context(manager="qm")
     )
     tree = _entry(applied, "qm")["fieldsV1"]
-    status = {"status": {"active": 1}}
-    patched = core.patch(
-        jobs,
-        "default",
-        "owned",
-        MERGE_PATCH,
-        status,
-        Context(manager="kubelet"),
-        subresource="status",
-    )
+    patched = _kubelet_reports_active(core, jobs)
     kept = _entry(patched, "qm")["fieldsV1"]
     assert kept == _fresh(kept) and list(kept) == sorted(kept)
     assert kept == tree
@@ -170,14 +175,5 @@ def test_a_tree_not_in_our_order_is_written_in_our_order_by_the_next_write() -> 
     ]
     created = core.create(jobs, "default", body, Context(manager="import"))
     assert list(_entry(created, "import")["fieldsV1"]) == ["f:spec", "f:metadata"]
-    status = {"status": {"active": 1}}
-    patched = core.patch(
-        jobs,
-        "default",
-        "owned",
-        MERGE_PATCH,
-        status,
-        Context(manager="kubelet"),
-        subresource="status",
-    )
+    patched = _kubelet_reports_active(core, jobs)
     assert list(_entry(patched, "import")["fieldsV1"]) == ["f:metadata", "f:spec"]
