@@ -52,8 +52,9 @@ _SAVE_USAGE = (
 class Waker:
     """Wake-up hints from Redis; silence (or Redis down) is just a timeout."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, channel: str = WAKE_CHANNEL) -> None:
         self._url = url
+        self._channel = channel
         #: How the subscription shows in Redis's CLIENT LIST.
         self.name = f"qm-wake:{socket.gethostname()}:{os.getpid()}"
         self._client: redis.Redis | None = None
@@ -76,7 +77,7 @@ class Waker:
             self._client = redis.Redis.from_url(self._url, client_name=self.name)
             pubsub: Any = self._client.pubsub
             self._pubsub = pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(WAKE_CHANNEL)
+            self._pubsub.subscribe(self._channel)
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Until a hint arrives (then drain the burst: one cycle for all of
@@ -112,7 +113,8 @@ class WakeHint:
     message the ``admission.wake`` consumer would send. Redis unreachable
     raises, so that the relay leaves the rows for its next pass."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, channel: str = WAKE_CHANNEL) -> None:
+        self._channel = channel
         self._url = url
         self._client: redis.Redis | None = None
 
@@ -120,7 +122,7 @@ class WakeHint:
         if self._client is None:
             self._client = redis.Redis.from_url(self._url)
         try:
-            self._client.publish(WAKE_CHANNEL, "relay")
+            self._client.publish(self._channel, "relay")
         except (redis.RedisError, OSError):
             self._client = None
             raise

@@ -4,41 +4,50 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Iterator
+from uuid import uuid4
 
+import pytest
 import redis
 
 from workers.scheduler import WakeHint, Waker
 
 
+@pytest.fixture
+def channel() -> Iterator[str]:
+    """A channel of this test's own: pub/sub channels are server-wide, and
+    other tests' schedulers publish and listen on the real one meanwhile."""
+    yield f"qm:test:wake:{uuid4()}"
+
+
 def _subscribed(client: redis.Redis, waker: Waker) -> int:
-    """This waker's subscribed connections (pub/sub channels are server-wide:
-    other tests' schedulers may listen on the same channel meanwhile)."""
+    """This waker's subscribed connections."""
     return sum(
         1 for c in client.client_list() if c.get("name") == waker.name and int(c.get("sub", 0)) > 0
     )
 
 
-def test_subscription_outlives_garbage_collection(broker: str) -> None:
+def test_subscription_outlives_garbage_collection(broker: str, channel: str) -> None:
     """``listen`` subscribes before the first cycle, and that subscription
     must still be there for the first hint, however long the cycle took: a
     collected client used to close the subscription's connection, and the
     hints published meanwhile reached no one."""
-    waker = Waker(broker)
+    waker = Waker(broker, channel)
     probe = redis.Redis.from_url(broker)
     try:
         waker.listen()
         gc.collect()
         assert _subscribed(probe, waker) == 1
-        WakeHint(broker)()
+        WakeHint(broker, channel)()
         assert waker.wait(2.0, threading.Event()) is True
     finally:
         waker.close()
         probe.close()
 
 
-def test_silence_is_a_timeout_and_a_burst_is_one_wake(broker: str) -> None:
-    waker = Waker(broker)
-    hint = WakeHint(broker)
+def test_silence_is_a_timeout_and_a_burst_is_one_wake(broker: str, channel: str) -> None:
+    waker = Waker(broker, channel)
+    hint = WakeHint(broker, channel)
     try:
         waker.listen()
         assert waker.wait(0.3, threading.Event()) is False
@@ -50,8 +59,8 @@ def test_silence_is_a_timeout_and_a_burst_is_one_wake(broker: str) -> None:
         waker.close()
 
 
-def test_close_ends_the_subscription(broker: str) -> None:
-    waker = Waker(broker)
+def test_close_ends_the_subscription(broker: str, channel: str) -> None:
+    waker = Waker(broker, channel)
     probe = redis.Redis.from_url(broker)
     try:
         waker.listen()
