@@ -719,18 +719,29 @@ class _Kept:
     entries: Mapping[tuple[str, int], _Admitted]
 
 
-#: By cluster name. Replaced whole by each pass (a pass of another process
-#: or thread at the same time only replaces what is equally valid).
-_KEPT: dict[str, _Kept] = {}
+class PlanMemo:
+    """What :func:`desired` made of each cluster's gangs in its last pass,
+    for the next one: a gang's placement (its flavors, islands and node
+    selectors) is worked out once per (uid, version) while the cluster's
+    flavors and topologies stay as they were. Owned by whoever runs the
+    passes and handed in (workers/reconcile.py keeps one per process);
+    without one, a pass works out every gang afresh. Each pass replaces its
+    cluster's entry whole, so it holds only current gangs; a pass of another
+    thread at the same time only replaces what is equally valid."""
 
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
 
-def _kept(view: ClusterView) -> _Kept:
-    """``view.cluster``'s kept entries if its flavors and topologies are
-    unchanged, else none (and a copy of the new ones to compare with)."""
-    kept = _KEPT.get(view.cluster)
-    if kept is not None and kept.flavors == view.flavors and kept.topologies == view.topologies:
-        return kept
-    return _Kept(copy.deepcopy(dict(view.flavors)), copy.deepcopy(dict(view.topologies)), {})
+    def kept(self, view: ClusterView) -> _Kept:
+        """``view.cluster``'s kept entries if its flavors and topologies are
+        unchanged, else none (and a copy of the new ones to compare with)."""
+        kept = self._kept.get(view.cluster)
+        if kept is not None and kept.flavors == view.flavors and kept.topologies == view.topologies:
+            return kept
+        return _Kept(copy.deepcopy(dict(view.flavors)), copy.deepcopy(dict(view.topologies)), {})
+
+    def keep(self, cluster: str, kept: _Kept) -> None:
+        self._kept[cluster] = kept
 
 
 def _admitted(view: ClusterView, workload: WorkloadView, placements: Placements) -> _Admitted:
@@ -808,12 +819,15 @@ def _local_queue(out: _Desired, workload: WorkloadView, cq: str, generation: int
     return f"{_short(local, 63 - 9)}.{digest}"
 
 
-def desired(view: ClusterView, held: Set[tuple[str, str]] = frozenset()) -> _Desired:
+def desired(
+    view: ClusterView, held: Set[tuple[str, str]] = frozenset(), memo: PlanMemo | None = None
+) -> _Desired:
     """What the member should hold. ``held``: the (workload, admission) keys
     of the jobs it holds, which are only noted in ``held``, not built (a
-    pass built every in-flight gang's job to dispatch a few)."""
+    pass built every in-flight gang's job to dispatch a few). ``memo``: what
+    the last pass over this cluster worked out, reused and renewed."""
     out = _Desired()
-    for central, admitted in sorted(_admitted_here(view, out).items()):
+    for central, admitted in sorted(_admitted_here(view, out, memo).items()):
         spec = view.cluster_queues.get(central) or {}
         for generation, (entries, member) in enumerate(_generations(view, spec, admitted)):
             cq = _generation_name(f"qm-{_dns(central)}", generation, 253)
@@ -830,12 +844,14 @@ def desired(view: ClusterView, held: Set[tuple[str, str]] = frozenset()) -> _Des
     return out
 
 
-def _admitted_here(view: ClusterView, out: _Desired) -> dict[str, list[_Admitted]]:
+def _admitted_here(
+    view: ClusterView, out: _Desired, memo: PlanMemo | None
+) -> dict[str, list[_Admitted]]:
     """The workloads admitted here by central ClusterQueue, each with its
     uses; their Namespaces and WorkloadPriorityClasses noted in ``out``."""
     by_queue: dict[str, list[_Admitted]] = {}
     placements: Placements = {}
-    kept = _kept(view)
+    kept = memo.kept(view) if memo is not None else _Kept({}, {}, {})
     entries: dict[tuple[str, int], _Admitted] = {}
     priorities: set[int] = set()
     for workload in view.workloads:
@@ -866,7 +882,8 @@ def _admitted_here(view: ClusterView, out: _Desired) -> dict[str, list[_Admitted
                 "metadata": {"name": wpc.name, "labels": _labels()},
                 "value": priority,
             }
-    _KEPT[view.cluster] = _Kept(kept.flavors, kept.topologies, entries)
+    if memo is not None:
+        memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries))
     return by_queue
 
 
@@ -934,13 +951,16 @@ def _job_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     )
 
 
-def plan(view: ClusterView, actual: Sequence[Mapping[str, Any]]) -> Actions:
-    """``actual``: the member's objects that carry our managed label."""
+def plan(
+    view: ClusterView, actual: Sequence[Mapping[str, Any]], memo: PlanMemo | None = None
+) -> Actions:
+    """``actual``: the member's objects that carry our managed label;
+    ``memo``: as for :func:`desired`."""
     actions = Actions()
     refs = [Ref.of(o) for o in actual]
     jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in JOB_KINDS]
     present = {key for _, _, key in jobs}
-    want = desired(view, present)
+    want = desired(view, present, memo)
     occupied = {ref for ref, _, _ in jobs}
     for ref, obj, key in jobs:
         if key not in want.jobs and key not in want.held:

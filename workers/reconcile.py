@@ -42,6 +42,7 @@ from workers.plan import (
     MANAGED,
     WORKLOAD_ANNOTATION,
     Actions,
+    PlanMemo,
     job_kinds,
     member_status,
     plan,
@@ -109,6 +110,11 @@ def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, 
     return out
 
 
+#: What this process's passes worked out of each cluster's gangs, for its
+#: next pass (as records.ROWS keeps their rows): see PlanMemo.
+PLACEMENTS = PlanMemo()
+
+
 def reconcile(
     engine: Engine,
     uow: SqlUnitOfWork,
@@ -118,6 +124,7 @@ def reconcile(
     delete_wait: float = 30.0,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     strays: bool = True,
+    memo: PlanMemo = PLACEMENTS,
 ) -> Report:
     """One pass over ``cluster``; its records are written in ``uow`` (the
     caller commits). ``strays=False``: list only the job kinds the centre's
@@ -145,7 +152,7 @@ def reconcile(
     if row is None or row.deleted or row.state == "Lost":
         report.skipped = "gone or lost meanwhile"
         return report
-    actions = plan(view, actual)
+    actions = plan(view, actual, memo)
     if actions.draining:
         _delete(member, actions, report, actual)
         running = _holding(actual, actions.draining)
@@ -170,7 +177,7 @@ def reconcile(
             if row is None or row.deleted or row.state == "Lost":
                 report.skipped = "gone or lost meanwhile"
                 return report
-            actions = plan(view, actual)
+            actions = plan(view, actual, memo)
             _delete(member, actions, report, actual)
             still = _holding(actual, actions.draining)
             if still:  # deleted by someone else meanwhile, or newly preempted: next pass

@@ -16,6 +16,7 @@ from workers.plan import (
     ADMISSION_LABEL,
     QUEUE_LABEL,
     ClusterView,
+    PlanMemo,
     WorkloadView,
     admission_id,
     desired,
@@ -539,15 +540,29 @@ def _versioned(workload: WorkloadView, version: int) -> WorkloadView:
     return replace(workload, version=version)
 
 
-def _selectors(cluster: ClusterView) -> list[dict[str, str]]:
-    return [j["spec"]["template"]["spec"]["nodeSelector"] for j in plan(cluster, []).dispatch]
+def _selectors(cluster: ClusterView, memo: PlanMemo | None) -> list[dict[str, str]]:
+    return [j["spec"]["template"]["spec"]["nodeSelector"] for j in plan(cluster, [], memo).dispatch]
 
 
 def test_what_a_pass_keeps_of_a_workload_follows_its_version() -> None:
+    memo = PlanMemo()
     first = _versioned(admitted("a"), 1)
-    assert _selectors(view(first))[0][ISLAND] == "c1-h100-i0"
+    assert _selectors(view(first), memo)[0][ISLAND] == "c1-h100-i0"
     moved = _versioned(admitted("a", island="c1-h100-i1"), 2)
-    assert _selectors(view(moved))[0][ISLAND] == "c1-h100-i1"
+    assert _selectors(view(moved), memo)[0][ISLAND] == "c1-h100-i1"
+
+
+def test_a_memo_is_reused_at_the_same_version_and_only_by_its_owner() -> None:
+    """A row at a version it has seen is not worked out again (a version
+    changes with every event, so it cannot really differ: this one is made
+    to, to show which was used); a pass without the memo, or with another,
+    works it out afresh and leaves the memo as it was."""
+    memo = PlanMemo()
+    assert _selectors(view(_versioned(admitted("a"), 1)), memo)[0][ISLAND] == "c1-h100-i0"
+    forged = view(_versioned(admitted("a", island="c1-h100-i1"), 1))
+    assert _selectors(forged, None)[0][ISLAND] == "c1-h100-i1"
+    assert _selectors(forged, PlanMemo())[0][ISLAND] == "c1-h100-i1"
+    assert _selectors(forged, memo)[0][ISLAND] == "c1-h100-i0"
 
 
 def test_what_a_pass_keeps_is_dropped_when_flavors_or_topologies_change() -> None:
@@ -557,9 +572,10 @@ def test_what_a_pass_keeps_is_dropped_when_flavors_or_topologies_change() -> Non
     flavors = {"h100": {**FLAVORS["h100"], "nodeLabels": {"example.com/gpu": "h100"}}}
     topologies = {"fabric": {"levels": [dict(level) for level in TOPOLOGIES["fabric"]["levels"]]}}
     cluster = ClusterView("c1", [gang], flavors, topologies)
-    assert _selectors(cluster)[0]["example.com/gpu"] == "h100"
+    memo = PlanMemo()
+    assert _selectors(cluster, memo)[0]["example.com/gpu"] == "h100"
     flavors["h100"]["nodeLabels"] = {"example.com/gpu": "h100-sxm"}  # changed in place, even
-    assert _selectors(cluster)[0]["example.com/gpu"] == "h100-sxm"
+    assert _selectors(cluster, memo)[0]["example.com/gpu"] == "h100-sxm"
     topologies["fabric"]["levels"][0]["nodeLabel"] = "example.com/rack"
-    (selector,) = _selectors(ClusterView("c1", [gang], flavors, topologies))
+    (selector,) = _selectors(ClusterView("c1", [gang], flavors, topologies), memo)
     assert selector["example.com/rack"] == "c1-h100-i0" and ISLAND not in selector
