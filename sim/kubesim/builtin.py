@@ -61,8 +61,8 @@ def _name_causes(name: str, *, label: bool) -> list[Cause]:
 @functools.lru_cache(maxsize=8192)
 def _qualified_name_ok(key: str) -> bool:
     """Whether ``key`` is a qualified name (label and annotation keys: few, remembered)."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         return False
     return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
 

@@ -270,6 +270,12 @@ class KubeApp:
             code = 200
         elif verb == "patch":
             content_type = _content_type(request)
+            # An apply that creates its object answers 201, as the real server's.
+            creates = (
+                content_type in (APPLY_PATCH, APPLY_PATCH_CBOR)
+                and not target.subresource
+                and self.cluster.store.get(resource.rtype, namespace, name) is None
+            )
             obj = core.patch(
                 resource,
                 namespace,
@@ -281,7 +287,7 @@ class KubeApp:
                 force=request.flag("force"),
                 owned=True,
             )
-            code = 200
+            code = 201 if creates else 200
         elif verb == "delete":
             return await self._delete(target, request, ctx, send)
         elif verb == "deletecollection":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -33,7 +34,9 @@ def _apply(
         "metadata": metadata,
         "spec": {"nodeLabels": node_labels},
     }
-    result: dict[str, Any] = custom.patch_cluster_custom_object(
+    # Read raw: the generated client decodes a custom object's patch only
+    # when it answers 200, and an apply that creates answers 201.
+    answer = custom.patch_cluster_custom_object(
         KUEUE,
         "v1beta2",
         "resourceflavors",
@@ -42,7 +45,9 @@ def _apply(
         field_manager=manager,
         force=force,
         _content_type=APPLY,
+        _preload_content=False,
     )
+    result: dict[str, Any] = json.loads(answer.data)
     return result
 
 
@@ -231,3 +236,31 @@ def test_dynamic_client_server_side_apply_and_watch(sim: RunningCluster) -> None
             ("MODIFIED", "hand-edit"),
             ("MODIFIED", "3"),
         ]
+
+
+def test_an_apply_that_creates_answers_201_and_one_that_updates_200(
+    custom: client.CustomObjectsApi,
+) -> None:
+    """As the real server's patch handler: Created when the apply made the object."""
+
+    def status(labels: dict[str, str]) -> int:
+        body = {
+            "apiVersion": f"{KUEUE}/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "answered", "labels": labels},
+            "spec": {"nodeLabels": {"pool": "a"}},
+        }
+        _, code, _ = custom.patch_cluster_custom_object_with_http_info(
+            KUEUE,
+            "v1beta2",
+            "resourceflavors",
+            "answered",
+            body,
+            field_manager="quartermaster",
+            _content_type=APPLY,
+        )
+        return int(code)
+
+    assert status({"round": "1"}) == 201
+    assert status({"round": "2"}) == 200
+    assert status({"round": "2"}) == 200  # changes nothing

@@ -8,7 +8,7 @@ import pytest
 from sim.kubesim.builtin import validate_metadata
 
 GOOD_KEYS = ["app", "example.com/gpu", "a.b-c_d", "x" * 63, "k8s.io/" + "y" * 63]
-BAD_KEYS = ["", "-app", "app-", "Example.com/x", "example.com/", "x" * 64, "a/b/c"]
+BAD_KEYS = ["", "-app", "app-", "Example.com/x", "example.com/", "/app", "x" * 64, "a/b/c"]
 GOOD_VALUES = ["", "v1", "a.b-c_d", "z" * 63]
 BAD_VALUES = ["-v", "v-", "a b", "z" * 64, "é"]
 
