@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -323,7 +324,17 @@ class PostgresLedgerReader:
                 problem = _guard_problem(conn)
                 if problem is not None:
                     raise ValueError(problem)
-                yield from _stored_rows(conn, after_seq)
+                # Closed here when the caller stops early: the COPY must end
+                # before the transaction does.
+                with contextlib.closing(_stored_rows(conn, after_seq)) as rows:
+                    first = next(rows, None)
+                    if first is None:
+                        return
+                    # The COPY's snapshot is taken: what it shows is on disk before
+                    # a proof or a checkpoint names it (nothing new, no wait).
+                    self._durable()
+                    yield first
+                    yield from rows
         finally:
             raw.close()
 

@@ -1,7 +1,7 @@
 """A unit of several appends or a large batch commits asynchronously (the
 sequencer lock is not held through the WAL flush) yet is on disk before it
-returns; readers that hand events or
-ledger entries outside wait for the same (service/eventstore/postgres.py,
+returns; readers that hand events or ledger entries (or proofs naming them)
+outside wait for the same (service/eventstore/postgres.py,
 "The WAL flush outside the lock").
 
 The WAL is read with pg_walinspect: the commit record of the transaction that
@@ -14,14 +14,20 @@ it never fails wrongly.)
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
 
+from service.app.audit import AuditService
 from service.app.auth import Principal, Role
 from service.app.events import EventFilter, EventQueries
 from service.app.uow import SqlUnitOfWork
+from service.ledger import NewLedgerEntry
+from service.ledger.postgres import PostgresLedgerWriter
+from service.ledger.query import LedgerQuery
 from tests.eventstore.contract import new
 
 
@@ -112,3 +118,53 @@ def test_the_events_listing_shows_only_what_is_on_disk(walinspect: sa.Engine) ->
     flushed = _lsn(walinspect, "pg_current_wal_flush_lsn")
     assert [e["position"] for e in listed] == [position]
     assert _flushed_commit(walinspect, since, flushed, position)
+
+
+def _unflushed_ledger_entry(engine: sa.Engine) -> int:
+    """A ledger entry committed asynchronously and not yet flushed (as one is
+    between a unit's two commits); its seq."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        (entry,) = PostgresLedgerWriter(conn).append(
+            [NewLedgerEntry(uuid.uuid4(), "admitted", {"workload": "late"}, datetime.now(UTC))]
+        )
+        conn.commit()
+    return entry.seq
+
+
+def _ledger_commit_flushed(engine: sa.Engine, since: str, seq: int) -> bool:
+    flushed = _lsn(engine, "pg_current_wal_flush_lsn")
+    with engine.connect() as conn:
+        return bool(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_get_wal_records_info(%(since)s, %(until)s) AS w "
+                "WHERE w.record_type = 'COMMIT' AND w.xid::text = "
+                "(SELECT xmin::text FROM ledger_entries WHERE seq = %(seq)s)",
+                {"since": since, "until": flushed, "seq": seq},
+            ).scalar_one()
+        )
+
+
+def test_the_ledger_query_and_its_proofs_show_only_what_is_on_disk(
+    walinspect: sa.Engine,
+) -> None:
+    """An auditor's query, an inclusion proof and a consistency proof each
+    flush an entry not yet on disk before answering with it."""
+    audit = AuditService(walinspect, None)
+    auditor = Principal(name="auditor", roles=frozenset({Role.AUDITOR}), namespaces=frozenset())
+
+    def listed(seq: int) -> bool:
+        items = audit.entries(auditor, LedgerQuery(after_seq=seq - 1))["items"]
+        return [e["seq"] for e in items] == [seq]
+
+    def included(seq: int) -> bool:
+        return bool(audit.inclusion(auditor, seq, None)["treeSize"] == seq)
+
+    def consistent(seq: int) -> bool:
+        return bool(audit.consistency(auditor, 1, None)["newSize"] == seq)
+
+    for answers in (listed, included, consistent):
+        since = _lsn(walinspect, "pg_current_wal_insert_lsn")
+        seq = _unflushed_ledger_entry(walinspect)
+        assert answers(seq), answers.__name__
+        assert _ledger_commit_flushed(walinspect, since, seq), answers.__name__
