@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
@@ -367,7 +367,7 @@ def _guard_problem(conn: Any) -> str | None:
     return None
 
 
-def _stored_rows(conn: Any, after_seq: int) -> Iterator[StoredRow]:
+def _stored_rows(conn: Any, after_seq: int) -> Generator[StoredRow]:
     with conn.cursor() as cursor, cursor.copy(_STORED.format(after=int(after_seq))) as copy:
         # read() gives one CopyData message, empty at the end; iter() calls
         # it without another generator in between (this runs once per row).
