@@ -35,6 +35,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from service.app.kinds import COLLECTION_ENDED
 from service.app.uow import SqlUnitOfWork
 from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError, Ref
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 ACTOR = "system:collect"
 COLLECTING, COLLECTED, FAILED = "ClusterCollecting", "ClusterCollected", "ClusterCollectionFailed"
-FINAL = frozenset({"Collected", "Failed"})
+FINAL = COLLECTION_ENDED
 REASON = "ClusterDeleted"
 #: What we remove, in this order: jobs first, then the queues they used.
 SWEPT = (*JOB_KINDS, *QUEUE_KINDS)

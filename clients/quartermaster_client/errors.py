@@ -106,6 +106,11 @@ class AlreadyExists(Conflict):
     """409: an object of that name exists."""
 
 
+class BeingDeleted(Conflict):
+    """409: a deleted object of that name is still being finalized (a
+    Cluster whose objects on the member are still being removed)."""
+
+
 class StaleVersion(Conflict):
     """409: the object changed since it was read (resourceVersion / If-Match)."""
 
@@ -162,6 +167,7 @@ class ServiceUnavailable(ServerError):
 
 _BY_TYPE: dict[str, type[ApiError]] = {
     "already-exists": AlreadyExists,
+    "being-deleted": BeingDeleted,
     "stale-version": StaleVersion,
     "in-use": InUse,
     "idempotency-key-in-flight": IdempotencyKeyInFlight,
@@ -239,6 +245,7 @@ __all__ = [
     "AlreadyExists",
     "ApiError",
     "BadRequest",
+    "BeingDeleted",
     "ConfigError",
     "Conflict",
     "FieldError",

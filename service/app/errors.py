@@ -36,6 +36,13 @@ class AlreadyExists(AppError):
     status, kind, title = 409, "already-exists", "Already exists"
 
 
+class BeingDeleted(AppError):
+    """A name still held by a deleted object that is being finalized (as
+    Kubernetes refuses to re-create a namespace while it is terminating)."""
+
+    status, kind, title = 409, "being-deleted", "Object is being deleted"
+
+
 class StaleVersion(AppError):
     status, kind, title = 409, "stale-version", "Stale resourceVersion"
 

@@ -33,6 +33,11 @@ class Kind:
     """WorkloadPriorityClass keeps its fields at the top level, as Kueue's does."""
 
 
+#: ``status.collection.state`` of a deleted Cluster once the fleet loop has
+#: finished removing our objects from the member (or given up): until then
+#: the name stays taken (workers/collect.py).
+COLLECTION_ENDED = frozenset({"Collected", "Failed"})
+
 QUOTA_WRITERS = frozenset({Role.QUEUE_ADMIN, Role.ADMIN})
 CLUSTER_WRITERS = frozenset({Role.CLUSTER_ADMIN, Role.ADMIN})
 

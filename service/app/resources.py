@@ -28,13 +28,14 @@ from service.app.auth import Principal, Role, require
 from service.app.crypto import SecretBox
 from service.app.errors import (
     AlreadyExists,
+    BeingDeleted,
     InUse,
     Invalid,
     NotFound,
     StaleVersion,
     UnknownReference,
 )
-from service.app.kinds import KINDS, Kind
+from service.app.kinds import COLLECTION_ENDED, KINDS, Kind
 from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, dump
 from service.app.selectors import FieldSelector, LabelSelector
 from service.app.uow import SqlUnitOfWork
@@ -249,6 +250,8 @@ class ResourceService:
             current = self._row(conn, kind, ns, meta.name, lock="UPDATE")
             if current is not None and not current.deleted:
                 raise AlreadyExists(f'{kind.plural} "{meta.name}" already exists')
+            if current is not None and kind.kind == "Cluster":
+                _refuse_while_collecting(current)
             self._check_references(conn, kind, ns, meta.name, spec, None)
             data = self._state(kind, ns, meta, spec, None, generation=1)
             obj = self._write(uow, actor, kind, data, current, "ResourceChanged")
@@ -467,6 +470,28 @@ def _row_state(row: Row[Any]) -> Obj:
         "secret": base64.b64encode(row.secret).decode() if row.secret else None,
         "created_at": row.created_at.isoformat(),
     }
+
+
+def _refuse_while_collecting(deleted: Row[Any]) -> None:
+    """A deleted Cluster's name is taken until the fleet loop has swept what
+    its registration wrote on the member (workers/collect.py): a new
+    registration would leave that sweep with nothing to work from."""
+    collection = deleted.status.get("collection") or {}
+    if collection.get("state") in COLLECTION_ENDED:
+        return
+    attempts = int(collection.get("attempts") or 0)
+    progress = (
+        f"attempt {attempts}, next at {collection.get('nextAttemptAt')}"
+        + (f", last error: {collection['lastError']}" if collection.get("lastError") else "")
+        if attempts
+        else "not yet attempted"
+    )
+    raise BeingDeleted(
+        f'clusters "{deleted.name}" is being deleted: what it wrote on the member is still '
+        f"being removed ({progress}); create it again once its status.collection.state "
+        "is Collected or Failed",
+        [("metadata.name", f"Cluster {deleted.name} is being deleted")],
+    )
 
 
 # -- references and dependents ----------------------------------------------------------

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from quartermaster_client import (
     AlreadyExists,
     AsyncClient,
+    BeingDeleted,
     Client,
     ClusterQueue,
     Forbidden,
@@ -151,6 +152,20 @@ def test_errors_carry_the_problem_fields(qm: Client, api_url: str) -> None:
     with pytest.raises(NotFound) as missing:
         qm.explain("nope", namespace="team-a")
     assert missing.value.status == 404 and missing.value.problem_type == "not-found"
+
+    # A deleted Cluster's name stays taken until the fleet loop (not running
+    # here) has removed what it wrote on the member.
+    east = {
+        "metadata": {"name": "east"},
+        "spec": {"server": "https://east.example:6443", "credentials": {"token": "t"}},
+    }
+    qm.clusters.create(east)
+    qm.clusters.delete("east")
+    with pytest.raises(BeingDeleted) as deleting:
+        qm.clusters.create(east)
+    assert deleting.value.status == 409 and deleting.value.problem_type == "being-deleted"
+    assert [e.field for e in deleting.value.errors] == ["metadata.name"]
+    assert "not yet attempted" in str(deleting.value)
 
     with (
         Client(api_url, "wrong-token", retry=FAST_RETRIES) as stranger,

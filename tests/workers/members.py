@@ -114,20 +114,20 @@ def setup_central(
         {"metadata": {"name": "train"}, "spec": {"clusterQueue": "cq"}},
     )
     for cluster in clusters:
-        assert cluster.ca_file is not None
-        create(
-            ADMIN,
-            "clusters",
-            "",
-            {
-                "metadata": {"name": cluster.name},
-                "spec": {
-                    "server": cluster.url,
-                    "caData": cluster.ca_file.read_text(),
-                    "credentials": {"token": cluster.token},
-                },
-            },
-        )
+        create(ADMIN, "clusters", "", cluster_body(cluster))
+
+
+def cluster_body(cluster: RunningCluster) -> dict[str, Any]:
+    """The Cluster object that registers the stand-in ``cluster``."""
+    assert cluster.ca_file is not None
+    return {
+        "metadata": {"name": cluster.name},
+        "spec": {
+            "server": cluster.url,
+            "caData": cluster.ca_file.read_text(),
+            "credentials": {"token": cluster.token},
+        },
+    }
 
 
 def gang(

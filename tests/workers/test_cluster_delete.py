@@ -20,11 +20,12 @@ import yaml
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
 from service.app.crypto import SecretBox
-from service.app.errors import InUse
+from service.app.errors import BeingDeleted, InUse
 from service.app.uow import SqlUnitOfWork
 from sim.kubesim.testing import RunningCluster
 from tests.workers.conftest import ADMIN, wait_for, workload_status
 from tests.workers.members import (
+    cluster_body,
     gang,
     job,
     ledger,
@@ -132,6 +133,13 @@ def test_a_deleted_lost_cluster_is_collected_once_it_answers(
             trying = _collection(engine)
             assert trying["state"] == "Collecting" and "c1" in trying["lastError"]
             assert job(c1, "a") is not None  # still there: unreachable
+            # The name stays taken while the sweep goes on (a new
+            # registration would leave it nothing to work from).
+            body = cluster_body(c1)
+            with pytest.raises(BeingDeleted, match="being deleted") as refused:
+                services.resources.create(ADMIN, "clusters", "", body)
+            assert refused.value.errors == [("metadata.name", "Cluster c1 is being deleted")]
+            assert _row(engine).deleted and _collection(engine)["state"] == "Collecting"
             c1.heal()
             wait_for(lambda: _collection(engine).get("state") == "Collected", 20)
         left = _ours_on(c1)
@@ -152,6 +160,10 @@ def test_a_deleted_lost_cluster_is_collected_once_it_answers(
     assert "ResourceDeleted" in kinds and kinds[-1] == "ClusterCollected"
     assert set(kinds[kinds.index("ResourceDeleted") + 1 : -1]) == {"ClusterCollecting"}
     assert workload_status(engine, "team-a", "a")["state"] == "Pending"  # never ran twice
+    # Collected: the name is free for a new registration.
+    services.resources.create(ADMIN, "clusters", "", body)
+    again = _row(engine)
+    assert not again.deleted and again.uid != uid
 
 
 def test_a_collection_that_cannot_reach_its_cluster_gives_up_and_requeues_its_gangs(
