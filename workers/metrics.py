@@ -134,6 +134,17 @@ class SchedulerMetrics:
         usage: dict[tuple[str, ...], float] = {k: float(v) for k, v in report.usage.items()}
         _set_all(self.usage, usage, self._usage_seen)
 
+    def step_down(self) -> None:
+        """This process no longer leads: drop the series only the leader
+        knows (queues' pending workloads and usage, members' readiness), so
+        that a deposed scheduler does not go on reporting its last view
+        beside the new leader's."""
+        for gauge in (self.pending, self.usage, self.cluster_ready):
+            gauge.clear()
+        self._pending_seen.clear()
+        self._usage_seen.clear()
+        self.leader.set(0)
+
     def observe_sync(self, report: SyncReport) -> None:
         self.cluster_ready.labels(report.cluster).set(1 if report.reachable else 0)
         for seconds in report.lags:

@@ -231,6 +231,7 @@ class Scheduler:
         self._interval = settings.cycle_interval
         self._spacing = settings.cycle_spacing
         self.stop = threading.Event()
+        self._led = False  # whether the last tick found this process leading
         self.cycles = 0
         self.last: CycleReport | None = None
         self._engine = engine
@@ -287,7 +288,11 @@ class Scheduler:
             log.exception("admission cycle failed")
             self.stop.wait(self._interval)
             return
-        self.metrics.leader.set(1 if self.leader.lease.leading else 0)
+        leading = self.leader.lease.leading
+        if self._led and not leading:
+            self.metrics.step_down()
+        self._led = leading
+        self.metrics.leader.set(1 if leading else 0)
         if report is None:
             self.stop.wait(self._interval)
             return

@@ -171,3 +171,47 @@ def test_without_any_wake_up_the_leader_still_runs_every_interval(
     finally:
         runner.stop.set()
         thread.join(10)
+
+
+def test_a_deposed_scheduler_drops_the_series_only_the_leader_knows(
+    services: Services, database_url: str, broker: str
+) -> None:
+    """Pending workloads and quota usage come from the leader's cycles; a
+    deposed scheduler stops reporting its last view of them (and says it no
+    longer leads), while the new leader reports its own."""
+    setup_fleet(services, gpu_quota=8)
+    settings = worker_settings(database_url, broker, cycle_interval=0.05)
+    noop_send: Any = lambda *args: None  # noqa: E731
+    a, b = (Scheduler(services.engine, settings, noop_send, holder=h, relay=False) for h in "AB")
+    series = ("qm_pending_workloads", "qm_cluster_queue_resource_usage", "qm_admission_leader")
+
+    def shown(scheduler: Scheduler) -> dict[str, list[float]]:
+        found: dict[str, list[float]] = {name: [] for name in series}
+        for family in scheduler.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name in found:
+                    found[sample.name].append(sample.value)
+        return found
+
+    try:
+        for n in range(2):
+            services.submissions.submit(ADMIN, "team-a", workload(f"w{n}"))  # one fits
+        a._tick()
+        led = shown(a)
+        assert led["qm_pending_workloads"] == [1.0] and led["qm_admission_leader"] == [1.0]
+        assert 8.0 in led["qm_cluster_queue_resource_usage"]  # GPUs, beside cpu and memory
+        _terminate_lock_session(services.engine, a.leader)
+        b._tick()
+        assert b.leader.lease.leading
+        a._tick()  # notices
+        assert not a.leader.lease.leading
+        assert shown(a) == {
+            "qm_pending_workloads": [],
+            "qm_cluster_queue_resource_usage": [],
+            "qm_admission_leader": [0.0],
+        }
+        assert shown(b)["qm_pending_workloads"] == [1.0]
+    finally:
+        for scheduler in (a, b):
+            scheduler.leader.lease.release()
+            scheduler.waker.close()
