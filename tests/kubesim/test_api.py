@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
@@ -301,8 +303,11 @@ def test_dry_run_stores_nothing(batch: client.BatchV1Api) -> None:
     assert missing.value.status == 404
 
 
-def test_dynamic_client_reads_and_writes_custom_resources(api: client.ApiClient) -> None:
-    dyn = dynamic.DynamicClient(api)
+def test_dynamic_client_reads_and_writes_custom_resources(
+    api: client.ApiClient, tmp_path: Path
+) -> None:
+    # Its discovery cache in the test's directory, not the machine's /tmp.
+    dyn = dynamic.DynamicClient(api, cache_file=str(tmp_path / "discovery.json"))
     flavors = dyn.resources.get(api_version="kueue.x-k8s.io/v1beta2", kind="ResourceFlavor")
     created = flavors.create(
         body={

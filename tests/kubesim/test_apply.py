@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,10 +187,11 @@ def test_rbac_rules_limit_a_token_and_the_audit_records_what_it_used(
     }
 
 
-def test_dynamic_client_server_side_apply_and_watch(sim: RunningCluster) -> None:
+def test_dynamic_client_server_side_apply_and_watch(sim: RunningCluster, tmp_path: Path) -> None:
     """What the reconcilers do: apply Kueue objects by field manager, watch them back."""
     with sim.api_client() as api_client:
-        dyn = dynamic.DynamicClient(api_client)
+        # Its discovery cache in the test's directory, not the machine's /tmp.
+        dyn = dynamic.DynamicClient(api_client, cache_file=str(tmp_path / "discovery.json"))
         queues = dyn.resources.get(api_version=f"{KUEUE}/v1beta2", kind="LocalQueue")
         start = queues.get(namespace="vision").metadata.resourceVersion
         body = {
