@@ -13,6 +13,7 @@ series)."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as Tally
 from collections.abc import Mapping
 
@@ -111,6 +112,11 @@ class SchedulerMetrics:
         )
         self._pending_seen: set[tuple[str, ...]] = set()
         self._usage_seen: set[tuple[str, ...]] = set()
+        # Member readiness is set by the fleet loop's thread and cleared by the
+        # cycle's when this process stops leading: one lock orders the two, so
+        # a sync that ends after the step-down cannot bring a series back.
+        self._leadership = threading.Lock()
+        self._leading = False
 
     def observe(self, report: CycleReport) -> None:
         self.cycle.observe(report.seconds)
@@ -134,19 +140,31 @@ class SchedulerMetrics:
         usage: dict[tuple[str, ...], float] = {k: float(v) for k, v in report.usage.items()}
         _set_all(self.usage, usage, self._usage_seen)
 
+    def lead(self) -> None:
+        """This process leads admission from now on."""
+        with self._leadership:
+            self._leading = True
+            self.leader.set(1)
+
     def step_down(self) -> None:
         """This process no longer leads: drop the series only the leader
         knows (queues' pending workloads and usage, members' readiness), so
         that a deposed scheduler does not go on reporting its last view
         beside the new leader's."""
-        for gauge in (self.pending, self.usage, self.cluster_ready):
-            gauge.clear()
-        self._pending_seen.clear()
-        self._usage_seen.clear()
-        self.leader.set(0)
+        with self._leadership:
+            self._leading = False
+            for gauge in (self.pending, self.usage, self.cluster_ready):
+                gauge.clear()
+            self._pending_seen.clear()
+            self._usage_seen.clear()
+            self.leader.set(0)
 
     def observe_sync(self, report: SyncReport) -> None:
-        self.cluster_ready.labels(report.cluster).set(1 if report.reachable else 0)
+        """A member's sync: its readiness while this process leads (a sync
+        finishing after the step-down is not shown), and its reconcile lags."""
+        with self._leadership:
+            if self._leading:
+                self.cluster_ready.labels(report.cluster).set(1 if report.reachable else 0)
         for seconds in report.lags:
             self.reconcile_lag.labels(report.cluster).observe(seconds)
 

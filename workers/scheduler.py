@@ -289,10 +289,11 @@ class Scheduler:
             self.stop.wait(self._interval)
             return
         leading = self.leader.lease.leading
-        if self._led and not leading:
+        if leading and not self._led:
+            self.metrics.lead()
+        elif self._led and not leading:
             self.metrics.step_down()
         self._led = leading
-        self.metrics.leader.set(1 if leading else 0)
         if report is None:
             self.stop.wait(self._interval)
             return

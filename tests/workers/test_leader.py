@@ -21,6 +21,7 @@ from tests.workers.conftest import (
 )
 from workers.leader import Deposed
 from workers.scheduler import AdmissionLeader, Scheduler
+from workers.sync import SyncReport
 
 
 def _leader(services: Services, database_url: str, redis_url: str, holder: str) -> AdmissionLeader:
@@ -183,7 +184,12 @@ def test_a_deposed_scheduler_drops_the_series_only_the_leader_knows(
     settings = worker_settings(database_url, broker, cycle_interval=0.05)
     noop_send: Any = lambda *args: None  # noqa: E731
     a, b = (Scheduler(services.engine, settings, noop_send, holder=h, relay=False) for h in "AB")
-    series = ("qm_pending_workloads", "qm_cluster_queue_resource_usage", "qm_admission_leader")
+    series = (
+        "qm_pending_workloads",
+        "qm_cluster_queue_resource_usage",
+        "qm_member_cluster_ready",
+        "qm_admission_leader",
+    )
 
     def shown(scheduler: Scheduler) -> dict[str, list[float]]:
         found: dict[str, list[float]] = {name: [] for name in series}
@@ -200,16 +206,23 @@ def test_a_deposed_scheduler_drops_the_series_only_the_leader_knows(
         led = shown(a)
         assert led["qm_pending_workloads"] == [1.0] and led["qm_admission_leader"] == [1.0]
         assert 8.0 in led["qm_cluster_queue_resource_usage"]  # GPUs, beside cpu and memory
+        a.metrics.observe_sync(SyncReport("c1"))  # what the leader's fleet loop reports
+        assert shown(a)["qm_member_cluster_ready"] == [1.0]
         _terminate_lock_session(services.engine, a.leader)
         b._tick()
         assert b.leader.lease.leading
         a._tick()  # notices
         assert not a.leader.lease.leading
+        # a sync the fleet loop began while leading ends after the step-down
+        a.metrics.observe_sync(SyncReport("c1", lags=[0.5]))
         assert shown(a) == {
             "qm_pending_workloads": [],
             "qm_cluster_queue_resource_usage": [],
+            "qm_member_cluster_ready": [],
             "qm_admission_leader": [0.0],
         }
+        lag = a.metrics.registry.get_sample_value
+        assert lag("qm_reconcile_lag_seconds_count", {"cluster": "c1"}) == 1  # still measured
         assert shown(b)["qm_pending_workloads"] == [1.0]
     finally:
         for scheduler in (a, b):
