@@ -140,24 +140,22 @@ class SchedulerMetrics:
         usage: dict[tuple[str, ...], float] = {k: float(v) for k, v in report.usage.items()}
         _set_all(self.usage, usage, self._usage_seen)
 
-    def lead(self) -> None:
-        """This process leads admission from now on."""
+    def leading(self, now: bool) -> None:
+        """Whether this process leads admission, as of its last cycle. On
+        stepping down, drop the series only the leader knows (queues'
+        pending workloads and usage, members' readiness), so that a deposed
+        scheduler does not go on reporting its last view beside the new
+        leader's."""
         with self._leadership:
-            self._leading = True
-            self.leader.set(1)
-
-    def step_down(self) -> None:
-        """This process no longer leads: drop the series only the leader
-        knows (queues' pending workloads and usage, members' readiness), so
-        that a deposed scheduler does not go on reporting its last view
-        beside the new leader's."""
-        with self._leadership:
-            self._leading = False
-            for gauge in (self.pending, self.usage, self.cluster_ready):
-                gauge.clear()
-            self._pending_seen.clear()
-            self._usage_seen.clear()
-            self.leader.set(0)
+            if now == self._leading:
+                return
+            self._leading = now
+            self.leader.set(1 if now else 0)
+            if not now:
+                for gauge in (self.pending, self.usage, self.cluster_ready):
+                    gauge.clear()
+                self._pending_seen.clear()
+                self._usage_seen.clear()
 
     def observe_sync(self, report: SyncReport) -> None:
         """A member's sync: its readiness while this process leads (a sync

@@ -231,7 +231,6 @@ class Scheduler:
         self._interval = settings.cycle_interval
         self._spacing = settings.cycle_spacing
         self.stop = threading.Event()
-        self._led = False  # whether the last tick found this process leading
         self.cycles = 0
         self.last: CycleReport | None = None
         self._engine = engine
@@ -288,12 +287,7 @@ class Scheduler:
             log.exception("admission cycle failed")
             self.stop.wait(self._interval)
             return
-        leading = self.leader.lease.leading
-        if leading and not self._led:
-            self.metrics.lead()
-        elif self._led and not leading:
-            self.metrics.step_down()
-        self._led = leading
+        self.metrics.leading(self.leader.lease.leading)
         if report is None:
             self.stop.wait(self._interval)
             return
