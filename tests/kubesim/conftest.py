@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, dynamic
 
 from sim.kubesim.testing import RunningCluster, running_cluster
 
@@ -44,6 +44,12 @@ def batch(api: client.ApiClient) -> client.BatchV1Api:
 @pytest.fixture
 def custom(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
+
+
+def dynamic_client(api_client: client.ApiClient, directory: Path) -> dynamic.DynamicClient:
+    """The official dynamic client, its discovery cache in ``directory`` (a
+    test's own) rather than the machine's temporary directory."""
+    return dynamic.DynamicClient(api_client, cache_file=str(directory / "discovery.json"))
 
 
 class Kubectl:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kubernetes import client, dynamic
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sim.kubesim.testing import running_cluster
-from tests.kubesim.conftest import status_body, wait_for
+from tests.kubesim.conftest import dynamic_client, status_body, wait_for
 
 #: A Job that the built-in Job controller leaves alone (``spec.managedBy``), so that no
 #: controller write races the test's own writes.
@@ -306,8 +306,7 @@ def test_dry_run_stores_nothing(batch: client.BatchV1Api) -> None:
 def test_dynamic_client_reads_and_writes_custom_resources(
     api: client.ApiClient, tmp_path: Path
 ) -> None:
-    # Its discovery cache in the test's directory, not the machine's /tmp.
-    dyn = dynamic.DynamicClient(api, cache_file=str(tmp_path / "discovery.json"))
+    dyn = dynamic_client(api, tmp_path)
     flavors = dyn.resources.get(api_version="kueue.x-k8s.io/v1beta2", kind="ResourceFlavor")
     created = flavors.create(
         body={

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, dynamic
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sim.kubesim.testing import RunningCluster
-from tests.kubesim.conftest import status_body
+from tests.kubesim.conftest import dynamic_client, status_body
 
 KUEUE = "kueue.x-k8s.io"
 APPLY = "application/apply-patch+yaml"
@@ -190,8 +190,7 @@ def test_rbac_rules_limit_a_token_and_the_audit_records_what_it_used(
 def test_dynamic_client_server_side_apply_and_watch(sim: RunningCluster, tmp_path: Path) -> None:
     """What the reconcilers do: apply Kueue objects by field manager, watch them back."""
     with sim.api_client() as api_client:
-        # Its discovery cache in the test's directory, not the machine's /tmp.
-        dyn = dynamic.DynamicClient(api_client, cache_file=str(tmp_path / "discovery.json"))
+        dyn = dynamic_client(api_client, tmp_path)
         queues = dyn.resources.get(api_version=f"{KUEUE}/v1beta2", kind="LocalQueue")
         start = queues.get(namespace="vision").metadata.resourceVersion
         body = {
