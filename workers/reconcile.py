@@ -27,14 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
 
 from sqlalchemy import Engine
 
-from service.app.admission import _amounts, _set_condition
+from service.app import lifecycle
+from service.app.lifecycle import Status, Subject
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
-from service.ledger import entries as ledger
 from workers.clusters import KINDS, Member, MemberError, Ref
 from workers.plan import (
     ADMISSION_LABEL,
@@ -53,7 +52,6 @@ from workers.records import (
     append_workload,
     cluster_row,
     load,
-    rfc3339,
     unchanged,
     workload_rows,
 )
@@ -296,69 +294,41 @@ def _record(
     now: datetime,
 ) -> None:
     for key in actions.requeue:
-        row = rows[key]
-        status = {k: v for k, v in row.status.items() if k not in ("admission", "pendingReason")}
-        eviction = dict(row.status.get("eviction") or {})
-        message = f"Requeued after its job was removed from cluster {eviction.get('cluster')}"
-        status.update(
-            state="Pending",
-            queuedAt=rfc3339(now),
-            conditions=_set_condition(
-                row.status.get("conditions") or (), "Requeued", "True", "Requeued", message, now
-            ),
-        )
-        append_workload(uow, row, REQUEUED, status, ACTOR, now)
+        _apply(uow, rows[key], lifecycle.requeue(Status(rows[key].status), now), now)
         report.requeued.append(key)
     for key, message in report.refused.items():
         _refuse(uow, rows[key], message, now)
     for key in actions.cancelled:
+        # Its job is gone from the member: the usage it held closes now.
         row = rows[key]
-        status = dict(row.status)
-        status["state"] = "Cancelled"
-        append_workload(uow, row, CANCELLED, status, ACTOR, now)
+        _apply(uow, row, lifecycle.cancelled(Subject.of(row), Status(row.status), now), now)
         report.cancelled.append(key)
+
+
+def _apply(uow: SqlUnitOfWork, row: Any, change: lifecycle.Transition, now: datetime) -> None:
+    status = change.status.to_json()
+    if change.spec is None:
+        append_workload(uow, row, change.event, status, ACTOR, now, change.entries)
+        return
+    stream = stream_name("Workload", row.namespace, row.name)
+    data = row.state(status, change.spec)
+    append(uow, stream, row.version, change.event, data, ACTOR, now, change.entries)
 
 
 def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime) -> None:
     """Evicted and deactivated: its quota released, never admitted again
     until someone fixes and reactivates it."""
-    admission = row.status.get("admission") or {}
-    cluster = str(admission.get("cluster"))
-    reason = "DispatchFailed"
-    text = f"cluster {cluster} refused the job: {message}"
-    status = {k: v for k, v in row.status.items() if k != "admission"}
-    conditions = row.status.get("conditions") or ()
-    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
-        conditions = _set_condition(conditions, kind, value, reason, text, now)
-    status.update(
-        state="Evicted",
-        conditions=conditions,
-        eviction={"reason": reason, "message": text, "cluster": cluster, "at": rfc3339(now)},
+    cluster = Status(row.status).cluster
+    change = lifecycle.evict(
+        Subject.of(row),
+        Status(row.status),
+        reason="DispatchFailed",
+        message=f"cluster {cluster} refused the job: {message}",
+        now=now,
+        spec=row.spec,
+        deactivate=True,
     )
-    body = ledger.WorkloadEvicted(
-        namespace=row.namespace,
-        workload=row.name,
-        local_queue=str(row.spec.get("queueName")),
-        cluster_queue=str(admission.get("clusterQueue")),
-        cluster=cluster,
-        reason=reason,
-        message=text,
-        requeued=False,
-        released=_amounts(admission),
-    )
-    spec = {**row.spec, "active": False}
-    stream = stream_name("Workload", row.namespace, row.name)
-    data = row.state(status, spec)
-    append(
-        uow,
-        stream,
-        row.version,
-        "WorkloadEvicted",
-        data,
-        ACTOR,
-        now,
-        [ledger.new_entry(body, uuid4(), now)],
-    )
+    _apply(uow, row, change, now)
 
 
 __all__ = ["ACTOR", "KINDS", "REQUEUED", "TOPIC", "Report", "managed", "reconcile"]

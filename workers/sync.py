@@ -19,12 +19,14 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 from uuid import uuid4
 
 from sqlalchemy import Engine
 
-from service.app.admission import HOLDS_QUOTA, WorkloadRow, _amounts, _set_condition
+from service.app import lifecycle
+from service.app.admission import WorkloadRow
+from service.app.lifecycle import Status, Subject
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import Problems, pod_requests
 from service.domain.quantity import format_amount
@@ -42,7 +44,7 @@ from workers.plan import (
     job_kinds,
     member_status,
 )
-from workers.reconcile import REQUEUED, managed
+from workers.reconcile import managed
 from workers.records import (
     ClusterRow,
     append_cluster,
@@ -339,120 +341,45 @@ def _job(
         if created is not None and admitted is not None:
             report.lags.append(max(0.0, (created - admitted).total_seconds()))
     if phase == "Running" and state == "Admitted":
-        status = dict(row.status)
-        status.update(
-            state="Running",
-            podsReady=True,
-            startedAt=seen.get("at") or rfc3339(now),
-            conditions=_set_condition(
-                row.status.get("conditions") or (),
-                "PodsReady",
-                "True",
-                "PodsReady",
-                "All pods are ready",
-                now,
-            ),
-        )
-        change((key, RUNNING), lambda uow: append_workload(uow, row, RUNNING, status, ACTOR, now))
+        started = str(seen.get("at") or rfc3339(now))
+        _change(change, key, row, lifecycle.run(Status(row.status), started, now), now)
     elif (
         phase == "Pending" and state == "Admitted" and pods_ready and "podsReady" not in row.status
     ):
-        status = dict(row.status)
-        status.update(podsReady=False, dispatchedAt=meta.get("creationTimestamp") or rfc3339(now))
-        change(
-            (key, DISPATCHED), lambda uow: append_workload(uow, row, DISPATCHED, status, ACTOR, now)
-        )
+        at = str(meta.get("creationTimestamp") or rfc3339(now))
+        _change(change, key, row, lifecycle.dispatch(Status(row.status), at, now), now)
     elif phase in ("Succeeded", "Failed"):
-        change((key, FINISHED), lambda uow: _finish(uow, row, cluster, seen, now))
+        finished = lifecycle.finish(
+            Subject.of(row),
+            Status(row.status),
+            succeeded=phase == "Succeeded",
+            reason=str(seen["reason"]),
+            finished_at=parse_time(seen.get("at")) or now,
+            now=now,
+        )
+        _change(change, key, row, finished, now)
     elif phase == "Evicted":
-        change((key, EVICTED), lambda uow: _evicted(uow, row, cluster, seen, now))
+        # Evicted by the member (node failure and the like): quota released
+        # at once; reconcile deletes the job and then requeues the gang whole.
+        evicted = lifecycle.evict(
+            Subject.of(row),
+            Status(row.status),
+            reason=str(seen["reason"]),
+            message=str(seen.get("message") or "evicted by the member"),
+            now=now,
+        )
+        _change(change, key, row, evicted, now)
 
 
-def _seconds(
-    amounts: Mapping[str, Mapping[str, int]], seconds: float
-) -> dict[str, dict[str, float]]:
-    return {
-        flavor: {r: float(a) * seconds for r, a in resources.items()}
-        for flavor, resources in amounts.items()
-    }
-
-
-def _finish(
-    uow: SqlUnitOfWork, row: WorkloadRow, cluster: str, seen: Mapping[str, Any], now: datetime
+def _change(
+    change: Change, key: str, row: WorkloadRow, transition: lifecycle.Transition, now: datetime
 ) -> None:
-    admission = row.status.get("admission") or {}
-    started = parse_time(row.status.get("startedAt")) or parse_time(admission.get("admittedAt"))
-    finished = parse_time(seen.get("at")) or now
-    started = started or finished
-    seconds = max(0.0, (finished - started).total_seconds())
-    amounts = _amounts(admission)
-    consumed = _seconds(amounts, seconds)
-    gpu = sum(a for f in consumed.values() for r, a in f.items() if r.endswith(GPU_SUFFIX))
-    cpu = sum(a for f in consumed.values() for r, a in f.items() if r == "cpu") / 1000.0
-    memory = sum(a for f in consumed.values() for r, a in f.items() if r == "memory") / 2**30
-    outcome: Literal["succeeded", "failed"] = (
-        "succeeded" if seen["phase"] == "Succeeded" else "failed"
-    )
-    status = dict(row.status)
-    status.update(
-        state="Finished",
-        outcome=outcome,
-        finishedAt=rfc3339(finished),
-        startedAt=rfc3339(started),
-        conditions=_set_condition(
-            row.status.get("conditions") or (),
-            "Finished",
-            "True",
-            seen["reason"],
-            f"Job {outcome} on cluster {cluster}",
-            now,
-        ),
-    )
-    body = ledger.WorkloadFinished(
-        namespace=row.namespace,
-        workload=row.name,
-        local_queue=str(row.spec.get("queueName")),
-        cluster_queue=str(admission.get("clusterQueue") or row.status.get("clusterQueue")),
-        cluster=cluster,
-        outcome=outcome,
-        started_at=started,
-        finished_at=finished,
-        consumed=consumed,
-        gpu_seconds=gpu,
-        cpu_seconds=cpu,
-        memory_gib_seconds=memory,
-    )
-    append_workload(uow, row, FINISHED, status, ACTOR, now, [ledger.new_entry(body, uuid4(), now)])
+    status, entries = transition.status.to_json(), transition.entries
 
+    def write(uow: SqlUnitOfWork) -> None:
+        append_workload(uow, row, transition.event, status, ACTOR, now, entries)
 
-def _evicted(
-    uow: SqlUnitOfWork, row: WorkloadRow, cluster: str, seen: Mapping[str, Any], now: datetime
-) -> None:
-    """Evicted by the member (node failure and the like): quota released at
-    once; reconcile deletes the job and then requeues the gang whole."""
-    admission = row.status.get("admission") or {}
-    reason, message = str(seen["reason"]), str(seen.get("message") or "evicted by the member")
-    status = {k: v for k, v in row.status.items() if k != "admission"}
-    conditions = row.status.get("conditions") or ()
-    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
-        conditions = _set_condition(conditions, kind, value, reason, message, now)
-    status.update(
-        state="Evicted",
-        conditions=conditions,
-        eviction={"reason": reason, "message": message, "cluster": cluster, "at": rfc3339(now)},
-    )
-    body = ledger.WorkloadEvicted(
-        namespace=row.namespace,
-        workload=row.name,
-        local_queue=str(row.spec.get("queueName")),
-        cluster_queue=str(admission.get("clusterQueue")),
-        cluster=cluster,
-        reason=reason,
-        message=message,
-        requeued=True,
-        released=_amounts(admission),
-    )
-    append_workload(uow, row, EVICTED, status, ACTOR, now, [ledger.new_entry(body, uuid4(), now)])
+    change((key, transition.event), write)
 
 
 # -- cluster loss ----------------------------------------------------------------------------
@@ -518,41 +445,19 @@ def requeue(
     requeued: list[str] = []
     entries: list[NewLedgerEntry] = []
     for w in rows:
-        state = str(w.status.get("state", "Pending"))
-        admission = w.status.get("admission") or {}
-        here = admission.get("cluster") == cluster
-        evicted_here = (
-            state == "Evicted" and (w.status.get("eviction") or {}).get("cluster") == cluster
+        change = lifecycle.lose_cluster(
+            Subject.of(w), Status(w.status), cluster, reason, message, now
         )
-        if not (here and state in HOLDS_QUOTA) and not evicted_here:
+        if change is None:
             continue
-        if state == "Cancelling":
+        if change.status.state == lifecycle.CANCELLED:
+            # Its own entry goes with its event: it is not requeued.
             append_workload(
-                uow, w, "WorkloadCancelled", {**w.status, "state": "Cancelled"}, actor, now
+                uow, w, change.event, change.status.to_json(), actor, now, change.entries
             )
             continue
-        status = {k: v for k, v in w.status.items() if k not in ("admission", "podsReady")}
-        status.update(
-            state="Pending",
-            queuedAt=rfc3339(now),
-            conditions=_set_condition(
-                w.status.get("conditions") or (), "Requeued", "True", reason, message, now
-            ),
-        )
-        if here:
-            body = ledger.WorkloadEvicted(
-                namespace=w.namespace,
-                workload=w.name,
-                local_queue=str(w.spec.get("queueName")),
-                cluster_queue=str(admission.get("clusterQueue")),
-                cluster=cluster,
-                reason=reason,
-                message=message,
-                requeued=True,
-                released=_amounts(admission),
-            )
-            entries.append(ledger.new_entry(body, uuid4(), now))
-        append_workload(uow, w, REQUEUED, status, actor, now)
+        entries += change.entries
+        append_workload(uow, w, change.event, change.status.to_json(), actor, now)
         requeued.append(w.key)
     return requeued, entries
 

@@ -46,6 +46,8 @@ from uuid import uuid4
 
 from sqlalchemy import Engine, text
 
+from service.app import lifecycle
+from service.app.lifecycle import HOLDS_QUOTA
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import Problems, pod_requests
@@ -84,7 +86,6 @@ from service.engine import (
     admission_cycle,
 )
 from service.eventstore.port import EventMetadata, NewEvent, OutboxMessage
-from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import UPSERT_SQL, resource_row, upsert_params
 
@@ -108,8 +109,6 @@ ACTOR = "system:admission"
 #: The outbox topic that has a member cluster reconciled (workers/reconcile.py).
 RECONCILE_TOPIC = "reconcile.cluster"
 PENDING, ADMITTED, EVICTED = "Pending", "Admitted", "Evicted"
-#: Workload states that hold quota and capacity.
-HOLDS_QUOTA = frozenset({ADMITTED, "Running", "Cancelling"})
 KINDS = (
     "ClusterQueue",
     "Cohort",
@@ -608,43 +607,8 @@ def _seconds_since(value: Any, now: datetime) -> float:
         return float("inf")
 
 
-def _set_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    kind: str,
-    status: str,
-    reason: str,
-    message: str,
-    now: datetime,
-) -> list[Obj]:
-    """Kueue's conditions: one per type, its transition time kept while its status holds."""
-    result: list[Obj] = []
-    previous = None
-    for condition in conditions:
-        if condition.get("type") == kind:
-            previous = condition
-        else:
-            result.append(dict(condition))
-    since = (
-        previous["lastTransitionTime"]
-        if previous is not None and previous.get("status") == status
-        else _rfc3339(now)
-    )
-    result.append(
-        {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": since,
-        }
-    )
-    return result
-
-
-def _amounts(admission: Mapping[str, Any] | Admission) -> dict[str, dict[str, int]]:
-    """``{flavor: {resource: amount}}`` that an admission reserves."""
-    if isinstance(admission, Mapping):
-        admission = admission_from_status(admission)
+def _reserved(admission: Admission) -> dict[str, dict[str, int]]:
+    """``{flavor: {resource: amount}}`` that an engine admission reserves."""
     reserved: dict[str, dict[str, int]] = {}
     for ps in admission.pod_set_assignments:
         for resource, flavor in ps.flavors.items():
@@ -657,73 +621,28 @@ def _stream(row: WorkloadRow) -> str:
     return stream_name("Workload", row.namespace, row.name)
 
 
+def _write(plan: Plan, row: WorkloadRow, change: lifecycle.Transition) -> None:
+    data = row.state(change.status.to_json(), change.spec)
+    plan.appends.append((_stream(row), row.version, change.event, data))
+    plan.ledger += change.entries
+
+
 def _admit(plan: Plan, row: WorkloadRow, decision: AdmissionDecision, now: datetime) -> None:
-    status = {
-        k: v
-        for k, v in row.status.items()
-        if k not in ("pendingReason", "pendingReasonCode", "pendingReasonAt")
-    }
-    status.pop("eviction", None)
-    admission = admission_to_status(decision, now)
-    cluster = decision.admission.cluster
-    message = f"Quota reserved in ClusterQueue {decision.cluster_queue}, cluster {cluster}"
-    conditions = _set_condition(
-        status.get("conditions") or (), "QuotaReserved", "True", "QuotaReserved", message, now
-    )
-    conditions = _set_condition(
-        conditions, "Admitted", "True", "Admitted", f"Admitted to cluster {cluster}", now
-    )
-    status.update(
-        state=ADMITTED,
-        clusterQueue=decision.cluster_queue,
-        admission=admission,
-        conditions=conditions,
-    )
-    plan.appends.append((_stream(row), row.version, "WorkloadAdmitted", row.state(status)))
-    flavors = {r: f for p in decision.admission.pod_set_assignments for r, f in p.flavors.items()}
     borrowed: dict[str, dict[str, int]] = {}
     for (flavor, resource), amount in decision.borrowed.items():
         borrowed.setdefault(flavor, {})[resource] = amount
-    body = ledger.WorkloadAdmitted(
-        namespace=row.namespace,
-        workload=row.name,
-        local_queue=str(row.spec.get("queueName")),
-        cluster_queue=decision.cluster_queue,
-        cluster=cluster,
-        flavors=dict(sorted(flavors.items())),
-        island=admission["island"],
-        reserved=_amounts(decision.admission),
+    change = lifecycle.admit(
+        lifecycle.Subject.of(row),
+        lifecycle.Status(row.status),
+        admission_to_status(decision, now),
         borrowed=borrowed,
-        reason="AdmittedWithPreemption" if decision.preempted else "QuotaReserved",
+        with_preemption=bool(decision.preempted),
+        now=now,
     )
-    plan.ledger.append(ledger.new_entry(body, uuid4(), now))
+    _write(plan, row, change)
     plan.admitted += 1
     queued = _timestamp(row.status.get("queuedAt"), row.created_at.timestamp())
     plan.waits.append((decision.cluster_queue, max(0.0, now.timestamp() - queued)))
-
-
-def _evicted_status(
-    row: WorkloadRow, reason: str, message: str, now: datetime, extra: Mapping[str, Any]
-) -> Obj:
-    status = {k: v for k, v in row.status.items() if k != "admission"}
-    cluster = (row.status.get("admission") or {}).get("cluster")
-    conditions = _set_condition(
-        status.get("conditions") or (), "Evicted", "True", reason, message, now
-    )
-    conditions = _set_condition(conditions, "QuotaReserved", "False", reason, message, now)
-    conditions = _set_condition(conditions, "Admitted", "False", reason, message, now)
-    status.update(
-        state=EVICTED,
-        conditions=conditions,
-        eviction={
-            "reason": reason,
-            "message": message,
-            "cluster": cluster,
-            "at": _rfc3339(now),
-            **extra,
-        },
-    )
-    return status
 
 
 def _cohort_path(path: str) -> list[str]:
@@ -733,52 +652,41 @@ def _cohort_path(path: str) -> list[str]:
 
 
 def _preempt(plan: Plan, row: WorkloadRow, preemption: Preemption, now: datetime) -> None:
-    extra = {"preemptor": preemption.preemptor, "preemptionReason": preemption.reason}
-    status = _evicted_status(row, "Preempted", preemption.message, now, extra)
-    plan.appends.append((_stream(row), row.version, "WorkloadPreempted", row.state(status)))
-    body = ledger.WorkloadPreempted(
-        namespace=row.namespace,
-        workload=row.name,
-        local_queue=str(row.spec.get("queueName")),
-        cluster_queue=preemption.cluster_queue,
-        cluster=preemption.cluster,
+    change = lifecycle.preempt(
+        lifecycle.Subject.of(row),
+        lifecycle.Status(row.status),
         reason=preemption.reason,
+        message=preemption.message,
         preemptor=preemption.preemptor,
         preemptor_cluster_queue=preemption.preemptor_cluster_queue,
         cohort_path=_cohort_path(preemption.victim_path),
-        released=_amounts(row.status.get("admission") or {}),
+        now=now,
     )
-    plan.ledger.append(ledger.new_entry(body, uuid4(), now))
+    _write(plan, row, change)
     plan.preempted += 1
 
 
 def _evict(plan: Plan, row: WorkloadRow, eviction: Eviction, now: datetime) -> None:
-    extra: Obj = {}
-    spec = dict(row.spec)
+    """Pods-ready timeout (requeued with backoff, or deactivated past its
+    limit) or a stopped queue draining."""
+    requeue_state = None
     if eviction.requeue_state is not None:
         at = eviction.requeue_state.requeue_at
-        extra["requeueState"] = {
+        requeue_state = {
             "count": eviction.requeue_state.count,
             "requeueAt": datetime.fromtimestamp(at, UTC).isoformat() if at is not None else None,
         }
-    if eviction.deactivated:
-        spec["active"] = False
-    status = _evicted_status(row, eviction.reason, eviction.message, now, {})
-    if "requeueState" in extra:
-        status["requeueState"] = extra["requeueState"]
-    plan.appends.append((_stream(row), row.version, "WorkloadEvicted", row.state(status, spec)))
-    body = ledger.WorkloadEvicted(
-        namespace=row.namespace,
-        workload=row.name,
-        local_queue=str(row.spec.get("queueName")),
-        cluster_queue=eviction.cluster_queue,
-        cluster=eviction.cluster,
+    change = lifecycle.evict(
+        lifecycle.Subject.of(row),
+        lifecycle.Status(row.status),
         reason=eviction.reason,
         message=eviction.message,
-        requeued=not eviction.deactivated,
-        released=_amounts(row.status.get("admission") or {}),
+        now=now,
+        spec=row.spec,
+        requeue_state=requeue_state,
+        deactivate=eviction.deactivated,
     )
-    plan.ledger.append(ledger.new_entry(body, uuid4(), now))
+    _write(plan, row, change)
     plan.evicted += 1
 
 
@@ -805,7 +713,7 @@ def _pend(plan: Plan, row: WorkloadRow, reason: PendingReason, now: datetime) ->
         pendingReason=reason.message,
         pendingReasonCode=reason.reason,
         pendingReasonAt=_rfc3339(now),
-        conditions=_set_condition(
+        conditions=lifecycle.set_condition(
             status.get("conditions") or (),
             "QuotaReserved",
             "False",
@@ -866,7 +774,7 @@ def cluster_queue_usage(snapshot: Snapshot, result: CycleResult) -> dict[tuple[s
     admissions += [d.admission for d in result.admissions]
     usage: dict[tuple[str, str, str], int] = {}
     for admission in admissions:
-        for flavor, amounts in _amounts(admission).items():
+        for flavor, amounts in _reserved(admission).items():
             for resource, amount in amounts.items():
                 key = (admission.cluster_queue, flavor, resource)
                 usage[key] = usage.get(key, 0) + amount

@@ -18,6 +18,7 @@ from sqlalchemy import BigInteger, Connection, Engine, and_, func, or_, select
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DataError
 
+from service.app import lifecycle
 from service.app.admission import RECONCILE_TOPIC
 from service.app.auth import require
 from service.app.errors import (
@@ -474,20 +475,13 @@ class SubmissionService:
             if state in ("Finished", "Cancelled", "Cancelling"):
                 return to_object(WORKLOADS, row)
             meta = actor.metadata()
-            status = dict(row.status)
             # An admitted gang keeps its quota until the workers have removed
-            # it from its member cluster; a pending one is simply gone.
-            status["state"] = "Cancelling" if state in ("Admitted", "Running") else "Cancelled"
-            status["conditions"] = [
-                *status.get("conditions", []),
-                {
-                    "type": "Cancelled",
-                    "status": "True",
-                    "reason": "CancelledByUser",
-                    "message": f"cancelled by {actor.principal.name}",
-                    "lastTransitionTime": meta.occurred_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                },
-            ]
+            # it from its member cluster (reconcile closes its usage then); a
+            # pending one is simply gone.
+            change = lifecycle.request_cancel(
+                lifecycle.Status(row.status), actor.principal.name, meta.occurred_at
+            )
+            status = change.status.to_json()
             data = {
                 "kind": "Workload",
                 "namespace": namespace,
@@ -503,12 +497,12 @@ class SubmissionService:
             uow.events.append(
                 stream_name("Workload", namespace, name),
                 row.resource_version,
-                [NewEvent(uuid4(), "WorkloadCancelled", data, meta)],
+                [NewEvent(uuid4(), change.event, data, meta)],
             )
             new = resource_row(data, row.resource_version + 1, meta.occurred_at)
             upsert_resources(conn, [new])
             cluster = (status.get("admission") or {}).get("cluster")
-            if status["state"] == "Cancelling" and cluster:
+            if change.status.state == lifecycle.CANCELLING and cluster:
                 # Remove its job now rather than at the next resync.
                 uow.publish([OutboxMessage(uuid4(), RECONCILE_TOPIC, {"cluster": str(cluster)})])
             uow.commit()

@@ -1,0 +1,537 @@
+"""The Workload lifecycle, one pure function per transition (as Kueue's
+``pkg/workload``): each takes the workload's typed :class:`Status` and
+returns a :class:`Transition` — the event type, the new status (and spec,
+when it changes) and the ledger entry, if the transition writes one.
+
+Every transition that ends holding capacity (finish, fail, preempt, evict,
+cancel, cluster loss or deletion, pods-ready timeout, deactivation, a
+member's refusal) closes the admission's usage in the ledger through
+:func:`_close`, which is the idempotent guard: it writes an entry only
+while the status still holds an admission, and the entry's id is derived
+from that admission (:func:`closing_entry_id`), so a second close of the
+same admission — a retry, or two paths racing — is not stored again by the
+ledger. ``service.ledger.accounting.open_usage`` is the check that this
+holds: the ledger's open usage equals what the members run.
+
+Shapes are those documented in ``service/app/admission.py``. No I/O here:
+callers (the admission cycle, submissions, reconcile, sync, cluster
+collection) append ``event`` with ``status`` and record ``entries``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+from uuid import UUID, uuid4, uuid5
+
+from service.domain.quantity import canonical_amount
+from service.ledger import entries as ledger
+from service.ledger.chain import NewLedgerEntry
+
+Obj = dict[str, Any]
+State = Literal["Pending", "Admitted", "Running", "Finished", "Evicted", "Cancelling", "Cancelled"]
+PENDING, ADMITTED, RUNNING, FINISHED = "Pending", "Admitted", "Running", "Finished"
+EVICTED, CANCELLING, CANCELLED = "Evicted", "Cancelling", "Cancelled"
+#: Workload states that hold quota and capacity.
+HOLDS_QUOTA = frozenset({ADMITTED, RUNNING, CANCELLING})
+#: Event types, one per transition.
+ADMITTED_EVENT, PREEMPTED_EVENT, EVICTED_EVENT = (
+    "WorkloadAdmitted",
+    "WorkloadPreempted",
+    "WorkloadEvicted",
+)
+DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
+    "WorkloadDispatched",
+    "WorkloadRunning",
+    "WorkloadFinished",
+)
+CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
+GPU_SUFFIX = "gpu"
+#: Names the closing entries of admissions stored before admissions had an id.
+_LEGACY = UUID("6f0c5f3e-6a43-4c1b-9a57-3b1f1e2f7a10")
+
+
+def rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Status:
+    """A Workload's ``status`` as a value: typed reads, copies for writes."""
+
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def state(self) -> State:
+        return str(self.raw.get("state", PENDING))  # type: ignore[return-value]
+
+    @property
+    def admission(self) -> Mapping[str, Any]:
+        return self.raw.get("admission") or {}
+
+    @property
+    def cluster(self) -> str | None:
+        cluster = self.admission.get("cluster")
+        return str(cluster) if cluster else None
+
+    @property
+    def holds(self) -> bool:
+        """Whether this status holds quota and capacity (an open usage)."""
+        return self.state in HOLDS_QUOTA and bool(self.admission)
+
+    @property
+    def conditions(self) -> Sequence[Mapping[str, Any]]:
+        return self.raw.get("conditions") or ()
+
+    def without(self, *keys: str) -> Obj:
+        return {k: v for k, v in self.raw.items() if k not in keys}
+
+    def to_json(self) -> Obj:
+        return dict(self.raw)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Who a transition is about: what ledger bodies name."""
+
+    namespace: str
+    name: str
+    uid: str
+    local_queue: str
+
+    @classmethod
+    def of(cls, row: Any) -> Subject:
+        """From anything with ``namespace``, ``name``, ``uid`` and ``spec``."""
+        return cls(row.namespace, row.name, str(row.uid), str(row.spec.get("queueName")))
+
+    def names(self, cluster_queue: str) -> dict[str, str]:
+        return {
+            "namespace": self.namespace,
+            "workload": self.name,
+            "local_queue": self.local_queue,
+            "cluster_queue": cluster_queue,
+        }
+
+
+@dataclass(frozen=True)
+class Transition:
+    event: str
+    status: Status
+    entry: NewLedgerEntry | None = None
+    spec: Mapping[str, Any] | None = None
+
+    @property
+    def entries(self) -> list[NewLedgerEntry]:
+        return [self.entry] if self.entry is not None else []
+
+
+# --- shared pieces --------------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    kind: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime,
+) -> list[Obj]:
+    """Kueue's conditions: one per type, its transition time kept while its status holds."""
+    result: list[Obj] = []
+    previous = None
+    for condition in conditions:
+        if condition.get("type") == kind:
+            previous = condition
+        else:
+            result.append(dict(condition))
+    since = (
+        previous["lastTransitionTime"]
+        if previous is not None and previous.get("status") == status
+        else rfc3339(now)
+    )
+    result.append(
+        {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+        }
+    )
+    return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _amount(resource: str, quantity: str | int | float) -> int:
+    return canonical_amount(resource, quantity)
+
+
+def amounts(admission: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """``{flavor: {resource: amount}}`` that an admission (status shape) reserves."""
+    reserved: dict[str, dict[str, int]] = {}
+    for ps in admission.get("podSetAssignments") or ():
+        usage = ps.get("resourceUsage") or {}
+        for resource, flavor in (ps.get("flavors") or {}).items():
+            amount = _amount(resource, usage[resource]) if resource in usage else 0
+            bucket = reserved.setdefault(str(flavor), {})
+            bucket[resource] = bucket.get(resource, 0) + amount
+    return reserved
+
+
+def closing_entry_id(uid: str, admission: Mapping[str, Any]) -> UUID:
+    """The one id every close of ``admission`` carries: the ledger stores an
+    id once, so a second close of the same admission writes nothing."""
+    if admission.get("id"):
+        return uuid5(UUID(str(admission["id"])), "closed")
+    key = f"{uid}/{admission.get('cluster')}/{admission.get('admittedAt')}"
+    return uuid5(_LEGACY, key)
+
+
+def _close(
+    subject: Subject, status: Status, body: ledger.Body, now: datetime
+) -> NewLedgerEntry | None:
+    """The entry that closes ``status``'s admission, or none if it holds none."""
+    if not status.holds:
+        return None
+    return ledger.new_entry(body, closing_entry_id(subject.uid, status.admission), now)
+
+
+def _stopped(status: Status, reason: str, message: str, now: datetime) -> Obj:
+    conditions = status.conditions
+    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
+        conditions = set_condition(conditions, kind, value, reason, message, now)
+    return {**status.without("admission"), "conditions": conditions}
+
+
+def _consumed(
+    reserved: Mapping[str, Mapping[str, int]], started: datetime, finished: datetime
+) -> tuple[dict[str, dict[str, float]], float, float, float]:
+    """``amount * seconds`` per flavor and resource, and GPU-, core- and GiB-seconds."""
+    seconds = max(0.0, (finished - started).total_seconds())
+    consumed = {
+        flavor: {r: float(a) * seconds for r, a in resources.items()}
+        for flavor, resources in reserved.items()
+    }
+    flat = [(r, a) for f in consumed.values() for r, a in f.items()]
+    gpu = sum(a for r, a in flat if r.endswith(GPU_SUFFIX))
+    cpu = sum(a for r, a in flat if r == "cpu") / 1000.0
+    memory = sum(a for r, a in flat if r == "memory") / 2**30
+    return consumed, gpu, cpu, memory
+
+
+# --- taking capacity ------------------------------------------------------------------------
+
+
+def admit(
+    subject: Subject,
+    status: Status,
+    admission: Mapping[str, Any],
+    *,
+    borrowed: Mapping[str, Mapping[str, int]],
+    with_preemption: bool,
+    now: datetime,
+) -> Transition:
+    """Pending → Admitted. ``admission`` is the status shape; its ``id`` is
+    given here (the admitted entry's), naming this admission's close."""
+    entry_id = uuid4()
+    admission = {**admission, "id": str(entry_id)}
+    cluster, cluster_queue = str(admission["cluster"]), str(admission["clusterQueue"])
+    new = status.without("pendingReason", "pendingReasonCode", "pendingReasonAt", "eviction")
+    message = f"Quota reserved in ClusterQueue {cluster_queue}, cluster {cluster}"
+    conditions = set_condition(
+        status.conditions, "QuotaReserved", "True", "QuotaReserved", message, now
+    )
+    conditions = set_condition(
+        conditions, "Admitted", "True", "Admitted", f"Admitted to cluster {cluster}", now
+    )
+    new.update(
+        state=ADMITTED, clusterQueue=cluster_queue, admission=admission, conditions=conditions
+    )
+    flavors = {
+        r: f for p in admission.get("podSetAssignments") or () for r, f in p["flavors"].items()
+    }
+    body = ledger.WorkloadAdmitted(
+        **subject.names(cluster_queue),
+        cluster=cluster,
+        flavors=dict(sorted(flavors.items())),
+        island=admission.get("island"),
+        reserved=amounts(admission),
+        borrowed={f: dict(r) for f, r in borrowed.items()},
+        reason="AdmittedWithPreemption" if with_preemption else "QuotaReserved",
+    )
+    return Transition(ADMITTED_EVENT, Status(new), ledger.new_entry(body, entry_id, now))
+
+
+def dispatch(status: Status, dispatched_at: str, now: datetime) -> Transition:
+    """Admitted, its job created on the member but not yet running: pods not
+    ready, so that waitForPodsReady can time it out."""
+    return Transition(
+        DISPATCHED_EVENT, Status({**status.raw, "podsReady": False, "dispatchedAt": dispatched_at})
+    )
+
+
+def run(status: Status, started_at: str, now: datetime) -> Transition:
+    """Admitted → Running: every pod of the gang is ready on the member."""
+    conditions = set_condition(
+        status.conditions, "PodsReady", "True", "PodsReady", "All pods are ready", now
+    )
+    new = {**status.raw, "state": RUNNING, "podsReady": True, "startedAt": started_at}
+    return Transition(RUNNING_EVENT, Status({**new, "conditions": conditions}))
+
+
+# --- ending holding capacity: each closes the admission's usage once -----------------------
+
+
+def finish(
+    subject: Subject,
+    status: Status,
+    *,
+    succeeded: bool,
+    reason: str,
+    finished_at: datetime,
+    now: datetime,
+) -> Transition:
+    """Admitted or Running → Finished (succeeded or failed) on its member."""
+    admission = status.admission
+    cluster = str(admission.get("cluster"))
+    started = parse_time(status.raw.get("startedAt")) or parse_time(admission.get("admittedAt"))
+    started = started or finished_at
+    outcome: Literal["succeeded", "failed"] = "succeeded" if succeeded else "failed"
+    new = status.without()
+    new.update(
+        state=FINISHED,
+        outcome=outcome,
+        finishedAt=rfc3339(finished_at),
+        startedAt=rfc3339(started),
+        conditions=set_condition(
+            status.conditions,
+            "Finished",
+            "True",
+            reason,
+            f"Job {outcome} on cluster {cluster}",
+            now,
+        ),
+    )
+    consumed, gpu, cpu, memory = _consumed(amounts(admission), started, finished_at)
+    body = ledger.WorkloadFinished(
+        **subject.names(str(admission.get("clusterQueue") or status.raw.get("clusterQueue"))),
+        cluster=cluster,
+        outcome=outcome,
+        started_at=started,
+        finished_at=finished_at,
+        consumed=consumed,
+        gpu_seconds=gpu,
+        cpu_seconds=cpu,
+        memory_gib_seconds=memory,
+    )
+    return Transition(FINISHED_EVENT, Status(new), _close(subject, status, body, now))
+
+
+def preempt(
+    subject: Subject,
+    status: Status,
+    *,
+    reason: Literal[
+        "InClusterQueue",
+        "InCohortReclamation",
+        "InCohortFairSharing",
+        "InCohortReclaimWhileBorrowing",
+    ],
+    message: str,
+    preemptor: str,
+    preemptor_cluster_queue: str,
+    cohort_path: list[str],
+    now: datetime,
+) -> Transition:
+    """Admitted or Running → Evicted by a preemptor: quota released now; the
+    reconciler deletes the job and then requeues it (:func:`requeue`)."""
+    admission = status.admission
+    new = _stopped(status, "Preempted", message, now)
+    new.update(
+        state=EVICTED,
+        eviction={
+            "reason": "Preempted",
+            "message": message,
+            "cluster": admission.get("cluster"),
+            "at": rfc3339(now),
+            "preemptor": preemptor,
+            "preemptionReason": reason,
+        },
+    )
+    body = ledger.WorkloadPreempted(
+        **subject.names(str(admission.get("clusterQueue"))),
+        cluster=str(admission.get("cluster")),
+        reason=reason,
+        preemptor=preemptor,
+        preemptor_cluster_queue=preemptor_cluster_queue,
+        cohort_path=cohort_path,
+        released=amounts(admission),
+    )
+    return Transition(PREEMPTED_EVENT, Status(new), _close(subject, status, body, now))
+
+
+def evict(
+    subject: Subject,
+    status: Status,
+    *,
+    reason: str,
+    message: str,
+    now: datetime,
+    spec: Mapping[str, Any] | None = None,
+    requeue_state: Mapping[str, Any] | None = None,
+    deactivate: bool = False,
+) -> Transition:
+    """Admitted or Running → Evicted: pods-ready timeout (with its backoff
+    ``requeue_state``), a stopped queue, the member's eviction, its refusal
+    of the job. ``deactivate`` sets ``spec.active`` false: it stays Evicted
+    until someone reactivates it."""
+    admission = status.admission
+    new = _stopped(status, reason, message, now)
+    new.update(
+        state=EVICTED,
+        eviction={
+            "reason": reason,
+            "message": message,
+            "cluster": admission.get("cluster"),
+            "at": rfc3339(now),
+        },
+    )
+    if requeue_state is not None:
+        new["requeueState"] = dict(requeue_state)
+    new_spec = {**(spec or {}), "active": False} if deactivate else None
+    body = ledger.WorkloadEvicted(
+        **subject.names(str(admission.get("clusterQueue"))),
+        cluster=str(admission.get("cluster")),
+        reason=reason,
+        message=message,
+        requeued=not deactivate,
+        released=amounts(admission),
+    )
+    return Transition(EVICTED_EVENT, Status(new), _close(subject, status, body, now), new_spec)
+
+
+def request_cancel(status: Status, by: str, now: datetime) -> Transition:
+    """A user's cancel: a gang holding capacity becomes ``Cancelling`` (it
+    holds until its member has removed it: :func:`cancelled` closes it);
+    anything else not yet ended is ``Cancelled`` at once, holding nothing."""
+    state = CANCELLING if status.state in (ADMITTED, RUNNING) else CANCELLED
+    condition = {
+        "type": "Cancelled",
+        "status": "True",
+        "reason": "CancelledByUser",
+        "message": f"cancelled by {by}",
+        "lastTransitionTime": rfc3339(now),
+    }
+    new = {**status.raw, "state": state, "conditions": [*status.conditions, condition]}
+    return Transition(CANCELLED_EVENT, Status(new))
+
+
+def cancelled(subject: Subject, status: Status, now: datetime, message: str = "") -> Transition:
+    """Cancelling → Cancelled: its job is gone from the member (or the member
+    is gone), so the usage it held closes now, as a ``cancelled`` finish."""
+    admission = status.admission
+    started = parse_time(status.raw.get("startedAt")) or now
+    started = min(started, now)
+    consumed, gpu, cpu, memory = _consumed(amounts(admission), started, now)
+    body = ledger.WorkloadFinished(
+        **subject.names(str(admission.get("clusterQueue") or status.raw.get("clusterQueue"))),
+        cluster=str(admission.get("cluster")),
+        outcome="cancelled",
+        started_at=started,
+        finished_at=now,
+        consumed=consumed,
+        gpu_seconds=gpu,
+        cpu_seconds=cpu,
+        memory_gib_seconds=memory,
+    )
+    new = {**status.raw, "state": CANCELLED, "finishedAt": rfc3339(now)}
+    if message:
+        new["conditions"] = set_condition(
+            status.conditions, "Finished", "True", "Cancelled", message, now
+        )
+    return Transition(CANCELLED_EVENT, Status(new), _close(subject, status, body, now))
+
+
+def lose_cluster(
+    subject: Subject, status: Status, cluster: str, reason: str, message: str, now: datetime
+) -> Transition | None:
+    """``cluster`` is lost or deleted: a gang it holds is requeued whole (its
+    usage closed), a cancelling one is Cancelled, one evicted from it and
+    waiting for its job's removal is requeued; ``None`` if it has nothing
+    there."""
+    here = status.cluster == cluster and status.holds
+    evicted_here = (
+        status.state == EVICTED and (status.raw.get("eviction") or {}).get("cluster") == cluster
+    )
+    if not here and not evicted_here:
+        return None
+    if status.state == CANCELLING:
+        return cancelled(subject, status, now, message)
+    new = status.without("admission", "podsReady")
+    new.update(
+        state=PENDING,
+        queuedAt=rfc3339(now),
+        conditions=set_condition(status.conditions, "Requeued", "True", reason, message, now),
+    )
+    admission = status.admission
+    body = ledger.WorkloadEvicted(
+        **subject.names(str(admission.get("clusterQueue"))),
+        cluster=cluster,
+        reason=reason,
+        message=message,
+        requeued=True,
+        released=amounts(admission),
+    )
+    return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now))
+
+
+# --- back to the queue ----------------------------------------------------------------------
+
+
+def requeue(status: Status, now: datetime) -> Transition:
+    """Evicted → Pending once its job is gone from the member (its usage was
+    closed when it was evicted)."""
+    cluster = (status.raw.get("eviction") or {}).get("cluster")
+    message = f"Requeued after its job was removed from cluster {cluster}"
+    new = status.without("admission", "pendingReason")
+    new.update(
+        state=PENDING,
+        queuedAt=rfc3339(now),
+        conditions=set_condition(status.conditions, "Requeued", "True", "Requeued", message, now),
+    )
+    return Transition(REQUEUED_EVENT, Status(new))
+
+
+__all__ = [
+    "HOLDS_QUOTA",
+    "State",
+    "Status",
+    "Subject",
+    "Transition",
+    "admit",
+    "amounts",
+    "cancelled",
+    "closing_entry_id",
+    "dispatch",
+    "evict",
+    "finish",
+    "lose_cluster",
+    "preempt",
+    "request_cancel",
+    "requeue",
+    "run",
+    "set_condition",
+]
