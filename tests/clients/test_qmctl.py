@@ -18,7 +18,7 @@ import sqlalchemy as sa
 import yaml
 from quartermaster_client import Client, Outcome, Workload, outcome
 from quartermaster_client.cli import app
-from quartermaster_client.cli.main import EXIT_CODES
+from quartermaster_client.cli.shared import EXIT_CODES
 from typer.testing import CliRunner
 
 from service.app.bootstrap import Services

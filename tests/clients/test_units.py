@@ -14,8 +14,8 @@ import pytest
 from quartermaster_client import Client, ClusterQueue, RetryPolicy, TransportError, Workload
 from quartermaster_client._http import SSEDecoder
 from quartermaster_client.apply import differs, kueue_to_quartermaster
-from quartermaster_client.cli.main import _chart
 from quartermaster_client.cli.render import Context, age, render_table
+from quartermaster_client.cli.usage import _chart
 from quartermaster_client.explain import QueueUsage, amount, in_words, queue_usage, summary
 from quartermaster_client.kinds import lookup
 from quartermaster_client.ledger import MerkleRoot, canonical_json

@@ -1,0 +1,315 @@
+"""``qmctl apply``, ``delete``, ``get`` and ``describe``: objects by kind and name."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from quartermaster_client.apply import kueue_to_quartermaster
+from quartermaster_client.cli.render import (
+    OUTPUTS,
+    Context,
+    age,
+    as_list,
+    render_table,
+    table,
+    to_json,
+    to_yaml,
+)
+from quartermaster_client.cli.shared import (
+    EXIT_ERROR,
+    STATE,
+    AllNamespaces,
+    Files,
+    Namespace,
+    examples,
+    handled,
+    kind_named,
+    queue_usage_of,
+)
+from quartermaster_client.client import Client
+from quartermaster_client.errors import AlreadyExists, ApiError
+from quartermaster_client.explain import in_words
+from quartermaster_client.kinds import APPLY_ORDER, KINDS, Kind, lookup
+from quartermaster_client.manifests import Manifest, load
+from quartermaster_client.models import ClusterQueue, Event, Resource
+
+commands = typer.Typer()
+Output = Annotated[str, typer.Option("-o", "--output", help="table, wide, json, yaml or name.")]
+
+
+def _complete_kind(incomplete: str) -> list[str]:
+    return [k.plural for k in KINDS if k.plural.startswith(incomplete)]
+
+
+KindArg = Annotated[
+    str,
+    typer.Argument(
+        help="Kind: workloads (wl), clusterqueues (cq), localqueues (lq), resourceflavors (rf), "
+        "topologies, cohorts, workloadpriorityclasses (wpc), clusters.",
+        autocompletion=_complete_kind,
+    ),
+]
+
+
+def _sorted(manifests: list[Manifest]) -> list[Manifest]:
+    """Flavors before the queues that name them, queues before workloads."""
+
+    def rank(m: Manifest) -> int:
+        try:
+            return APPLY_ORDER.index(lookup(m.kind).kind)
+        except KeyError:
+            return len(APPLY_ORDER)
+
+    return sorted(manifests, key=rank)
+
+
+def _is_job(manifest: Manifest) -> bool:
+    try:
+        return lookup(manifest.kind).kind == "Workload"
+    except KeyError:
+        return True  # Job, JobSet, PyTorchJob, MPIJob: submissions
+
+
+# -- apply, delete -----------------------------------------------------------------------
+
+
+@commands.command(
+    epilog=examples(
+        "qmctl apply -f fleet.yaml",
+        "qmctl apply -f kueue/ -R            # every *.yaml under kueue/",
+        "kubectl get clusterqueues -o yaml | qmctl apply -f -",
+    )
+)
+@handled
+def apply(
+    filename: Files,
+    namespace: Namespace = None,
+    recursive: Annotated[
+        bool, typer.Option("-R", "--recursive", help="Recurse into dirs.")
+    ] = False,
+) -> None:
+    """Create or replace objects from YAML files.
+
+    Multi-document YAML; Kueue manifests (kueue.x-k8s.io/v1beta2) are translated;
+    Jobs and Workloads are submitted."""
+    manifests = _sorted(load(filename, recursive))
+    if not manifests:
+        raise ValueError("no objects in the given files")
+    failures = 0
+    with STATE.client() as client:
+        for manifest in manifests:
+            label = f"{manifest.kind.lower()}/{manifest.name}"
+            ns = namespace or (manifest.body.get("metadata") or {}).get("namespace")
+            try:
+                if _is_job(manifest):
+                    body = kueue_to_quartermaster(manifest.body)[0]
+                    try:
+                        result = client.submit(body, STATE.namespace(ns))
+                    except AlreadyExists:
+                        # Workloads are immutable: cancel and resubmit to change one.
+                        typer.echo(f"workload/{manifest.name} unchanged (exists)")
+                        continue
+                    typer.echo(f"workload/{result.name} created")
+                    continue
+                kind = lookup(manifest.kind)
+                applied = client.apply(
+                    manifest.body, STATE.namespace(ns) if kind.namespaced else None
+                )
+                for note in applied.notes:
+                    typer.echo(f"warning: {note}", err=True)
+                typer.echo(f"{kind.kind.lower()}/{applied.object.name} {applied.action}")
+            except ApiError as error:
+                failures += 1
+                typer.echo(f"error: {label} ({manifest.source}): {error}", err=True)
+    if failures:
+        raise typer.Exit(EXIT_ERROR)
+
+
+@commands.command(
+    epilog=examples(
+        "qmctl delete clusterqueue team-a",
+        "qmctl delete workload train-7 -n team-a     # cancels it",
+        "qmctl delete -f fleet.yaml",
+    )
+)
+@handled
+def delete(
+    kind: Annotated[str | None, typer.Argument(help="Kind, as for get.")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="Names.")] = None,
+    filename: Annotated[
+        list[str] | None, typer.Option("-f", "--filename", help="Delete what these files define.")
+    ] = None,
+    namespace: Namespace = None,
+) -> None:
+    """Delete objects (a workload is cancelled)."""
+    targets: list[tuple[Kind, str, str | None]] = []
+    if filename:
+        for manifest in reversed(_sorted(load(filename))):
+            k = lookup("Workload") if _is_job(manifest) else lookup(manifest.kind)
+            ns = namespace or (manifest.body.get("metadata") or {}).get("namespace")
+            targets.append((k, manifest.name, STATE.namespace(ns) if k.namespaced else None))
+    elif kind and names:
+        k = kind_named(kind)
+        targets = [(k, n, STATE.namespace(namespace) if k.namespaced else None) for n in names]
+    else:
+        raise typer.BadParameter("give KIND NAME... or -f FILE")
+    failures = 0
+    with STATE.client() as client:
+        for k, name, ns in targets:
+            try:
+                client.delete(k, name, ns)
+            except ApiError as error:
+                failures += 1
+                typer.echo(f"error: {k.kind.lower()}/{name}: {error}", err=True)
+                continue
+            verb = "cancelled" if k.kind == "Workload" else "deleted"
+            typer.echo(f"{k.kind.lower()}/{name} {verb}")
+    if failures:
+        raise typer.Exit(EXIT_ERROR)
+
+
+# -- get, describe -----------------------------------------------------------------------
+
+
+def _usage_context(client: Client, kind: Kind) -> Context:
+    if kind.kind != "ClusterQueue":
+        return Context()
+    return Context(lambda: list(client.workloads.list(all_namespaces=True)))
+
+
+@commands.command(
+    epilog=examples(
+        "qmctl get clusterqueues",
+        "qmctl get workloads -n team-a -o wide",
+        "qmctl get wl -A --field-selector status.state=Pending",
+        "qmctl get cq team-a -o yaml",
+    )
+)
+@handled
+def get(
+    kind: KindArg,
+    names: Annotated[list[str] | None, typer.Argument(help="Names (default: all).")] = None,
+    namespace: Namespace = None,
+    all_namespaces: AllNamespaces = False,
+    output: Output = "table",
+    selector: Annotated[
+        str | None, typer.Option("-l", "--selector", help="Label selector.")
+    ] = None,
+    field_selector: Annotated[
+        str | None, typer.Option("--field-selector", help="e.g. status.state=Pending")
+    ] = None,
+) -> None:
+    """List objects of a kind, or show some by name."""
+    if output not in OUTPUTS:
+        raise typer.BadParameter(f"-o must be one of {', '.join(OUTPUTS)}")
+    k = kind_named(kind)
+    ns = STATE.namespace(namespace) if k.namespaced and not all_namespaces else None
+    with STATE.client() as client:
+        if names:
+            items: list[Resource] = [client.get(k, name, ns) for name in names]
+        else:
+            items = list(
+                client.list(
+                    k,
+                    ns,
+                    all_namespaces=all_namespaces,
+                    label_selector=selector,
+                    field_selector=field_selector,
+                )
+            )
+        if output == "json":
+            single = len(items) == 1 and names
+            typer.echo(to_json(items[0].to_dict() if single else as_list(k, items)))
+        elif output == "yaml":
+            single = len(items) == 1 and names
+            typer.echo(to_yaml(items[0].to_dict() if single else as_list(k, items)))
+        elif output == "name":
+            for item in items:
+                typer.echo(f"{k.kind.lower()}/{item.name}")
+        elif not items:
+            where = f" in namespace {ns}" if ns else ""
+            typer.echo(f"No {k.plural} found{where}.", err=True)
+        else:
+            namespaces = k.namespaced and all_namespaces
+            context = _usage_context(client, k)
+            typer.echo(render_table(k, items, output == "wide", namespaces, context))
+
+
+def _section(title: str, body: Any) -> str:
+    if not body:
+        return f"{title}: <none>"
+    text = yaml.safe_dump(body, sort_keys=False).rstrip()
+    return f"{title}:\n" + "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _pairs(values: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in values.items()) or "<none>"
+
+
+def _events_table(events: list[Event]) -> str:
+    rows = [
+        [str(e.position), age(e.recorded_at), e.type, str(e.metadata.get("actor", "-"))]
+        for e in events
+    ]
+    return table(["POSITION", "AGE", "TYPE", "BY"], rows)
+
+
+@commands.command(
+    epilog=examples(
+        "qmctl describe workload train-7 -n team-a",
+        "qmctl describe cq team-a",
+    )
+)
+@handled
+def describe(kind: KindArg, name: str, namespace: Namespace = None) -> None:
+    """Everything about one object.
+
+    Metadata, spec and status; for a workload also why it waits and its events,
+    for a ClusterQueue its GPU usage."""
+    k = kind_named(kind)
+    ns = STATE.namespace(namespace) if k.namespaced else None
+    with STATE.client() as client:
+        obj = client.get(k, name, ns)
+        meta = obj.metadata
+        lines = [f"Name:         {meta.name}"]
+        if meta.namespace:
+            lines.append(f"Namespace:    {meta.namespace}")
+        lines += [
+            f"Kind:         {k.kind}",
+            f"Labels:       {_pairs(meta.labels)}",
+            f"Annotations:  {_pairs(meta.annotations)}",
+            f"Created:      {meta.creation_timestamp} ({age(meta.creation_timestamp)} ago)",
+            f"Version:      {meta.resource_version} (generation {meta.generation})",
+        ]
+        body = obj.to_dict()
+        spec = body.get("spec") or {
+            key: value
+            for key, value in body.items()
+            if key not in ("apiVersion", "kind", "metadata")
+        }
+        if k.kind == "Workload":
+            job = spec.get("job") or {}
+            spec = {key: value for key, value in spec.items() if key != "job"}
+            if job:
+                lines.append(f"Job:          {job.get('apiVersion')} {job.get('kind')} (-o yaml)")
+        lines.append(_section("Spec", spec))
+        if "status" in body:
+            lines.append(_section("Status", body["status"]))
+        if isinstance(obj, ClusterQueue):
+            usage = queue_usage_of(client, obj)
+            if usage is not None:
+                lines.append(
+                    f"Usage:        {usage.used}/{usage.nominal} GPUs, {usage.borrowed} borrowed; "
+                    f"{usage.pending} pending, {usage.admitted} admitted"
+                )
+        if k.kind == "Workload" and ns:
+            explanation = client.explain(name, ns)
+            lines.append("Explain:\n" + "\n".join(f"  {s}" for s in in_words(explanation)))
+            events = list(client.events(namespace=ns, workload=name))[-20:]
+            lines.append(
+                "Events:\n" + "\n".join(f"  {s}" for s in _events_table(events).split("\n"))
+            )
+    typer.echo("\n".join(lines))
