@@ -58,6 +58,8 @@ class Allocation:
     cluster: str
     reserved: tuple[tuple[str, str, int], ...]  # (flavor, resource, amount)
     start_us: int
+    workload: str = ""
+    """``namespace/workload``: who holds it (not persisted in a roll-up's state)."""
 
     @property
     def queue_key(self) -> str:
@@ -78,6 +80,7 @@ class Allocation:
             str(body["cluster"]),
             reserved,
             start_us,
+            _workload_key(body),
         )
 
     def to_json(self) -> list[Any]:
@@ -85,9 +88,10 @@ class Allocation:
         return [*fields, [list(r) for r in self.reserved], self.start_us]
 
     @classmethod
-    def from_json(cls, data: Sequence[Any]) -> Allocation:
+    def from_json(cls, data: Sequence[Any], workload: str = "") -> Allocation:
         ns, lq, cq, cluster, reserved, start = data
-        return cls(ns, lq, cq, cluster, tuple((f, r, int(a)) for f, r, a in reserved), int(start))
+        amounts = tuple((f, r, int(a)) for f, r, a in reserved)
+        return cls(ns, lq, cq, cluster, amounts, int(start), workload)
 
     def per_resource(self) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)
@@ -220,7 +224,7 @@ class UsageRollup:
     def from_state(cls, state: Mapping[str, Any]) -> UsageRollup:
         rollup = cls(float(state["half_life_seconds"]))
         rollup.seq, rollup.clock_us = int(state["seq"]), int(state["clock_us"])
-        rollup._open = {k: Allocation.from_json(v) for k, v in state["open"].items()}
+        rollup._open = {k: Allocation.from_json(v, k) for k, v in state["open"].items()}
         for *key, value in state["hours"]:
             hour, ns, lq, cq, cluster, flavor, resource = key
             rollup._hours[(int(hour), ns, lq, cq, cluster, flavor, resource)] = int(value)
@@ -309,6 +313,84 @@ def decayed_from_scratch(
         for resource, amount in allocation.per_resource().items():
             result[allocation.queue_key][resource] += amount * weight
     return {q: {r: v for r, v in u.items() if v > 0} for q, u in result.items() if any(u.values())}
+
+
+# --- the audit: open usage against what the members run ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one gang holds on a member cluster: ``{resource: amount}`` in
+    canonical units (as a ledger entry's ``reserved``, summed over flavors)."""
+
+    cluster: str
+    amounts: Mapping[str, int]
+
+
+def open_usage(
+    entries: Iterable[LedgerEntry], as_of: datetime | None = None
+) -> dict[str, Allocation]:
+    """The allocations open at ``as_of`` (default: after the last entry), by
+    ``namespace/workload``, from the ledger alone: admitted and not yet
+    released by a ``workload.finished``, ``.preempted``, ``.evicted`` or the
+    ``cluster.lost`` of its cluster. Entries recorded after ``as_of`` are
+    not read."""
+    limit = None if as_of is None else micros(as_of)
+    materialised = [e for e in entries if limit is None or micros(e.recorded_at) <= limit]
+    return {a.workload: a for a, end in allocations(materialised) if end is None}
+
+
+def double_closes(entries: Iterable[LedgerEntry]) -> list[str]:
+    """Releases of a workload that holds nothing then: a second close of one
+    admission (or a close without one). Each way a gang stops holding
+    capacity writes exactly one, so this is empty on a sound ledger."""
+    holding: set[str] = set()
+    problems: list[str] = []
+    for entry in entries:
+        if entry.kind == "workload.admitted":
+            holding.add(_workload_key(entry.body))
+        elif entry.kind in RELEASING:
+            key = _workload_key(entry.body)
+            if key not in holding:
+                problems.append(f"entry {entry.seq}: {entry.kind} of {key}, which held nothing")
+            holding.discard(key)
+    return problems
+
+
+def usage_mismatches(
+    open_allocations: Mapping[str, Allocation], running: Mapping[str, Holding]
+) -> list[str]:
+    """Everything that differs between the ledger's open usage and what the
+    member clusters run (by ``namespace/workload``): a gang billed but not
+    running, running but not billed, or billed elsewhere or for other
+    amounts. Empty when the ledger is right."""
+    problems: list[str] = []
+    for key in sorted(set(open_allocations) | set(running)):
+        allocation, held = open_allocations.get(key), running.get(key)
+        if held is None:
+            problems.append(
+                f"{key}: open in the ledger on {allocation and allocation.cluster}, "
+                "running on no member"
+            )
+        elif allocation is None:
+            problems.append(f"{key}: running on {held.cluster}, not open in the ledger")
+        elif allocation.cluster != held.cluster:
+            problems.append(f"{key}: open on {allocation.cluster}, running on {held.cluster}")
+        else:
+            billed = {r: a for r, a in allocation.per_resource().items() if a}
+            ran = {r: int(a) for r, a in held.amounts.items() if a}
+            if billed != ran:
+                problems.append(f"{key}: billed {billed}, running {ran}")
+    return problems
+
+
+def audit(
+    entries: Iterable[LedgerEntry], running: Mapping[str, Holding], as_of: datetime | None = None
+) -> list[str]:
+    """The ledger against the members at one instant: no admission closed
+    twice, and the open usage equals what the members run."""
+    materialised = list(entries)
+    return double_closes(materialised) + usage_mismatches(open_usage(materialised, as_of), running)
 
 
 # --- reports -----------------------------------------------------------------------------

@@ -16,11 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.ledger.accounting import (
+    Holding,
     HourKey,
     OutOfOrder,
     UsageRollup,
+    audit,
     decayed_from_scratch,
+    double_closes,
     hours_from_scratch,
+    open_usage,
+    usage_mismatches,
 )
 from service.ledger.chain import LedgerEntry
 from service.ledger.entries import (
@@ -336,3 +341,77 @@ def test_entries_must_come_in_order() -> None:
 def test_unknown_report_dimensions_are_refused() -> None:
     with pytest.raises(ValueError):
         UsageRollup().report("day", by=("team",))
+
+
+# --- the audit: the ledger's open usage against what the members run ---------------------
+
+
+def test_open_usage_is_what_was_admitted_and_not_released_at_that_instant() -> None:
+    entries = ledger_of(
+        [
+            (0, admitted(1, "c1", "h100", 8)),
+            (1, admitted(2, "c1", "h100", 16)),
+            (2, admitted(3, "c2", "h100", 8)),
+            (3, finished(1, "c1")),
+            (4, preempted(2, "c1")),
+            (5, ClusterLost(cluster="c2", last_heartbeat=None, requeued=[])),
+        ]
+    )
+    at = {m: sorted(open_usage(entries, T0 + timedelta(minutes=m))) for m in range(6)}
+    assert at[0] == ["team-b/w1"]
+    assert at[2] == ["team-a/w2", "team-a/w3", "team-b/w1"]
+    assert at[3] == ["team-a/w2", "team-a/w3"]
+    assert at[4] == ["team-a/w3"]
+    assert at[5] == [] and open_usage(entries) == {}
+    assert open_usage(entries, T0 + timedelta(minutes=2))["team-a/w2"].per_resource()[GPU] == 16
+
+
+def test_usage_mismatches_name_what_is_billed_but_not_run_and_the_other_way_round() -> None:
+    entries = ledger_of([(0, admitted(1, "c1", "h100", 8)), (1, admitted(2, "c1", "h100", 8))])
+    billed = open_usage(entries)
+    gpus = {GPU: 8, "cpu": 32000, "memory": 8 * 2**34}
+    assert usage_mismatches(billed, {k: Holding("c1", gpus) for k in billed}) == []
+    problems = usage_mismatches(
+        billed,
+        {
+            "team-b/w1": Holding("c2", gpus),  # elsewhere
+            "team-b/w9": Holding("c1", gpus),  # run, never billed
+        },
+    )
+    assert problems == [
+        "team-a/w2: open in the ledger on c1, running on no member",
+        "team-b/w1: open on c1, running on c2",
+        "team-b/w9: running on c1, not open in the ledger",
+    ]
+    wrong = usage_mismatches(billed, {k: Holding("c1", {**gpus, GPU: 4}) for k in billed})
+    assert len(wrong) == 2 and all("billed" in p for p in wrong)
+
+
+def test_a_second_close_of_one_admission_is_a_double_close() -> None:
+    entries = ledger_of(
+        [
+            (0, admitted(1, "c1", "h100", 8)),
+            (1, evicted(1, "c1")),
+            (2, finished(1, "c1")),  # the same admission closed again
+            (3, admitted(1, "c1", "h100", 8)),
+            (4, finished(1, "c1")),
+        ]
+    )
+    (problem,) = double_closes(entries)
+    assert problem.startswith("entry 3: workload.finished of team-b/w1")
+    assert audit(entries, {}) == [problem]
+
+
+def test_a_cancelled_running_gang_is_billed_until_its_close_and_not_after() -> None:
+    """Issue 17 finding 1 in the ledger's terms: a gang cancelled after an
+    hour of 8 GPUs, closed by a ``cancelled`` finish, is charged 8 GPU-hours
+    however late the report is asked for; without the close it would be
+    charged up to the report's time."""
+    cancelled = finished(1, "c1").model_copy(update={"outcome": "cancelled"})
+    entries = ledger_of([(0, admitted(1, "c1", "h100", 8)), (60, cancelled)])
+    rollup = UsageRollup()
+    rollup.apply_all(entries)
+    later = T0 + timedelta(days=3)
+    (row,) = [r for r in rollup.report("month", ("namespace",), later) if r.resource == GPU]
+    assert row.hours == pytest.approx(8.0)
+    assert open_usage(entries) == {}
