@@ -13,12 +13,13 @@ which keep their resourceVersion as etcd's guaranteed update does).
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +29,7 @@ from sim.kubesim.builtin import STRATEGIES, Strategy, validate_metadata
 from sim.kubesim.errors import ApiError, Cause
 from sim.kubesim.fieldmanager import FieldManager, Shape, schema_shape
 from sim.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
+from sim.kubesim.quantity import QuantityFormatError
 from sim.kubesim.resources import ResourceType, Version
 from sim.kubesim.schema import SchemaValidator
 from sim.kubesim.selectors import (
@@ -174,9 +176,7 @@ class ApiCore:
         try:
             return self._resources[(group, version, plural)]
         except KeyError:
-            raise ApiError(
-                404, "NotFound", "the server could not find the requested resource"
-            ) from None
+            raise errors.not_served() from None
 
     def find(self, group: str, version: str, plural: str) -> Resource | None:
         return self._resources.get((group, version, plural))
@@ -312,10 +312,12 @@ class ApiCore:
             metadata.pop(key, None)
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = now_rfc3339()
-        metadata["generation"] = 1
-        if resource.rtype.has_status:
+        if resource.strategy.generation:
+            metadata["generation"] = 1
+        if resource.rtype.has_status and not resource.strategy.status_on_create:
             obj.pop("status", None)
-        resource.strategy.prepare_create(obj)
+        with _decoding(resource):
+            resource.strategy.prepare_create(obj)
         obj = self._admit_and_validate("CREATE", resource, obj, None, ctx)
         if "managedFields" not in metadata or not metadata["managedFields"]:
             metadata.pop("managedFields", None)
@@ -485,10 +487,12 @@ class ApiCore:
             metadata.pop(key, None)
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = now_rfc3339()
-        metadata["generation"] = 1
-        if resource.rtype.has_status:
+        if resource.strategy.generation:
+            metadata["generation"] = 1
+        if resource.rtype.has_status and not resource.strategy.status_on_create:
             obj.pop("status", None)
-        resource.strategy.prepare_create(obj)
+        with _decoding(resource):
+            resource.strategy.prepare_create(obj)
         obj = self._admit_and_validate("CREATE", resource, obj, None, ctx)
         if managed:
             obj["metadata"]["managedFields"] = managed
@@ -526,7 +530,8 @@ class ApiCore:
             metadata["finalizers"] = finalizers
             metadata.setdefault("deletionTimestamp", now_rfc3339())
             metadata.setdefault("deletionGracePeriodSeconds", 0)
-            metadata["generation"] = metadata.get("generation", 1) + 1
+            if "generation" in metadata:
+                metadata["generation"] += 1
             return self._commit(resource, obj, ctx, allow_terminating=True), False
         if ctx.dry_run:
             return old, True
@@ -700,7 +705,8 @@ class ApiCore:
         self, operation: str, resource: Resource, obj: Obj, old: Obj | None, ctx: Context
     ) -> Obj:
         self._strict_unknown(resource, obj, ctx)
-        resource.strategy.default(obj)
+        with _decoding(resource):
+            resource.strategy.default(obj)
         if resource.validator is not None:
             resource.validator.apply_defaults(obj)
         for hook in self.admission:
@@ -747,7 +753,7 @@ class ApiCore:
 
     def _finish_update(self, resource: Resource, old: Obj, new: Obj, ctx: Context) -> Obj:
         metadata = new["metadata"]
-        if _content(new) != _content(old):
+        if resource.strategy.generation and _content(new) != _content(old):
             metadata["generation"] = old["metadata"].get("generation", 1) + 1
         finished = metadata.get("deletionTimestamp") and not metadata.get("finalizers")
         # A namespace also waits for its spec.finalizers (the namespace controller's).
@@ -769,6 +775,18 @@ class ApiCore:
             return obj
         self.store.write(resource.rtype, obj)
         return obj
+
+
+@contextlib.contextmanager
+def _decoding(resource: Resource) -> Iterator[None]:
+    """A value that is no quantity fails decoding with 400, as it does for real."""
+    try:
+        yield
+    except QuantityFormatError as error:
+        kind = resource.rtype.kind
+        raise errors.bad_request(
+            f'{kind} in version "{resource.version.name}" cannot be handled as a {kind}: {error}'
+        ) from None
 
 
 def _only_status(patch: Any) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.kubesim.errors import Cause
+from sim.kubesim.quantity import canonical_list
 from sim.kubesim.store import clone
 
 __all__ = ["STRATEGIES", "Strategy", "validate_metadata"]
@@ -120,9 +121,17 @@ class Strategy:
         return []
 
     dns_label_names = False
+    #: Whether ``metadata.generation`` is kept: custom resources and the kinds whose
+    #: ``PrepareForCreate`` sets it (Jobs); Namespaces, Nodes, Events and (before
+    #: v1.33) Pods have none.
+    generation = True
+    #: Whether a create keeps the client's ``status`` (a kubelet registers its Node with
+    #: one); otherwise it is reset, as ``PrepareForCreate`` does with a status subresource.
+    status_on_create = False
 
 
 def _default_container(container: Obj) -> None:
+    """``SetDefaults_Container``; quantities are decoded into canonical strings."""
     image = str(container.get("image", ""))
     tag = image.rsplit("/", 1)[-1]
     latest = ":" not in tag or tag.endswith(":latest")
@@ -131,26 +140,40 @@ def _default_container(container: Obj) -> None:
     )
     container.setdefault("terminationMessagePath", "/dev/termination-log")
     container.setdefault("terminationMessagePolicy", "File")
-    container.setdefault("resources", {})
+    resources = container.setdefault("resources", {})
     for port in container.get("ports") or ():
         port.setdefault("protocol", "TCP")
-    resources = container["resources"]
-    if "limits" in resources and "requests" not in resources:
-        resources["requests"] = dict(resources["limits"])
-    elif "limits" in resources:
-        for name, value in resources["limits"].items():
-            resources["requests"].setdefault(name, value)
+    for key in ("limits", "requests"):
+        if key in resources:
+            resources[key] = canonical_list(resources[key])
+
+
+def _containers(spec: Obj) -> list[Obj]:
+    return [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
 
 
 def default_pod_spec(spec: Obj) -> None:
+    """``SetDefaults_PodSpec``: what a Pod and a pod template (in a Job) both get."""
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("securityContext", {})
     spec.setdefault("schedulerName", "default-scheduler")
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or ():
-            _default_container(container)
+    if "overhead" in spec:
+        spec["overhead"] = canonical_list(spec["overhead"])
+    for container in _containers(spec):
+        _default_container(container)
+
+
+def _requests_from_limits(spec: Obj) -> None:
+    """``SetDefaults_Pod``: a limit without a request is requested too — on Pods only,
+    never on the pod template of a Job."""
+    for container in _containers(spec):
+        resources = container.get("resources") or {}
+        if resources.get("limits"):
+            requests = resources.setdefault("requests", {})
+            for name, value in resources["limits"].items():
+                requests.setdefault(name, value)
 
 
 def _container_causes(spec: Obj, path: str) -> list[Cause]:
@@ -176,6 +199,7 @@ def _container_causes(spec: Obj, path: str) -> list[Cause]:
 
 class NamespaceStrategy(Strategy):
     dns_label_names = True
+    generation = False
 
     def default(self, obj: Obj) -> None:
         metadata = obj["metadata"]
@@ -188,14 +212,24 @@ class NamespaceStrategy(Strategy):
 
 
 class NodeStrategy(Strategy):
+    generation = False
+    status_on_create = True
+
     def default(self, obj: Obj) -> None:
         obj.setdefault("spec", {})
+        status = obj.get("status") or {}
+        for key in ("capacity", "allocatable"):
+            if key in status:
+                status[key] = canonical_list(status[key])
 
 
 class PodStrategy(Strategy):
+    generation = False
+
     def default(self, obj: Obj) -> None:
         spec = obj.setdefault("spec", {})
         default_pod_spec(spec)
+        _requests_from_limits(spec)
         spec.setdefault("serviceAccountName", "default")
         spec.setdefault("serviceAccount", spec["serviceAccountName"])
         spec.setdefault("enableServiceLinks", True)
@@ -207,6 +241,7 @@ class PodStrategy(Strategy):
                 tolerations.append(dict(default))
 
     def prepare_create(self, obj: Obj) -> None:
+        self.default(obj)  # decoding defaults before PrepareForCreate computes the QoS class
         obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
 
     def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
@@ -260,6 +295,8 @@ def _qos_class(spec: Obj) -> str:
 
 
 class EventStrategy(Strategy):
+    generation = False
+
     def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
         if not obj.get("involvedObject"):
             return [Cause("FieldValueRequired", "Required value", "involvedObject")]
@@ -281,10 +318,16 @@ class JobStrategy(Strategy):
             spec["completions"] = 1
         if spec.get("parallelism") is None:
             spec["parallelism"] = 1
-        spec.setdefault("backoffLimit", 6)
+        # SetDefaults_Job: a per-index backoff limit lifts the global one; a pod failure
+        # policy needs pods replaced only once they have failed.
+        per_index = spec.get("backoffLimitPerIndex") is not None
+        spec.setdefault("backoffLimit", 2**31 - 1 if per_index else 6)
         spec.setdefault("completionMode", "NonIndexed")
         spec.setdefault("suspend", False)
-        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        failure_policy = spec.get("podFailurePolicy") is not None
+        spec.setdefault(
+            "podReplacementPolicy", "Failed" if failure_policy else "TerminatingOrFailed"
+        )
         template = spec.setdefault("template", {})
         default_pod_spec(template.setdefault("spec", {}))
         uid = obj["metadata"].get("uid")

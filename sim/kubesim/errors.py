@@ -23,6 +23,7 @@ __all__ = [
     "invalid",
     "method_not_allowed",
     "not_found",
+    "not_served",
     "unauthorized",
     "unsupported_media_type",
 ]
@@ -52,6 +53,8 @@ class ApiError(Exception):
     message: str
     details: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    #: Render ``details: {}`` (a generic server response) rather than leaving it out.
+    empty_details: bool = False
 
     def __str__(self) -> str:
         return f"{self.code} {self.reason}: {self.message}"
@@ -66,7 +69,7 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
-        if self.details:
+        if self.details or self.empty_details:
             status["details"] = self.details
         return status
 
@@ -76,7 +79,8 @@ def _qualified(resource: str, group: str) -> str:
 
 
 def _details(resource: str, group: str, name: str, **extra: Any) -> dict[str, Any]:
-    details: dict[str, Any] = {"name": name, "kind": resource}
+    details: dict[str, Any] = {"name": name} if name else {}  # ``name,omitempty``
+    details["kind"] = resource
     if group:
         details["group"] = group
     details.update(extra)
@@ -119,6 +123,13 @@ def invalid(kind: str, group: str, name: str, causes: list[Cause]) -> ApiError:
         details["group"] = group
     return ApiError(
         422, "Invalid", f'{_qualified(kind, group)} "{name}" is invalid: {summary}', details
+    )
+
+
+def not_served() -> ApiError:
+    """A path the server does not serve; its Status carries empty ``details``."""
+    return ApiError(
+        404, "NotFound", "the server could not find the requested resource", {}, empty_details=True
     )
 
 

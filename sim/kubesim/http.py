@@ -84,9 +84,7 @@ class KubeApp:
             if request.path.startswith("/_admin"):
                 await self._admin(request, send)
             elif self.admin_only:
-                raise errors.ApiError(
-                    404, "NotFound", "the server could not find the requested resource"
-                )
+                raise errors.not_served()
             else:
                 await self._serve(request, scope, receive, send)
         except ApiError as error:
@@ -124,12 +122,12 @@ class KubeApp:
             elif len(parts) == 2:
                 group = self.cluster.discovery.group(parts[1])
                 if group is None:
-                    raise _not_served()
+                    raise errors.not_served()
                 await _respond(send, 200, dumps(group))
             else:
                 await self._api(parts[2:], parts[1], request, user, scope, receive, send)
         else:
-            raise _not_served()
+            raise errors.not_served()
 
     async def _open(self, path: str, send: Send) -> None:
         if path == "/version":
@@ -140,7 +138,7 @@ class KubeApp:
     async def _openapi(self, parts: list[str], send: Send) -> None:
         discovery = self.cluster.discovery
         if parts[:2] != ["openapi", "v3"]:
-            raise _not_served()
+            raise errors.not_served()
         if len(parts) == 2:
             await _respond(send, 200, dumps(discovery.openapi_index()))
             return
@@ -150,7 +148,7 @@ class KubeApp:
         )
         body = discovery.openapi(group, version)
         if body is None:
-            raise _not_served()
+            raise errors.not_served()
         await _respond(send, 200, body)
 
     async def _api(
@@ -166,14 +164,14 @@ class KubeApp:
         discovery = self.cluster.discovery
         if not parts:
             if group:
-                raise _not_served()
+                raise errors.not_served()
             await _respond(send, 200, dumps(discovery.core_versions(self.cluster.address)))
             return
         version, rest = parts[0], parts[1:]
         if not rest:
             body = discovery.resource_list(group, version)
             if body is None:
-                raise _not_served()
+                raise errors.not_served()
             await _respond(send, 200, body)
             return
         target = self._target(group, version, rest)
@@ -209,13 +207,13 @@ class KubeApp:
                 namespace, rest = rest[1], rest[2:]
         resource = core.find(group, version, rest[0])
         if resource is None or len(rest) > 3:
-            raise _not_served()
+            raise errors.not_served()
         name = rest[1] if len(rest) > 1 else ""
         subresource = rest[2] if len(rest) > 2 else ""
         if subresource and not (subresource == "status" and resource.rtype.has_status):
-            raise _not_served()
+            raise errors.not_served()
         if resource.rtype.namespaced and name and not namespace:
-            raise _not_served()
+            raise errors.not_served()
         return Target(resource, namespace, name, subresource)
 
     def _authorize(self, user: User, verb: str, target: Target) -> None:
@@ -707,10 +705,6 @@ def _spliced(head: dict[str, Any], name: bytes, parts: list[bytes | None]) -> by
     separator = b"," if len(head) else b""
     items = b",".join(part for part in parts if part is not None)
     return opening + separator + b'"' + name + b'":[' + items + b"]}"
-
-
-def _not_served() -> ApiError:
-    return ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
 def _verb(request: Request, target: Target) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from service.domain.inventory import Node
-from service.domain.quantity import format_amount
+from sim.kubesim.quantity import resource_quantity
 
 __all__ = ["SYSTEM_NAMESPACES", "kueue_objects", "node_object", "node_status"]
 
@@ -24,7 +24,7 @@ KUBELET_VERSION = "v1.32.0"
 
 
 def _quantities(amounts: Mapping[str, int]) -> dict[str, str]:
-    quantities = {name: format_amount(name, amount) for name, amount in amounts.items()}
+    quantities = {name: resource_quantity(name, amount) for name, amount in amounts.items()}
     quantities.setdefault("pods", "110")
     return quantities
 

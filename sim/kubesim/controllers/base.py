@@ -297,8 +297,10 @@ def _amounts(values: dict[str, Any] | None) -> dict[str, int]:
 
 
 def container_requests(container: Obj) -> dict[str, int]:
+    """Requests, a limit standing in for a missing request (a pod template keeps only
+    the limit; the Pod made from it requests it too)."""
     resources = container.get("resources") or {}
-    return _amounts(resources.get("requests") or resources.get("limits"))
+    return _amounts({**(resources.get("limits") or {}), **(resources.get("requests") or {})})
 
 
 def pod_requests(spec: Obj) -> dict[str, int]:

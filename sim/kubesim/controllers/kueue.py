@@ -33,7 +33,6 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from service.domain.quantity import format_amount
 from sim.kubesim.api import Context, Resource
 from sim.kubesim.controllers.base import (
     Reconciler,
@@ -45,6 +44,7 @@ from sim.kubesim.controllers.base import (
     set_condition,
 )
 from sim.kubesim.controllers.nodes import matches_node, node_ready, tolerates
+from sim.kubesim.quantity import canonical_list, resource_quantity
 from sim.kubesim.selectors import match_selector_object
 from sim.kubesim.store import DELETED, Event, clone
 
@@ -258,7 +258,7 @@ class Ledger:
         cohort = _cohort(self.cqs[cq])
 
         def shown(amount: int) -> str:
-            return format_amount(resource, amount)
+            return resource_quantity(resource, amount)
 
         if not cohort:
             if request > quota.nominal:
@@ -787,7 +787,7 @@ class KueueController(Reconciler):
                 {
                     "name": pod_set["name"],
                     "flavors": flavors,
-                    "resourceUsage": {r: format_amount(r, a) for r, a in total.items()},
+                    "resourceUsage": {r: resource_quantity(r, a) for r, a in total.items()},
                     "count": count,
                 }
             )
@@ -937,8 +937,8 @@ class KueueController(Reconciler):
                     resources.append(
                         {
                             "name": resource["name"],
-                            "total": format_amount(resource["name"], used),
-                            "borrowed": format_amount(resource["name"], max(0, used - nominal)),
+                            "total": resource_quantity(resource["name"], used),
+                            "borrowed": resource_quantity(resource["name"], max(0, used - nominal)),
                         }
                     )
                 flavors.append({"name": entry["name"], "resources": resources})
@@ -977,7 +977,7 @@ class KueueController(Reconciler):
     ) -> None:
         flavors: dict[str, list[Obj]] = defaultdict(list)
         for (flavor, resource), amount in sorted(usage.items()):
-            flavors[flavor].append({"name": resource, "total": format_amount(resource, amount)})
+            flavors[flavor].append({"name": resource, "total": resource_quantity(resource, amount)})
         listed = [{"name": flavor, "resources": resources} for flavor, resources in flavors.items()]
         cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
 
@@ -1007,10 +1007,24 @@ class KueueController(Reconciler):
 
 
 def _template(template: Obj) -> Obj:
-    """A pod template as a Workload pod set keeps it (labels, annotations and spec)."""
+    """A pod template as a Workload pod set keeps it (labels, annotations and spec).
+
+    Kueue decodes the job into Go types (quantities canonical) and, in
+    ``workload.AdjustResources``, requests what a container limits but does not request.
+    """
     metadata = template.get("metadata") or {}
     kept = {k: clone(metadata[k]) for k in ("labels", "annotations") if metadata.get(k)}
-    return {"metadata": kept, "spec": clone(template.get("spec") or {})}
+    spec = clone(template.get("spec") or {})
+    for container in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ())):
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            continue
+        for key in ("limits", "requests"):
+            if key in resources:
+                resources[key] = canonical_list(resources[key])
+        if resources.get("limits"):
+            resources["requests"] = {**resources["limits"], **(resources.get("requests") or {})}
+    return {"metadata": kept, "spec": spec}
 
 
 def _reserving(workload: Obj) -> bool:
