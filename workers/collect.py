@@ -37,6 +37,7 @@ from sqlalchemy import Engine
 
 from service.app.kinds import COLLECTION_ENDED
 from service.app.uow import SqlUnitOfWork
+from service.domain.events import CLUSTER_COLLECTED, CLUSTER_COLLECTING, CLUSTER_COLLECTION_FAILED
 from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError, Ref
 from workers.plan import CLUSTER_UID_LABEL, JOB_KINDS, MANAGED, QUEUE_KINDS, WORKLOAD_ANNOTATION
@@ -47,7 +48,7 @@ from workers.sync import requeue
 log = logging.getLogger(__name__)
 
 ACTOR = "system:collect"
-COLLECTING, COLLECTED, FAILED = "ClusterCollecting", "ClusterCollected", "ClusterCollectionFailed"
+COLLECTING, COLLECTED, FAILED = CLUSTER_COLLECTING, CLUSTER_COLLECTED, CLUSTER_COLLECTION_FAILED
 FINAL = COLLECTION_ENDED
 REASON = "ClusterDeleted"
 #: What we remove, in this order: jobs first, then the queues they used.

@@ -21,29 +21,14 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.postgresql import insert
 
+from service.domain.events import API_TOKENS, RESOURCES, applied_to
 from service.eventstore.port import RecordedEvent
 from service.projections.schema import api_tokens, resources
 
-RESOURCE_EVENTS = frozenset(
-    {
-        "ResourceChanged",
-        "ResourceDeleted",
-        "WorkloadSubmitted",
-        "WorkloadCancelled",
-        "WorkloadAdmitted",
-        "WorkloadPreempted",
-        "WorkloadEvicted",
-        "WorkloadPending",
-        # reconcile and sync (workers/): member clusters' state back in the centre
-        "WorkloadRequeued",
-        "WorkloadDispatched",
-        "WorkloadRunning",
-        "WorkloadFinished",
-        "ClusterSynced",
-        "ClusterLost",
-    }
-)
-TOKEN_EVENTS = frozenset({"TokenIssued", "TokenRevoked"})
+#: What this projection applies, as the registry declares it: every event
+#: on an object's stream (it carries the object's whole state) and the tokens'.
+RESOURCE_EVENTS = applied_to(RESOURCES)
+TOKEN_EVENTS = applied_to(API_TOKENS)
 
 
 def resource_row(data: Mapping[str, Any], version: int, at: datetime) -> dict[str, Any]:

@@ -1,0 +1,61 @@
+"""What rebuild tests share: every projection's tables as rows, and a member
+cluster with nothing of ours on it (what a finished collection finds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from service.projections import ProjectionRunner, all_projections
+
+#: Kept inline by the commands themselves: a catch-up would hide a row a
+#: command forgot to write, so the live model is read as the commands left it.
+INLINE = frozenset({"resources"})
+
+
+def read_models(engine: sa.Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """The read models as a reader sees them live (the tracking projections
+    caught up first)."""
+    runner = ProjectionRunner(engine, all_projections())
+    for name in runner.names:
+        if name not in INLINE:
+            runner.catch_up(name)
+    tables = [table for p in all_projections() for table in p.tables]
+    with engine.connect() as conn:
+        return {
+            table.name: [
+                tuple(row) for row in conn.execute(sa.select(table).order_by(*table.primary_key))
+            ]
+            for table in tables
+        }
+
+
+def rebuild_all(engine: sa.Engine) -> None:
+    """``quartermaster projections rebuild`` of every projection."""
+    runner = ProjectionRunner(engine, all_projections(), batch_size=50)
+    for name in runner.names:
+        runner.rebuild(name)
+
+
+def differences(
+    live: dict[str, list[tuple[Any, ...]]], rebuilt: dict[str, list[tuple[Any, ...]]]
+) -> list[str]:
+    """The rows that differ, table by table, as text a failure can show."""
+    found = []
+    for table, rows in live.items():
+        missing = [r for r in rows if r not in rebuilt[table]]
+        extra = [r for r in rebuilt[table] if r not in rows]
+        found += [f"{table} live:    {r}" for r in missing]
+        found += [f"{table} rebuilt: {r}" for r in extra]
+    return found
+
+
+class EmptyMember:
+    """A member cluster that answers and holds none of our objects."""
+
+    def list_objects(self, kind: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return []
+
+    def delete(self, ref: Any) -> None:  # pragma: no cover - nothing is ever listed
+        raise AssertionError(f"nothing to delete, asked for {ref}")
