@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
@@ -358,12 +358,15 @@ def double_closes(entries: Iterable[LedgerEntry]) -> list[str]:
 
 
 def usage_mismatches(
-    open_allocations: Mapping[str, Allocation], running: Mapping[str, Holding]
+    open_allocations: Mapping[str, Allocation],
+    running: Mapping[str, Holding],
+    resources: Collection[str] | None = None,
 ) -> list[str]:
     """Everything that differs between the ledger's open usage and what the
     member clusters run (by ``namespace/workload``): a gang billed but not
     running, running but not billed, or billed elsewhere or for other
-    amounts. Empty when the ledger is right."""
+    amounts (of ``resources`` only, when given). Empty when the ledger is
+    right."""
     problems: list[str] = []
     for key in sorted(set(open_allocations) | set(running)):
         allocation, held = open_allocations.get(key), running.get(key)
@@ -377,20 +380,29 @@ def usage_mismatches(
         elif allocation.cluster != held.cluster:
             problems.append(f"{key}: open on {allocation.cluster}, running on {held.cluster}")
         else:
-            billed = {r: a for r, a in allocation.per_resource().items() if a}
-            ran = {r: int(a) for r, a in held.amounts.items() if a}
+
+            def wanted(resource: str) -> bool:
+                return resources is None or resource in resources
+
+            billed = {r: a for r, a in allocation.per_resource().items() if a and wanted(r)}
+            ran = {r: int(a) for r, a in held.amounts.items() if a and wanted(r)}
             if billed != ran:
                 problems.append(f"{key}: billed {billed}, running {ran}")
     return problems
 
 
 def audit(
-    entries: Iterable[LedgerEntry], running: Mapping[str, Holding], as_of: datetime | None = None
+    entries: Iterable[LedgerEntry],
+    running: Mapping[str, Holding],
+    as_of: datetime | None = None,
+    resources: Collection[str] | None = None,
 ) -> list[str]:
     """The ledger against the members at one instant: no admission closed
-    twice, and the open usage equals what the members run."""
+    twice, and the open usage (of ``resources``, when given) equals what
+    the members run."""
     materialised = list(entries)
-    return double_closes(materialised) + usage_mismatches(open_usage(materialised, as_of), running)
+    billed = open_usage(materialised, as_of)
+    return double_closes(materialised) + usage_mismatches(billed, running, resources)
 
 
 # --- reports -----------------------------------------------------------------------------
