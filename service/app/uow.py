@@ -1,5 +1,6 @@
 """The unit of work: one transaction for a command's events, outbox messages
-and ledger entries — they commit together or not at all."""
+and ledger entries — they commit together or not at all. An event type the
+registry (service/domain/events.py) does not declare is refused."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Self
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, Engine, RootTransaction
 
-from service.eventstore.port import AppendResult, OutboxMessage
+from service.domain.events import require_registered
+from service.eventstore.port import Accept, AppendResult, OutboxMessage
 from service.eventstore.postgres import PostgresEventRecorder
 from service.ledger.chain import LedgerEntry, NewLedgerEntry
 from service.ledger.postgres import PostgresLedgerWriter
@@ -24,20 +26,23 @@ _OUTBOX = (
 class SqlUnitOfWork:
     """``with uow: uow.events.append(...); uow.publish(...); uow.commit()``.
 
-    Leaving the block without ``commit()`` rolls everything back.
+    Leaving the block without ``commit()`` rolls everything back. ``accept``
+    checks each appended event (``None``: any type, for the event store's
+    own tests).
     """
 
     events: PostgresEventRecorder
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, accept: Accept | None = require_registered) -> None:
         self._engine = engine
+        self._accept = accept
         self._conn: Connection | None = None
         self._tx: RootTransaction | None = None
 
     def __enter__(self) -> Self:
         self._conn = self._engine.connect()
         self._tx = self._conn.begin()
-        self.events = PostgresEventRecorder(self._conn)
+        self.events = PostgresEventRecorder(self._conn, self._accept)
         # The sealed entries ride in the commit pipeline with the events.
         self._ledger = PostgresLedgerWriter(self._conn, defer=self.events.defer)
         return self

@@ -10,7 +10,7 @@ commits late. Adapters differ in how they keep that promise; each says why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -20,6 +20,10 @@ ANY_VERSION: Final = -1
 """Pass as ``expected_version`` to append without a concurrency check."""
 
 JSON = Mapping[str, Any]
+
+Accept = Callable[[str, str], None]
+"""``accept(stream, event_type)`` raises on an append the caller's event
+registry does not declare (the store itself stores any type)."""
 
 
 @dataclass(frozen=True, slots=True)

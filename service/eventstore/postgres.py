@@ -94,6 +94,7 @@ from sqlalchemy.exc import DBAPIError
 
 from service.eventstore.port import (
     ANY_VERSION,
+    Accept,
     AppendResult,
     ConcurrencyConflict,
     EventMetadata,
@@ -372,8 +373,9 @@ class PostgresEventRecorder:
     The unit of work owns the transaction; nothing here commits.
     """
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, accept: Accept | None = None) -> None:
         self._conn = conn
+        self._accept = accept
         self.pending: list[_Pending] = []
         self.deferred: list[tuple[str, list[Mapping[str, Any]]]] = []
 
@@ -381,8 +383,13 @@ class PostgresEventRecorder:
         self, stream: str, expected_version: int, events: Sequence[NewEvent]
     ) -> AppendResult:
         """Queue an append; ``commit`` sends it. The result's positions are
-        empty until then."""
+        empty until then. ``accept(stream, type)`` (the unit of work's event
+        registry) raises on an event it does not know, before anything is
+        queued."""
         check_batch(stream, events)
+        if self._accept is not None:
+            for event in events:
+                self._accept(stream, event.type)
         self.pending.append(_Pending(stream, expected_version, events))
         return AppendResult(stream, expected_version + len(events), ())
 

@@ -68,7 +68,7 @@ def _flushed_commit(engine: sa.Engine, since: str, until: str, position: int) ->
 def test_an_append_is_flushed_to_disk_before_it_returns(walinspect: sa.Engine) -> None:
     for streams, size in ((1, 1), (3, 2), (1, 100)):  # one append, several, COPY
         since = _lsn(walinspect, "pg_current_wal_insert_lsn")
-        with SqlUnitOfWork(walinspect) as uow:
+        with SqlUnitOfWork(walinspect, accept=None) as uow:
             for s in range(streams):
                 uow.events.append(f"durable-{size}-{s}", 0, [new(seq=i) for i in range(size)])
             result = uow.commit()[-1]
@@ -81,7 +81,7 @@ def test_the_append_commits_asynchronously(walinspect: sa.Engine) -> None:
     for the flush (its logical message): the append did not wait for the
     flush holding the sequencer lock."""
     since = _lsn(walinspect, "pg_current_wal_insert_lsn")
-    with SqlUnitOfWork(walinspect) as uow:  # several streams: the asynchronous kind
+    with SqlUnitOfWork(walinspect, accept=None) as uow:  # several streams: the asynchronous kind
         uow.events.append("async-a", 0, [new(seq=0)])
         uow.events.append("async-b", 0, [new(seq=1)])
         result = uow.commit()[-1]

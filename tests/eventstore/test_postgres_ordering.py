@@ -31,7 +31,7 @@ def test_tailing_reader_sees_exactly_the_committed_events_in_order(engine: sa.En
         rng = random.Random(w)
         for i in range(EVENTS_PER_WRITER):
             event = new(writer=w, seq=i)
-            with SqlUnitOfWork(engine) as uow:
+            with SqlUnitOfWork(engine, accept=None) as uow:
                 time.sleep(rng.random() * 0.002)
                 uow.events.append(f"w{w}-stream", ANY_VERSION, [event])
                 # Hold the transaction open a little: commits arrive late and
@@ -78,11 +78,11 @@ def test_tailing_reader_sees_exactly_the_committed_events_in_order(engine: sa.En
 
 def test_events_and_outbox_commit_together_or_not_at_all(engine: sa.Engine) -> None:
     message = OutboxMessage(uuid.uuid4(), "workload.submitted", {"name": "train-1"})
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.events.append("workload-a", 0, [new()])
         uow.publish([message])
         # no commit: everything is rolled back
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.events.append("workload-b", 0, [new()])
         uow.publish([message])
         uow.commit()
@@ -144,7 +144,7 @@ def _one_ledger_entry(engine: sa.Engine) -> None:
 
     from service.ledger import NewLedgerEntry
 
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.record([NewLedgerEntry(uuid.uuid4(), "test", {"x": 1}, datetime.now(UTC))])
         uow.commit()
 
@@ -152,19 +152,19 @@ def _one_ledger_entry(engine: sa.Engine) -> None:
 def test_one_unit_of_work_appends_to_many_streams_in_one_staged_commit(
     engine: sa.Engine,
 ) -> None:
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         for s in range(50):
             uow.events.append(f"many-{s}", 0, [new(), new()])
         results = uow.commit()
     positions = [p for r in results for p in r.positions]
     assert sorted(positions) == list(range(1, 101))
     assert [r.version for r in results] == [2] * 50
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.events.append("many-7", 0, [new() for _ in range(40)])  # stale: many-7 is at 2
         with pytest.raises(ConcurrencyConflict):
             uow.commit()
     # The failed commit's connection staged again without trouble.
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.events.append("many-7", 2, [new() for _ in range(40)])
         assert uow.commit()[0].version == 42
 
@@ -185,7 +185,7 @@ def test_a_rival_that_takes_a_version_after_we_read_it_is_a_conflict_on_its_stre
 
     def ours() -> None:
         try:
-            with SqlUnitOfWork(engine) as uow:
+            with SqlUnitOfWork(engine, accept=None) as uow:
                 uow.events.append("calm-a", 0, [new() for _ in range(20)])
                 uow.events.append("raced-b", 0, [new() for _ in range(20)])
                 outcome.append(list(uow.commit()))
@@ -213,7 +213,7 @@ def test_a_small_unit_appends_to_several_streams_in_one_statement(engine: sa.Eng
     (a stale one named in the conflict)."""
     store = PostgresEventStore(engine)
     store.append("few-b", 0, [new(), new()])
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.events.append("few-a", 0, [new(i=0), new(i=1)])
         uow.events.append("few-b", 2, [new(i=2)])
         uow.events.append("few-log", ANY_VERSION, [new(i=3), new(i=4), new(i=5)])
@@ -224,7 +224,7 @@ def test_a_small_unit_appends_to_several_streams_in_one_statement(engine: sa.Eng
         ("few-log", 3, (6, 7, 8)),
     ]
     assert [e.data.get("i") for e in store.read_all(2)] == [0, 1, 2, 3, 4, 5]
-    with SqlUnitOfWork(engine) as uow:
+    with SqlUnitOfWork(engine, accept=None) as uow:
         uow.events.append("few-c", 0, [new()])
         uow.events.append("few-a", 1, [new()])  # stale: few-a is at 2
         with pytest.raises(ConcurrencyConflict) as raised:

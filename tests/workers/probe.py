@@ -17,10 +17,12 @@ from typing import Any
 from uuid import uuid4
 
 from service.app.uow import SqlUnitOfWork
+from service.domain.events import declare
 from service.eventstore.port import ANY_VERSION, EventMetadata, NewEvent
 from workers.consumers import Delivery, consumer
 
 TOPIC = "test.probe"
+PROBED = declare("Probed", frozenset({"probe"}), frozenset(), "the test consumer's effect")
 
 
 def _stall_once(path: str) -> None:
@@ -40,7 +42,7 @@ def probe(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
     uow.events.append(
         f"probe-{delivery.message_id}",
         ANY_VERSION,
-        [NewEvent(uuid4(), "Probed", {"pid": os.getpid()}, meta)],
+        [NewEvent(uuid4(), PROBED, {"pid": os.getpid()}, meta)],
     )
     if payload.get("stall_before_commit"):
         _stall_once(payload["stall_before_commit"])
