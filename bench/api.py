@@ -66,9 +66,17 @@ def workload(name: str) -> dict[str, Any]:
                         "spec": {
                             "serviceAccountName": "trainer",
                             "runtimeClassName": "nvidia",
+                            "securityContext": {
+                                "runAsNonRoot": True,
+                                "seccompProfile": {"type": "RuntimeDefault"},
+                            },
                             "containers": [
                                 {
                                     "name": "main",
+                                    "securityContext": {
+                                        "allowPrivilegeEscalation": False,
+                                        "capabilities": {"drop": ["ALL"]},
+                                    },
                                     "image": DIGEST,
                                     "resources": {"requests": {"cpu": "8", "nvidia.com/gpu": 8}},
                                 }

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.domain.jobs import JOB_API_VERSIONS, job_pod_templates
 from service.domain.quantity import canonical_amount, format_amount
 from workers.clusters import Ref
 
@@ -66,7 +67,7 @@ UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SIM_ANNOTATIONS = ("quartermaster.dev/sim-duration", "quartermaster.dev/sim-exit")
-JOB_KINDS = ("Job", "JobSet", "PyTorchJob", "MPIJob")
+JOB_KINDS = tuple(JOB_API_VERSIONS)
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Deletion order (applied in reverse).
 QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass")
@@ -584,20 +585,12 @@ def _job_spec(count: int, template: Obj) -> Obj:
 
 def _templates(job: Obj) -> Iterable[tuple[str, Obj]]:
     """The pod templates of a job manifest of any supported kind, each with
-    the name of its pod set (as service/app/workloads.py names them)."""
-    spec = job.get("spec") or {}
-    kind = job.get("kind")
-    if kind == "Job":
-        yield "main", spec.setdefault("template", {})
-    elif kind == "JobSet":
-        for i, replicated in enumerate(spec.get("replicatedJobs") or ()):
-            name = str(replicated.get("name") or f"job-{i}")
-            template = replicated.setdefault("template", {}).setdefault("spec", {})
-            yield name, template.setdefault("template", {})
-    else:
-        field_name = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"
-        for replica_type, replica in (spec.get(field_name) or {}).items():
-            yield str(replica_type).lower(), replica.setdefault("template", {})
+    the name of its pod set: the very list the security floor checked and
+    the submission was charged for (service/domain/jobs.py)."""
+    found, _ = job_pod_templates(job)
+    for template in found:
+        if isinstance(template.template, dict):
+            yield template.name, template.template
 
 
 def job_kinds(specs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:

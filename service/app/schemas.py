@@ -277,10 +277,15 @@ class LabelSelector(Strict):
 
 
 class SecurityPolicy(Strict):
-    """Quartermaster's own: the floor a submission's pod templates must meet.
+    """Quartermaster's own: the floor every pod template a submission runs
+    must meet (service/app/floor.py).
 
-    Safe by default; an admin may relax a rule per ClusterQueue."""
+    ``level`` is the Kubernetes Pod Security Standard enforced, ``restricted``
+    by default; the ``require*`` rules are ours; each ``allow*`` exempts one
+    control. Relaxing any of them is a permission of its own (the
+    ``security-admin`` role, not ``queue-admin``) and a ledger entry."""
 
+    level: Literal["restricted", "baseline", "privileged"] = "restricted"
     requireImageDigest: bool = True
     forbidDefaultServiceAccount: bool = True
     requireRuntimeClassForGPU: bool = True

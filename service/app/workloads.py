@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
+from service.app import floor
+from service.app.kube_schemas import schema_problems
 from service.app.schemas import (
     LabelName,
     LabelSelector,
@@ -25,7 +27,8 @@ from service.app.schemas import (
     WorkloadClass,
     check_quantity,
 )
-from service.domain.quantity import QuantityError, canonical_amount
+from service.domain.jobs import JOB_API_VERSIONS, job_pod_templates
+from service.domain.quantity import MAX_SAFE_INTEGER, QuantityError, canonical_amount
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -36,12 +39,7 @@ GPU = "nvidia.com/gpu"
 MAX_POD_SETS = 8
 MAX_COUNT = 100_000
 
-JOB_KINDS: dict[str, tuple[str, ...]] = {
-    "Job": ("batch/v1",),
-    "JobSet": ("jobset.x-k8s.io/v1alpha2",),
-    "PyTorchJob": ("kubeflow.org/v1",),
-    "MPIJob": ("kubeflow.org/v2beta1", "kubeflow.org/v1"),
-}
+JOB_KINDS = JOB_API_VERSIONS
 WORKLOAD_API_VERSIONS = ("quartermaster.dev/v1", "kueue.x-k8s.io/v1beta2")
 
 
@@ -99,6 +97,7 @@ class WorkloadSpec(Strict):
         default=None, description="The job manifest to run on the member cluster."
     )
     _totals: dict[str, int] | None = PrivateAttr(default=None)
+    _templates: list[tuple[str, Mapping[str, Any]]] | None = PrivateAttr(default=None)
 
     @field_validator("podSets")
     @classmethod
@@ -119,25 +118,6 @@ class WorkloadObject(Strict):
 # -- job manifests → pod sets ------------------------------------------------------------
 
 
-def _get(obj: Mapping[str, Any], path: str, *keys: str) -> tuple[Any, str]:
-    value: Any = obj
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None, path
-        value = value.get(key)
-        path = f"{path}.{key}"
-    return value, path
-
-
-def _int(value: Any, default: int, path: str, problems: Problems) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        problems.add(path, "must be a non-negative integer")
-        return default
-    return value
-
-
 def _template_topology(template: Mapping[str, Any]) -> dict[str, str] | None:
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     if not isinstance(annotations, Mapping):
@@ -150,127 +130,142 @@ def _template_topology(template: Mapping[str, Any]) -> dict[str, str] | None:
     return request or None
 
 
-def _pod_set(name: str, count: int, template: Any, path: str, problems: Problems) -> dict[str, Any]:
-    if not isinstance(template, Mapping):
-        problems.add(path, "a pod template is required")
-        template = {}
-    pod_set: dict[str, Any] = {"name": name, "count": count, "template": dict(template)}
-    topology = _template_topology(template)
-    if topology:
-        pod_set["topologyRequest"] = topology
-    return pod_set
-
-
-def _job_pod_sets(spec: Mapping[str, Any], problems: Problems) -> list[dict[str, Any]]:
-    parallelism = _int(spec.get("parallelism"), 1, "spec.parallelism", problems)
-    completions = spec.get("completions")
-    count = parallelism
-    if isinstance(completions, int) and not isinstance(completions, bool) and completions > 0:
-        count = min(parallelism, completions)
-    return [_pod_set("main", max(count, 1), spec.get("template"), "spec.template", problems)]
-
-
-def _jobset_pod_sets(spec: Mapping[str, Any], problems: Problems) -> list[dict[str, Any]]:
-    replicated = spec.get("replicatedJobs")
-    if not isinstance(replicated, list) or not replicated:
-        problems.add("spec.replicatedJobs", "at least one replicated job is required")
-        return []
-    sets = []
-    for index, job in enumerate(replicated):
-        path = f"spec.replicatedJobs[{index}]"
-        if not isinstance(job, Mapping):
-            problems.add(path, "must be an object")
-            continue
-        replicas = _int(job.get("replicas"), 1, f"{path}.replicas", problems)
-        job_spec, spec_path = _get(job, path, "template", "spec")
-        job_spec = job_spec if isinstance(job_spec, Mapping) else {}
-        parallelism = _int(job_spec.get("parallelism"), 1, f"{spec_path}.parallelism", problems)
-        name = str(job.get("name") or f"job-{index}")
-        sets.append(
-            _pod_set(
-                name,
-                replicas * parallelism,
-                job_spec.get("template"),
-                f"{spec_path}.template",
-                problems,
-            )
+def _check_kind(manifest: Mapping[str, Any], prefix: str) -> str:
+    kind = manifest.get("kind")
+    api_version = manifest.get("apiVersion")
+    if not isinstance(kind, str) or kind not in JOB_KINDS:
+        raise SubmissionError("unsupported-kind", [(f"{prefix}kind", f"unsupported kind {kind!r}")])
+    if api_version not in JOB_KINDS[kind]:
+        raise SubmissionError(
+            "unsupported-kind",
+            [
+                (
+                    f"{prefix}apiVersion",
+                    f"{kind} must have apiVersion one of {list(JOB_KINDS[kind])}",
+                )
+            ],
         )
-    return sets
+    return kind
 
 
-def _replica_pod_sets(
-    spec: Mapping[str, Any], field_name: str, problems: Problems
-) -> list[dict[str, Any]]:
-    replicas = spec.get(field_name)
-    if not isinstance(replicas, Mapping) or not replicas:
-        problems.add(f"spec.{field_name}", "at least one replica type is required")
-        return []
-    sets = []
-    for replica_type, replica in replicas.items():
-        path = f"spec.{field_name}.{replica_type}"
-        if not isinstance(replica, Mapping):
-            problems.add(path, "must be an object")
+def _schema_problems(manifest: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
+    """Kubernetes' schema problems of a job manifest: the whole object for
+    batch/v1 Job, every pod template for the custom kinds."""
+    if manifest.get("kind") == "Job":
+        return schema_problems("Job", manifest, prefix.rstrip("."))
+    templates, _ = job_pod_templates(manifest)
+    return [
+        problem
+        for t in templates
+        if isinstance(t.template, Mapping)
+        for problem in schema_problems("PodTemplateSpec", t.template, f"{prefix}{t.path}")
+    ]
+
+
+def job_pod_sets(
+    manifest: Mapping[str, Any], prefix: str = ""
+) -> tuple[list[dict[str, Any]], list[tuple[str, Mapping[str, Any]]]]:
+    """The pod sets a job manifest runs (those of no pod left out) and every
+    pod template in it with its path under ``prefix``; SubmissionError for a
+    kind not supported or a manifest Kubernetes' schemas refuse."""
+    _check_kind(manifest, prefix)
+    templates, shape = job_pod_templates(manifest)
+    problems = [(f"{prefix}{path}", message) for path, message in shape]
+    problems += _schema_problems(manifest, prefix)
+    if problems:
+        raise SubmissionError("invalid", problems)
+    pod_sets = []
+    for t in templates:
+        if t.count == 0:
             continue
-        count = _int(replica.get("replicas"), 1, f"{path}.replicas", problems)
-        if count == 0:
-            continue
-        sets.append(
-            _pod_set(
-                str(replica_type).lower(),
-                count,
-                replica.get("template"),
-                f"{path}.template",
-                problems,
-            )
-        )
-    return sets
+        pod_set: dict[str, Any] = {"name": t.name, "count": t.count, "template": dict(t.template)}
+        topology = _template_topology(t.template)
+        if topology:
+            pod_set["topologyRequest"] = topology
+        pod_sets.append(pod_set)
+    return pod_sets, [(f"{prefix}{t.path}", t.template) for t in templates]
 
 
 def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """A Workload object (plain dict) for a Job, JobSet, PyTorchJob or MPIJob."""
-    problems = Problems()
-    kind = manifest.get("kind")
-    api_version = manifest.get("apiVersion")
-    if not isinstance(kind, str) or kind not in JOB_KINDS:
-        raise SubmissionError("unsupported-kind", [("kind", f"unsupported kind {kind!r}")])
-    if api_version not in JOB_KINDS[kind]:
-        raise SubmissionError(
-            "unsupported-kind",
-            [("apiVersion", f"{kind} must have apiVersion one of {list(JOB_KINDS[kind])}")],
-        )
+    _check_kind(manifest, "")
     metadata = manifest.get("metadata")
-    spec = manifest.get("spec")
     if not isinstance(metadata, Mapping):
         raise SubmissionError("invalid", [("metadata", "metadata is required")])
-    if not isinstance(spec, Mapping):
+    if not isinstance(manifest.get("spec"), Mapping):
         raise SubmissionError("invalid", [("spec", "spec is required")])
-    if kind == "Job":
-        pod_sets = _job_pod_sets(spec, problems)
-    elif kind == "JobSet":
-        pod_sets = _jobset_pod_sets(spec, problems)
-    elif kind == "PyTorchJob":
-        pod_sets = _replica_pod_sets(spec, "pytorchReplicaSpecs", problems)
-    else:
-        pod_sets = _replica_pod_sets(spec, "mpiReplicaSpecs", problems)
+    pod_sets, _ = job_pod_sets(manifest)
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     queue = labels.get(QUEUE_LABEL) if isinstance(labels, Mapping) else None
     if not queue:
-        problems.add(f"metadata.labels.{QUEUE_LABEL}", "the queue label is required")
-    if problems:
-        raise SubmissionError("invalid", problems.items)
+        raise SubmissionError(
+            "invalid", [(f"metadata.labels.{QUEUE_LABEL}", "the queue label is required")]
+        )
     workload_spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets, "job": dict(manifest)}
     if labels.get(PRIORITY_LABEL):
         workload_spec["priorityClassName"] = labels[PRIORITY_LABEL]
     if isinstance(annotations, Mapping) and annotations.get(CLASS_ANNOTATION):
         workload_spec["workloadClass"] = annotations[CLASS_ANNOTATION]
-    meta = {k: metadata[k] for k in ("name", "namespace", "labels", "annotations") if k in metadata}
+    # Kubernetes reads a null (say, a key holding only a comment) as absent.
+    meta = {
+        k: metadata[k]
+        for k in ("name", "namespace", "labels", "annotations")
+        if metadata.get(k) is not None
+    }
     return {
         "apiVersion": "quartermaster.dev/v1",
         "kind": "Workload",
         "metadata": meta,
         "spec": workload_spec,
     }
+
+
+def _with_job_pod_sets(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Workload that carries ``spec.job`` runs that job as written: its pod
+    sets are the job's, derived here; pod sets written beside it must be
+    those or be left out (a summary beside the manifest is never trusted)."""
+    spec = dict(body["spec"])
+    derived, _ = job_pod_sets(spec["job"], "spec.job.")
+    given = spec.get("podSets")
+    if given is None:
+        spec["podSets"] = derived
+        return {**body, "spec": spec}
+    if not isinstance(given, list):
+        raise SubmissionError("invalid", [("spec.podSets", "must be a list")])
+    problems = []
+    if len(given) != len(derived):
+        problems.append(
+            ("spec.podSets", f"spec.job runs {len(derived)} pod set(s), not {len(given)}")
+        )
+    for index, (mine, theirs) in enumerate(zip(given, derived, strict=False)):
+        path = f"spec.podSets[{index}]"
+        if not isinstance(mine, Mapping):
+            problems.append((path, "must be an object"))
+            continue
+        for key in ("name", "count", "template"):
+            if mine.get(key, "main" if key == "name" else None) != theirs[key]:
+                problems.append(
+                    (f"{path}.{key}", f"must be the {key} of spec.job's pod set {theirs['name']}")
+                )
+        if mine.get("minCount") is not None:
+            problems.append((f"{path}.minCount", "spec.job runs every pod of its pod sets"))
+    if problems:
+        raise SubmissionError(
+            "invalid",
+            [
+                *problems,
+                ("spec.podSets", "leave spec.podSets out to have them derived from spec.job"),
+            ],
+        )
+    spec["podSets"] = [
+        {
+            **theirs,
+            **({"topologyRequest": m["topologyRequest"]} if m.get("topologyRequest") else {}),
+        }
+        for m, theirs in zip(given, derived, strict=True)
+    ]
+    return {**body, "spec": spec}
 
 
 def parse_submission(body: Any) -> WorkloadObject:
@@ -280,7 +275,9 @@ def parse_submission(body: Any) -> WorkloadObject:
     kind = body.get("kind", "Workload")
     if not isinstance(kind, str):
         raise SubmissionError("invalid", [("kind", "must be a string")])
+    templates: list[tuple[str, Mapping[str, Any]]] | None = None
     if kind in JOB_KINDS:
+        _, templates = job_pod_sets(body)
         body = workload_from_job(body)
     elif kind != "Workload":
         raise SubmissionError("unsupported-kind", [("kind", f"unsupported kind {body['kind']!r}")])
@@ -288,19 +285,36 @@ def parse_submission(body: Any) -> WorkloadObject:
         raise SubmissionError(
             "invalid", [("apiVersion", f"must be one of {list(WORKLOAD_API_VERSIONS)}")]
         )
+    elif isinstance(body.get("spec"), Mapping) and isinstance(body["spec"].get("job"), Mapping):
+        body = _with_job_pod_sets(body)
+        _, templates = job_pod_sets(body["spec"]["job"], "spec.job.")
     try:
         workload = WorkloadObject.model_validate(body)
     except ValidationError as error:
         raise SubmissionError("invalid", validation_problems(error)) from None
+    if templates is None:
+        templates = [
+            (f"spec.podSets[{i}].template", p.template) for i, p in enumerate(workload.spec.podSets)
+        ]
+        schema = [
+            problem
+            for path, template in templates
+            for problem in schema_problems("PodTemplateSpec", template, path)
+        ]
+        if schema:
+            raise SubmissionError("invalid", schema)
     problems = Problems()
     totals: dict[str, int] = {}
     for index, pod_set in enumerate(workload.spec.podSets):
         per_pod = pod_requests(pod_set.template, f"spec.podSets[{index}].template", problems)
         for resource, amount in per_pod.items():
             totals[resource] = totals.get(resource, 0) + amount * pod_set.count
+    for resource in [r for r, total in totals.items() if total > MAX_SAFE_INTEGER]:
+        problems.add("spec.podSets", f"the gang's {resource} exceeds {MAX_SAFE_INTEGER} in all")
     if problems:
         raise SubmissionError("invalid", problems.items)
     workload.spec._totals = totals
+    workload.spec._templates = templates
     return workload
 
 
@@ -386,67 +400,22 @@ def pod_requests(template: Mapping[str, Any], path: str, problems: Problems) -> 
 # -- the security floor ------------------------------------------------------------------
 
 
+def pod_templates(spec: WorkloadSpec) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every pod template the workload runs on a member, with its path in
+    what was submitted: the job's own when it carries one, else its pod sets'."""
+    if spec._templates is not None:
+        return spec._templates
+    if isinstance(spec.job, Mapping) and spec.job.get("kind") in JOB_KINDS:
+        found, _ = job_pod_templates(spec.job)
+        return [
+            (f"spec.job.{t.path}", t.template) for t in found if isinstance(t.template, Mapping)
+        ]
+    return [(f"spec.podSets[{i}].template", p.template) for i, p in enumerate(spec.podSets)]
+
+
 def security_violations(spec: WorkloadSpec, policy: SecurityPolicy) -> list[tuple[str, str]]:
-    """Every rule of ``policy`` that the workload's pod templates break."""
-    problems = Problems()
-    for index, pod_set in enumerate(spec.podSets):
-        _check_pod(pod_set.template, f"spec.podSets[{index}].template.spec", policy, problems)
-    return problems.items
-
-
-def _check_pod(
-    template: Mapping[str, Any], path: str, policy: SecurityPolicy, problems: Problems
-) -> None:
-    pod = template.get("spec") or {}
-    account = pod.get("serviceAccountName") or pod.get("serviceAccount") or "default"
-    if policy.forbidDefaultServiceAccount and account == "default":
-        problems.add(f"{path}.serviceAccountName", "must name a service account other than default")
-    if not policy.allowHostNetwork:
-        for key in ("hostNetwork", "hostPID", "hostIPC"):
-            if pod.get(key):
-                problems.add(f"{path}.{key}", f"{key} is not allowed")
-    if not policy.allowHostPath:
-        for index, volume in enumerate(pod.get("volumes") or []):
-            if isinstance(volume, Mapping) and "hostPath" in volume:
-                problems.add(
-                    f"{path}.volumes[{index}].hostPath", "hostPath volumes are not allowed"
-                )
-    uses_gpu = False
-    for key in ("initContainers", "containers"):
-        for container_path, container in _containers(pod, key, path):
-            if not isinstance(container, Mapping):
-                continue
-            uses_gpu |= _uses_gpu(container)
-            _check_container(container, container_path, policy, problems)
-    if policy.requireRuntimeClassForGPU and uses_gpu and not pod.get("runtimeClassName"):
-        problems.add(f"{path}.runtimeClassName", "GPU pods must name a runtime class")
-
-
-def _uses_gpu(container: Mapping[str, Any]) -> bool:
-    resources = container.get("resources") or {}
-    return (
-        any(GPU in (resources.get(part) or {}) for part in ("requests", "limits"))
-        if isinstance(resources, Mapping)
-        else False
-    )
-
-
-def _check_container(
-    container: Mapping[str, Any], path: str, policy: SecurityPolicy, problems: Problems
-) -> None:
-    image = container.get("image")
-    if policy.requireImageDigest and (not isinstance(image, str) or "@sha256:" not in image):
-        problems.add(f"{path}.image", "the image must be pinned by digest (name@sha256:...)")
-    context = container.get("securityContext") or {}
-    if not isinstance(context, Mapping):
-        return
-    if not policy.allowPrivileged and context.get("privileged"):
-        problems.add(f"{path}.securityContext.privileged", "privileged containers are not allowed")
-    if not policy.allowPrivilegeEscalation and context.get("allowPrivilegeEscalation") is True:
-        problems.add(
-            f"{path}.securityContext.allowPrivilegeEscalation",
-            "privilege escalation is not allowed",
-        )
+    """Every rule of ``policy`` that a pod template the workload runs breaks."""
+    return floor.violations(pod_templates(spec), policy)
 
 
 def total_requests(spec: WorkloadSpec) -> dict[str, int]:

@@ -115,9 +115,14 @@ def gpu_pod(
         "spec": {
             "serviceAccountName": "trainer",
             "runtimeClassName": "nvidia",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
                 {
                     "name": "main",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
                     "image": image,
                     "resources": {
                         "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": gpus}

@@ -183,11 +183,15 @@ def test_security_floor_lists_every_rule_broken_and_records_the_refusal(api: Api
         f"{prefix}.containers[0].securityContext.privileged",
         f"{prefix}.containers[0].securityContext.allowPrivilegeEscalation",
         f"{prefix}.runtimeClassName",
+        # The restricted profile's: none of them set in this template.
+        f"{prefix}.containers[0].securityContext.runAsNonRoot",
+        f"{prefix}.containers[0].securityContext.seccompProfile.type",
+        f"{prefix}.containers[0].securityContext.capabilities.drop",
     }
     refusals = api.admin.get("/v1/events", params={"type": "SubmissionRefused"}).json()["items"]
     assert len(refusals) == 1
     assert refusals[0]["data"]["name"] == "bad"
-    assert len(refusals[0]["data"]["rules"]) == 7
+    assert len(refusals[0]["data"]["rules"]) == 10
     assert api.admin.get("/v1/namespaces/team-a/workloads/bad").status_code == 404
 
 
@@ -302,11 +306,22 @@ def test_pod_requests_count_init_containers_and_limits(api: Api) -> None:
     setup_quota(api.admin)
     body = workload("w", count=1)
     pod = body["spec"]["podSets"][0]["template"]["spec"]
+    context = pod["containers"][0]["securityContext"]
     pod["initContainers"] = [
-        {"name": "init", "image": DIGEST, "resources": {"requests": {"cpu": "32"}}},
+        {
+            "name": "init",
+            "image": DIGEST,
+            "securityContext": context,
+            "resources": {"requests": {"cpu": "32"}},
+        },
     ]
     pod["containers"].append(
-        {"name": "side", "image": DIGEST, "resources": {"limits": {"cpu": "500m"}}}
+        {
+            "name": "side",
+            "image": DIGEST,
+            "securityContext": context,
+            "resources": {"limits": {"cpu": "500m"}},
+        }
     )
     assert api.admin.post("/v1/namespaces/team-a/workloads", json=body).status_code == 201
     explained = api.admin.get("/v1/namespaces/team-a/workloads/w/explain").json()

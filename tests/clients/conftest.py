@@ -42,9 +42,14 @@ def gpu_pod(gpus: int = 8) -> dict[str, Any]:
         "spec": {
             "serviceAccountName": "trainer",
             "runtimeClassName": "nvidia",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
                 {
                     "name": "main",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
                     "image": DIGEST_IMAGE,
                     "resources": {
                         "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": gpus}

@@ -167,9 +167,14 @@ def gpu_pod(gpus: int = 8) -> dict[str, Any]:
         "spec": {
             "serviceAccountName": "trainer",
             "runtimeClassName": "nvidia",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
                 {
                     "name": "main",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
                     "image": "registry.example/train@sha256:" + "a" * 64,
                     "resources": {"requests": {"cpu": "8", "memory": "64Gi", GPU: gpus}},
                 }

@@ -305,9 +305,14 @@ def pod_template(requests: Mapping[str, Any], duration: str | None = None) -> di
             "restartPolicy": "Never",
             "serviceAccountName": "trainer",
             "runtimeClassName": "nvidia",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
                 {
                     "name": "main",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
                     "image": "registry.example/train@sha256:" + "a" * 64,
                     "resources": {"requests": dict(requests)},
                 }
