@@ -33,6 +33,8 @@ class Role(StrEnum):
     SUBMITTER = "submitter"
     QUEUE_ADMIN = "queue-admin"
     CLUSTER_ADMIN = "cluster-admin"
+    SECURITY_ADMIN = "security-admin"
+    """Relaxes a ClusterQueue's security floor, and changes nothing else."""
     AUDITOR = "auditor"
     ADMIN = "admin"
 

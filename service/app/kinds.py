@@ -39,6 +39,8 @@ class Kind:
 COLLECTION_ENDED = frozenset({"Collected", "Failed"})
 
 QUOTA_WRITERS = frozenset({Role.QUEUE_ADMIN, Role.ADMIN})
+#: Who may make a ClusterQueue's security floor weaker (service/app/floor.py).
+FLOOR_RELAXERS = frozenset({Role.SECURITY_ADMIN, Role.ADMIN})
 CLUSTER_WRITERS = frozenset({Role.CLUSTER_ADMIN, Role.ADMIN})
 
 KINDS: dict[str, Kind] = {
@@ -49,7 +51,16 @@ KINDS: dict[str, Kind] = {
         ),
         Kind("Topology", "topologies", False, TopologySpec, _EVERYONE, QUOTA_WRITERS),
         Kind("Cohort", "cohorts", False, CohortSpec, _EVERYONE, QUOTA_WRITERS),
-        Kind("ClusterQueue", "clusterqueues", False, ClusterQueueSpec, _EVERYONE, QUOTA_WRITERS),
+        # A security admin writes only a ClusterQueue's securityPolicy
+        # (service/app/resources.py checks what changed).
+        Kind(
+            "ClusterQueue",
+            "clusterqueues",
+            False,
+            ClusterQueueSpec,
+            _EVERYONE,
+            QUOTA_WRITERS | {Role.SECURITY_ADMIN},
+        ),
         Kind(
             "WorkloadPriorityClass",
             "workloadpriorityclasses",

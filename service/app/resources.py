@@ -29,14 +29,16 @@ from service.app.crypto import SecretBox
 from service.app.errors import (
     AlreadyExists,
     BeingDeleted,
+    Forbidden,
     InUse,
     Invalid,
     NotFound,
     StaleVersion,
     UnknownReference,
 )
-from service.app.kinds import COLLECTION_ENDED, KINDS, Kind
-from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, dump
+from service.app.floor import relaxations
+from service.app.kinds import COLLECTION_ENDED, FLOOR_RELAXERS, KINDS, QUOTA_WRITERS, Kind
+from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, SecurityPolicy, dump
 from service.app.selectors import FieldSelector, LabelSelector
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import validation_problems
@@ -386,8 +388,11 @@ class ResourceService:
         upsert_resources(uow.connection, [row])
         before = dict(current.spec) if current is not None and not current.deleted else None
         after = None if data.get("deleted") else dict(data["spec"])
+        entries = [config_entry(actor, kind, data, before, after, meta.occurred_at)]
+        if kind.kind == "ClusterQueue":
+            entries += floor_entries(actor, data["name"], before, after, meta.occurred_at)
         # Last before COMMIT: the ledger's tip lock is held until then.
-        uow.record([config_entry(actor, kind, data, before, after, meta.occurred_at)])
+        uow.record(entries)
         try:
             uow.commit()
         except ConcurrencyConflict as error:
@@ -442,6 +447,38 @@ def config_entry(
     else:
         body = ledger.ConfigChanged.model_validate({"object_kind": kind.kind, **common})
     return ledger.new_entry(body, uuid4(), at)
+
+
+def _policy(spec: Mapping[str, Any] | None) -> SecurityPolicy:
+    return SecurityPolicy.model_validate((spec or {}).get("securityPolicy", {}))
+
+
+def floor_entries(
+    actor: Actor, name: str, before: Obj | None, after: Obj | None, at: datetime
+) -> list[NewLedgerEntry]:
+    """Who may change a ClusterQueue's security floor, and the ledger entry
+    of a relaxation: queue admins write queues but cannot weaken the floor;
+    security admins weaken it but change nothing else."""
+    principal = actor.principal
+    if not principal.has(QUOTA_WRITERS):
+        unchanged = {k: v for k, v in (before or {}).items() if k != "securityPolicy"} == {
+            k: v for k, v in (after or {}).items() if k != "securityPolicy"
+        }
+        if before is None or after is None or not unchanged:
+            raise Forbidden(
+                f"{principal.name} may change only spec.securityPolicy of an existing ClusterQueue"
+            )
+    relaxed = [] if after is None else relaxations(_policy(before), _policy(after))
+    if not relaxed:
+        return []
+    if not principal.has(FLOOR_RELAXERS):
+        raise Forbidden(
+            f"{principal.name} may not relax ClusterQueue {name}'s security floor "
+            f"({'; '.join(relaxed)}): that takes the security-admin role",
+            [("spec.securityPolicy", f"relaxes {r}") for r in relaxed],
+        )
+    body = ledger.SecurityRelaxed(actor=principal.name, cluster_queue=name, relaxed=relaxed)
+    return [ledger.new_entry(body, uuid4(), at)]
 
 
 def check_version(wanted: str | None, current: Row[Any]) -> None:

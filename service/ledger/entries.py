@@ -121,6 +121,16 @@ class QuotaChanged(ConfigChanged):
     object_kind: Literal["ClusterQueue", "Cohort"]
 
 
+class SecurityRelaxed(Body):
+    """A ClusterQueue's security floor made weaker: who did it and which
+    rules, beside the ``quota.changed`` entry of the same change."""
+
+    KIND: ClassVar[str] = "security.relaxed"
+    actor: str
+    cluster_queue: str
+    relaxed: list[str] = Field(min_length=1, description="`rule: before -> after`, each weakened.")
+
+
 class BrokenRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     rule: str
@@ -159,6 +169,7 @@ BODIES: Mapping[str, type[Body]] = {
         WorkloadFinished,
         ConfigChanged,
         QuotaChanged,
+        SecurityRelaxed,
         PolicyRefused,
         ClusterLost,
         ClusterReturned,
