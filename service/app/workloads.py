@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from service.app import floor
-from service.app.kube_schemas import schema_problems
+from service.app.kube_schemas import custom_problems, schema_problems
 from service.app.schemas import (
     LabelName,
     LabelSelector,
@@ -149,17 +149,19 @@ def _check_kind(manifest: Mapping[str, Any], prefix: str) -> str:
 
 
 def _schema_problems(manifest: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
-    """Kubernetes' schema problems of a job manifest: the whole object for
-    batch/v1 Job, every pod template for the custom kinds."""
+    """Kubernetes' schema problems of a job manifest: batch/v1 Job against
+    Kubernetes' OpenAPI; a custom kind against its CRD, and each of its pod
+    templates against the PodTemplateSpec schema."""
     if manifest.get("kind") == "Job":
         return schema_problems("Job", manifest, prefix.rstrip("."))
     templates, _ = job_pod_templates(manifest)
-    return [
+    found = custom_problems(manifest, prefix) + [
         problem
         for t in templates
         if isinstance(t.template, Mapping)
         for problem in schema_problems("PodTemplateSpec", t.template, f"{prefix}{t.path}")
     ]
+    return list(dict.fromkeys(found))
 
 
 def job_pod_sets(
