@@ -7,7 +7,8 @@ DOCUMENT is exactly what the service hashed: ``entry_hash`` is
 previous entry's hash as ``prev_hash``, and the same JCS bytes are the
 entry's RFC 6962 Merkle leaf. A checkpoint is a C2SP signed note (origin,
 tree size, base64 root hash) signed with Ed25519 under a key written
-``name+hex(key id)+base64(0x01 || public key)``. Written from those specs
+``name+hex(key id)+base64(0x01 || public key)``; a whole export opens with
+the latest one as ``{"checkpoint": NOTE}``. Written from those specs
 (docs/ledger.md), not from the service's code, so that an auditor's check is
 independent of what it checks; the tests compare the two.
 """
@@ -190,19 +191,50 @@ def signature_valid(checkpoint: Checkpoint, verifier_key: str) -> bool:
 
 @dataclass
 class Report:
+    """What was checked: every entry's hash and link (``breaks`` lists what
+    failed), and, when there was a checkpoint, the root at its size and, with
+    a key, its signature (None: not checked)."""
+
     entries: int = 0
     head_hash: str = GENESIS
     root_hash: bytes = b""
     breaks: list[tuple[int, str]] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
+    checkpoint_from: str | None = None
+    """``given`` (by the caller) or ``export`` (the export's first line)"""
     checkpoint_matches: bool | None = None
     signature: bool | None = None
 
     @property
     def ok(self) -> bool:
+        """Nothing that was checked failed."""
         return (
             not self.breaks and self.checkpoint_matches is not False and self.signature is not False
         )
+
+    @property
+    def verified(self) -> bool:
+        """Nothing failed, and a checkpoint whose signature the key accepted
+        covers the entries up to its size."""
+        return self.ok and self.checkpoint_matches is True and self.signature is True
+
+    @property
+    def unsigned(self) -> int:
+        """Entries after the checkpoint: chain-checked, but signed by no one yet."""
+        return self.entries - (self.checkpoint.size if self.checkpoint else 0)
+
+
+def export_checkpoint(line: str | bytes) -> str | None:
+    """The signed note of an export's opening ``{"checkpoint": NOTE}`` line,
+    or None for any other line."""
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(found, dict) and set(found) == {"checkpoint"}:
+        note = found["checkpoint"]
+        return note if isinstance(note, str) else None
+    return None
 
 
 def verify_export(
@@ -212,30 +244,29 @@ def verify_export(
 ) -> Report:
     """Check every line of an NDJSON export: its hash, its link to the line
     before, gap-free ``seq`` from 1; then the Merkle root at the checkpoint's
-    size against the checkpoint, and the checkpoint's signature."""
+    size against the checkpoint, and, given ``verifier_key``, the checkpoint's
+    signature. The checkpoint is ``checkpoint_note`` or else the one a whole
+    export opens with."""
     report = Report()
-    checkpoint = parse_checkpoint(checkpoint_note) if checkpoint_note else None
-    report.checkpoint = checkpoint
     tree = MerkleRoot()
+    first = True
     for raw in lines:
         if not raw.strip():
             continue
-        line = json.loads(raw)
-        document, claimed = line["entry"], line["entry_hash"]
-        seq = int(document.get("seq", 0))
-        leaf = canonical_json(document)
-        if seq != report.entries + 1:
-            report.breaks.append((seq, f"expected seq {report.entries + 1}: missing or reordered"))
-        if document.get("prev_hash") != report.head_hash:
-            report.breaks.append((seq, "prev_hash does not match the entry before"))
-        if hashlib.sha256(leaf).hexdigest() != claimed:
-            report.breaks.append((seq, "the entry's hash does not match its content"))
-        report.entries += 1
-        report.head_hash = claimed
-        tree.append(leaf)
-        if checkpoint is not None and tree.size == checkpoint.size:
-            report.checkpoint_matches = tree.root() == checkpoint.root_hash
+        if first:
+            first = False
+            embedded = export_checkpoint(raw)
+            note = checkpoint_note or embedded
+            if note is not None:
+                report.checkpoint = parse_checkpoint(note)
+                report.checkpoint_from = "given" if checkpoint_note else "export"
+                if report.checkpoint.size == 0:
+                    report.checkpoint_matches = tree.root() == report.checkpoint.root_hash
+            if embedded is not None:
+                continue
+        _check_line(raw, report, tree)
     report.root_hash = tree.root()
+    checkpoint = report.checkpoint
     if checkpoint is not None:
         if report.checkpoint_matches is None:
             report.checkpoint_matches = False  # the export is shorter than the checkpoint
@@ -245,4 +276,38 @@ def verify_export(
     return report
 
 
-__all__ = ["Report", "canonical_json", "parse_checkpoint", "signature_valid", "verify_export"]
+def _check_line(raw: str | bytes, report: Report, tree: MerkleRoot) -> None:
+    position = report.entries + 1
+    report.entries += 1
+    try:
+        line = json.loads(raw)
+        document, claimed = line["entry"], str(line["entry_hash"])
+        seq = int(document.get("seq", 0))
+        leaf = canonical_json(document)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        # The root cannot match now; the break says why.
+        report.breaks.append((position, "not an entry line"))
+        report.head_hash = ""
+        tree.append(b"")
+        return
+    if seq != position:
+        report.breaks.append((seq, f"expected seq {position}: missing or reordered"))
+    if document.get("prev_hash") != report.head_hash:
+        report.breaks.append((seq, "prev_hash does not match the entry before"))
+    if hashlib.sha256(leaf).hexdigest() != claimed:
+        report.breaks.append((seq, "the entry's hash does not match its content"))
+    report.head_hash = claimed
+    tree.append(leaf)
+    checkpoint = report.checkpoint
+    if checkpoint is not None and tree.size == checkpoint.size:
+        report.checkpoint_matches = tree.root() == checkpoint.root_hash
+
+
+__all__ = [
+    "Report",
+    "canonical_json",
+    "export_checkpoint",
+    "parse_checkpoint",
+    "signature_valid",
+    "verify_export",
+]

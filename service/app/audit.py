@@ -91,8 +91,9 @@ class AuditService:
         through the table, the writer turns each entry into its line."""
         require(principal, AUDITORS)
         entries: Iterator[Any] = self._reader.records() if query is None else self._paged(query)
-        if fmt == "ndjson":
-            return export_ndjson(entries)
+        if fmt == "ndjson":  # a whole export opens with its checkpoint (see export.py)
+            latest = self._checkpoints.latest() if query is None else None
+            return export_ndjson(entries, latest[1] if latest else None)
         return (line.encode() for line in export_csv(entries))
 
     def _paged(self, query: LedgerQuery) -> Iterator[LedgerEntry]:

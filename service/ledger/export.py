@@ -10,6 +10,12 @@ parses exactly what it hashed, with no second serialisation. A line in any
 other layout (re-indented, keys reordered) is parsed and canonicalised.
 Lines are written one at a time from an iterator, so an export of any length
 streams in constant memory.
+
+A whole export (not a filtered one) opens with the latest signed checkpoint,
+``{"checkpoint": NOTE}``, read before the entries, so that its tree size is at
+most the number of entries that follow: the file alone then carries what an
+offline verifier checks the entries against, given the verifier key. Readers
+skip that first line; anywhere else it is not an entry.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from service.ledger.chain import LedgerEntry, NewLedgerEntry, entry_document
 _PREFIX = b'{"entry":'
 _SUFFIX_START = b',"entry_hash":"'
 _SUFFIX_LENGTH = len(_SUFFIX_START) + 64 + len(b'"}')
+_CHECKPOINT_PREFIX = b'{"checkpoint":'
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +63,47 @@ def export_line(entry: LedgerEntry | ExportRecord) -> bytes:
     return b"".join((_PREFIX, data, _SUFFIX_START, record.entry_hash.encode(), b'"}\n'))
 
 
-def export_ndjson(entries: Iterable[LedgerEntry | ExportRecord]) -> Iterator[bytes]:
-    """Lines of an export, from entries or from a reader's ``records()``."""
+def export_ndjson(
+    entries: Iterable[LedgerEntry | ExportRecord], checkpoint: str | None = None
+) -> Iterator[bytes]:
+    """Lines of an export, from entries or from a reader's ``records()``,
+    after the signed ``checkpoint`` note when there is one."""
+    if checkpoint is not None:
+        yield canonical_json({"checkpoint": checkpoint}) + b"\n"
     for entry in entries:
         yield export_line(entry)
+
+
+def checkpoint_of(line: bytes | str) -> str | None:
+    """The signed note of an export's checkpoint line; None for any other line."""
+    raw = line.encode() if isinstance(line, str) else line
+    if not raw.lstrip().startswith(_CHECKPOINT_PREFIX):
+        return None
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    if (
+        type(found) is dict
+        and set(found) == {"checkpoint"}
+        and isinstance(found["checkpoint"], str)
+    ):
+        return found["checkpoint"]
+    return None
+
+
+def entry_lines(lines: Iterable[bytes | str]) -> Iterator[bytes | str]:
+    """The lines of an export that hold entries: not blank, and not the
+    checkpoint line that may open it."""
+    first = True
+    for line in lines:
+        if not line.strip():
+            continue
+        if first and checkpoint_of(line) is not None:
+            first = False
+            continue
+        first = False
+        yield line
 
 
 def entry_of(record: ExportRecord) -> LedgerEntry:
@@ -128,9 +172,7 @@ def _parse_general(raw: bytes) -> ExportRecord:
 def read_ndjson(lines: Iterable[bytes | str]) -> Iterator[ExportRecord | ExportFormatError]:
     """Records of an export, or the error of each line that is not one
     (yielded in place, so that the verifier can report its position)."""
-    for line in lines:
-        if not line.strip():
-            continue
+    for line in entry_lines(lines):
         try:
             yield parse_line(line)
         except ExportFormatError as exc:

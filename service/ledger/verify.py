@@ -39,7 +39,13 @@ from typing import Final
 from service.ledger.canonical import canonical_json
 from service.ledger.chain import CHAIN_VERSION, GENESIS_HASH
 from service.ledger.checkpoint import Checkpoint, CheckpointError, NoteVerifier, open_checkpoint
-from service.ledger.export import ExportFormatError, ExportRecord, parse_line, verbatim_parts
+from service.ledger.export import (
+    ExportFormatError,
+    ExportRecord,
+    entry_lines,
+    parse_line,
+    verbatim_parts,
+)
 from service.ledger.merkle import CompactRange, leaf_hash
 
 MAX_PROBLEMS = 1000
@@ -137,7 +143,8 @@ def verify_export(
     them — bytes whose Merkle head is the signed root are the signed RFC 8785
     form, so that reading is exact, and bytes that are not fail the root
     anyway. Every other line, and every line after the checkpoint, is parsed
-    as :func:`~service.ledger.export.read_ndjson` does."""
+    as :func:`~service.ledger.export.read_ndjson` does. The checkpoint line
+    a whole export opens with is skipped: ``checkpoint_note`` is the one checked."""
     probe = VerifyReport()
     newest = _open(checkpoint_note, verifier, probe, "checkpoint")
     signed = newest.size if newest is not None else 0
@@ -158,9 +165,7 @@ def _export_records(
     lines: Iterable[bytes], signed: int
 ) -> Iterator[ExportRecord | ExportFormatError]:
     position = 0
-    for line in lines:
-        if not line.strip():
-            continue
+    for line in entry_lines(lines):
         position += 1
         if position <= signed and (parts := verbatim_parts(line)) is not None:
             data, stated = parts

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 import yaml
 from quartermaster_client import Client, Outcome, Workload, outcome
 from quartermaster_client.cli import app
@@ -22,7 +21,7 @@ from quartermaster_client.cli.shared import EXIT_CODES
 from typer.testing import CliRunner
 
 from service.app.bootstrap import Services
-from tests.api.conftest import ADMIN_TOKEN, serve
+from tests.api.conftest import ADMIN_TOKEN
 from tests.clients.conftest import job
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
@@ -473,63 +472,6 @@ def test_ledger_query_export_and_usage(qmctl: Run, qm: Client, tmp_path: Path) -
     assert json.loads(qmctl("usage", "--by", "cluster_queue", "-o", "json").stdout) == []
     missing = qmctl("ledger", "checkpoint", code=1)
     assert "no checkpoint has been published yet" in missing.stderr
-
-
-def test_ledger_verify_checks_hashes_links_and_a_signed_checkpoint(
-    database_url: str, engine: sa.Engine, tmp_path: Path
-) -> None:
-    from service.ledger.checkpoint import DEFAULT_ORIGIN, NoteSigner
-
-    signer, seed = NoteSigner.generate(DEFAULT_ORIGIN)
-    stranger, _ = NoteSigner.generate(DEFAULT_ORIGIN)
-    with serve(database_url, ledger_signing_key=seed) as (url, _), Client(url, ADMIN_TOKEN) as qm:
-        qm.resourceflavors.create({"metadata": {"name": "h100"}, "spec": {}})
-        qm.cohorts.create({"metadata": {"name": "research"}, "spec": {}})
-        note = qm.publish_checkpoint()
-        qm.topologies.create(
-            {"metadata": {"name": "fabric"}, "spec": {"levels": [{"nodeLabel": "rack"}]}}
-        )
-        env = {"PATH": "/usr/bin:/bin", "QMCTL_SERVER": url, "QMCTL_TOKEN": ADMIN_TOKEN}
-
-        def verify(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [*QMCTL, "ledger", "verify", *args],
-                check=False,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=60,
-            )
-
-        live = verify("--key", signer.verifier_key)  # the server's export and latest checkpoint
-        assert live.returncode == 0, live.stdout + live.stderr
-        assert live.stdout.startswith("3 entries; head ")
-        assert f"checkpoint: {DEFAULT_ORIGIN} size 2: root matches" in live.stdout
-        assert "signature: valid" in live.stdout and live.stdout.endswith("verified\n")
-        forged = verify("--key", stranger.verifier_key)
-        assert forged.returncode == 8 and "signature: INVALID" in forged.stdout
-
-        export = tmp_path / "ledger.ndjson"
-        export.write_bytes(b"".join(qm.ledger_export()))
-        checkpoint = tmp_path / "checkpoint.txt"
-        checkpoint.write_text(note)
-        offline = verify("-f", str(export), "--checkpoint", str(checkpoint))
-        assert offline.returncode == 0 and "signature: not checked" in offline.stdout
-
-    lines = export.read_text().splitlines()
-    altered = json.loads(lines[0])
-    altered["entry"]["body"]["name"] = "a100"
-    tampered = tmp_path / "tampered.ndjson"
-    tampered.write_text("\n".join([json.dumps(altered), *lines[1:]]) + "\n")
-    broken = verify("-f", str(tampered), "--checkpoint", str(checkpoint))
-    assert broken.returncode == 8
-    assert "seq 1: the entry's hash does not match its content" in broken.stderr
-    assert "root DOES NOT MATCH" in broken.stdout
-    removed = tmp_path / "removed.ndjson"
-    removed.write_text("\n".join([lines[0], lines[2]]) + "\n")
-    gap = verify("-f", str(removed))
-    assert gap.returncode == 8 and "seq 3: expected seq 2: missing or reordered" in gap.stderr
-    assert "seq 3: prev_hash does not match the entry before" in gap.stderr
 
 
 def test_an_admitted_gang_as_qmctl_shows_and_explains_it(

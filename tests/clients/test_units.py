@@ -388,3 +388,27 @@ def test_wait_for_reads_states_and_conditions_as_kubectl_wait_does() -> None:
     for bad in ("Running", "state=", "condition=A,B", "phase=Running"):
         with pytest.raises(ValueError, match="is not state=STATE"):
             waiting_for(bad)
+
+
+def test_the_verifier_reads_the_checkpoint_an_export_opens_with() -> None:
+    """The client's verifier and the service's export agree on the opening
+    checkpoint line: with the signer's key it verifies, with another it does not."""
+    from quartermaster_client.ledger import verify_export
+
+    from service.ledger.checkpoint import NoteSigner
+    from service.ledger.export import export_ndjson
+    from service.ledger.memory import InMemoryLedger
+    from service.ledger.proofs import LedgerTree
+    from tests.ledger.test_verify import new_entry
+
+    ledger = InMemoryLedger()
+    ledger.append([new_entry(i) for i in range(5)])
+    signer, stranger = NoteSigner.generate("qm.test/ledger")[0], NoteSigner.generate("x")[0]
+    tree = LedgerTree("qm.test/ledger")
+    tree.extend(ledger.entries)
+    lines = list(export_ndjson(ledger.entries, tree.signed_checkpoint(signer, 3)))
+    report = verify_export(lines, verifier_key=signer.verifier_key)
+    assert report.verified and report.checkpoint_from == "export", report.breaks
+    assert report.entries == 5 and report.unsigned == 2
+    assert not verify_export(lines, verifier_key=stranger.verifier_key).verified
+    assert not verify_export(lines[1:], verifier_key=signer.verifier_key).verified

@@ -12,7 +12,13 @@ import pytest
 
 from service.ledger.chain import LedgerEntry, NewLedgerEntry, seal
 from service.ledger.checkpoint import NoteSigner
-from service.ledger.export import export_line, export_ndjson, read_ndjson, records_of
+from service.ledger.export import (
+    checkpoint_of,
+    export_line,
+    export_ndjson,
+    read_ndjson,
+    records_of,
+)
 from service.ledger.memory import InMemoryLedger
 from service.ledger.proofs import LedgerTree, entry_is_included
 from service.ledger.verify import VerifyReport, verify_export, verify_ledger
@@ -273,6 +279,21 @@ def test_unreadable_lines_are_reported_with_their_position(
     tampered = [*lines[:3], b"{not json\n", *lines[4:]]
     report = verify_lines(tampered, note, signer)
     assert not report.ok and report.problems[0].seq == 4
+
+
+def test_an_export_that_opens_with_its_checkpoint_verifies_as_one_without(
+    signer: NoteSigner, published: tuple[list[bytes], str, str]
+) -> None:
+    """A whole export opens with the latest signed note; readers skip that
+    line, and anywhere else it is not an entry."""
+    lines, note, older = published
+    opened = list(export_ndjson(honest(), note))
+    assert checkpoint_of(opened[0]) == note and opened[1:] == lines
+    assert [checkpoint_of(line) for line in lines] == [None] * N
+    report = verify_lines(opened, note, signer, [older])
+    assert report.ok and report.entries == N, report.problems
+    moved = verify_lines([*opened[1:4], opened[0], *opened[4:]], note, signer)
+    assert not moved.ok and moved.problems[0].seq == 4
 
 
 def test_verifying_ledger_entries_directly(signer: NoteSigner) -> None:

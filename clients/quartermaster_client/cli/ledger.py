@@ -12,8 +12,7 @@ import typer
 
 from quartermaster_client.cli.render import table, to_json, to_yaml
 from quartermaster_client.cli.shared import EXIT_LEDGER_BROKEN, STATE, examples, handled
-from quartermaster_client.errors import NotFound
-from quartermaster_client.ledger import verify_export
+from quartermaster_client.ledger import Report, verify_export
 
 commands = typer.Typer(
     help="The audit ledger: query, export and verify entries; signed checkpoints.",
@@ -178,9 +177,11 @@ def ledger_checkpoint(
     "verify",
     epilog=examples(
         "qmctl ledger verify --key $LEDGER_KEY        # the live ledger and its latest checkpoint",
-        "qmctl ledger verify -f ledger.ndjson --checkpoint cp.txt --key $LEDGER_KEY   # offline",
+        "qmctl ledger verify -f ledger.ndjson --key $LEDGER_KEY   # offline: the file alone",
+        "qmctl ledger verify -f ledger.ndjson --checkpoint cp.txt --key $LEDGER_KEY",
         "",
-        "Exit codes: 0 verified, 8 the ledger does not verify, 1 any other error.",
+        "Exit codes: 0 verified (without --key: nothing found broken, no signature checked), "
+        "8 the ledger does not verify, or a key was given and no checkpoint, 1 any other error.",
     ),
 )
 @handled
@@ -190,14 +191,17 @@ def ledger_verify(
     ] = None,
     checkpoint: Annotated[
         Path | None,
-        typer.Option("--checkpoint", help="Signed checkpoint note (default: the server's latest)."),
+        typer.Option("--checkpoint", help="Signed checkpoint note (default: the export's)."),
     ] = None,
     key: Annotated[
         str | None,
         typer.Option("--key", envvar="QMCTL_LEDGER_KEY", help="Verifier key name+id+key."),
     ] = None,
 ) -> None:
-    """Check the ledger: every hash, every link, the Merkle root against a signed checkpoint."""
+    """Check the ledger: every hash, every link, the Merkle root against a signed checkpoint.
+
+    A whole export opens with the latest checkpoint; with --key its signature
+    is checked, and only then does verify say "verified"."""
     note = checkpoint.read_text() if checkpoint else None
     if file is not None:
         if file == "-":
@@ -207,11 +211,6 @@ def ledger_verify(
                 report = verify_export(lines, note, key)
     else:
         with STATE.client() as client:
-            if note is None:
-                try:
-                    note = client.latest_checkpoint()
-                except NotFound:
-                    note = None
             report = verify_export(_lines_of(client.ledger_export()), note, key)
     typer.echo(
         f"{report.entries} entries; head {report.head_hash[:16]}…; "
@@ -219,20 +218,43 @@ def ledger_verify(
     )
     for seq, reason in report.breaks[:20]:
         typer.echo(f"  seq {seq}: {reason}", err=True)
-    if report.checkpoint is None:
-        typer.echo("checkpoint: none checked")
-    else:
-        cp = report.checkpoint
-        verdict = "matches" if report.checkpoint_matches else "DOES NOT MATCH"
-        typer.echo(f"checkpoint: {cp.origin} size {cp.size}: root {verdict}")
-        if report.signature is None:
-            typer.echo("signature: not checked (give --key)")
-        else:
-            typer.echo(f"signature: {'valid' if report.signature else 'INVALID'}")
+    for line in _checked(report):
+        typer.echo(line)
     if not report.ok:
         typer.echo("the ledger does NOT verify", err=True)
         raise typer.Exit(EXIT_LEDGER_BROKEN)
-    typer.echo("verified")
+    if report.verified:
+        typer.echo("verified")
+    elif key is not None:
+        typer.echo("NOT verified: no signed checkpoint to check the key against", err=True)
+        raise typer.Exit(EXIT_LEDGER_BROKEN)
+    else:
+        typer.echo("not verified: hashes and links intact, no signature checked (give --key)")
+
+
+def _checked(report: Report) -> list[str]:
+    """What was and was not checked beyond the hashes and links, a line each."""
+    cp = report.checkpoint
+    if cp is None:
+        return [
+            "checkpoint: none (the export carries none; publish one with "
+            "qmctl ledger checkpoint --publish, or give --checkpoint)",
+            "signature: not checked (no checkpoint)",
+        ]
+    where = "--checkpoint" if report.checkpoint_from == "given" else "the export"
+    verdict = "matches" if report.checkpoint_matches else "DOES NOT MATCH"
+    lines = [f"checkpoint: {cp.origin} size {cp.size} (from {where}): root {verdict}"]
+    if report.signature is None:
+        lines.append("signature: not checked (give --key)")
+    else:
+        lines.append(f"signature: {'valid' if report.signature else 'INVALID for the key given'}")
+    if report.unsigned > 0:
+        lines.append(
+            f"unsigned: {report.unsigned} {'entry' if report.unsigned == 1 else 'entries'} "
+            "after the checkpoint "
+            "(hashes and links checked, no signature covers them yet)"
+        )
+    return lines
 
 
 def _lines_of(chunks: Iterator[bytes]) -> Iterator[bytes]:
