@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -394,6 +395,20 @@ class ClusterSpec(Strict):
     credentials: ClusterCredentials | None = Field(
         default=None, description="Required on create; omit on replace to keep the stored ones."
     )
+
+    @field_validator("server")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        # The spec is shown to every reader and written into the ledger for
+        # good: credentials belong in spec.credentials, sealed at rest.
+        if value is None:
+            return value
+        url = urlsplit(value)
+        if url.username is not None or url.password is not None or "@" in url.netloc:
+            raise ValueError("must not carry credentials (user:password@): use spec.credentials")
+        if url.query or url.fragment or "?" in value or "#" in value:
+            raise ValueError("must not carry a query or fragment: use spec.credentials")
+        return value
 
     @model_validator(mode="after")
     def _server(self) -> ClusterSpec:
