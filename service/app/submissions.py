@@ -45,6 +45,7 @@ from service.app.workloads import (
     SubmissionError,
     WorkloadObject,
     WorkloadSpec,
+    class_field,
     parse_submission,
     security_violations,
     total_requests,
@@ -692,10 +693,15 @@ class _Resolver:
         if rules is None:
             rules = self._rules[cq_name] = _QueueRules.of(cq.spec)
         if spec.workloadClass != rules.served:
-            raise Invalid(
-                f"ClusterQueue {cq_name} serves {rules.served} workloads, not {spec.workloadClass}",
-                [("spec.workloadClass", f"must be {rules.served} for queue {spec.queueName}")],
-            )
+            where = class_field(spec)
+            if where is None:  # not chosen: the queue's
+                spec.workloadClass = rules.served
+            else:
+                raise Invalid(
+                    f"ClusterQueue {cq_name} serves {rules.served} workloads, "
+                    f"not {spec.workloadClass}",
+                    [(where, f"must be {rules.served} for queue {spec.queueName}")],
+                )
         requests = total_requests(spec)
         missing = sorted(set(requests) - rules.covered)
         if missing:

@@ -98,6 +98,7 @@ class WorkloadSpec(Strict):
     )
     _totals: dict[str, int] | None = PrivateAttr(default=None)
     _templates: list[tuple[str, Mapping[str, Any]]] | None = PrivateAttr(default=None)
+    _class_field: str = PrivateAttr(default="spec.workloadClass")
 
     @field_validator("podSets")
     @classmethod
@@ -317,7 +318,15 @@ def parse_submission(body: Any) -> WorkloadObject:
         raise SubmissionError("invalid", problems.items)
     workload.spec._totals = totals
     workload.spec._templates = templates
+    if kind in JOB_KINDS:
+        workload.spec._class_field = f"metadata.annotations.{CLASS_ANNOTATION}"
     return workload
+
+
+def class_field(spec: WorkloadSpec) -> str | None:
+    """Where the submitter chose the workload's class (a Workload's
+    ``spec.workloadClass``, a job's annotation), or None: then its queue's."""
+    return spec._class_field if "workloadClass" in spec.model_fields_set else None
 
 
 def validation_problems(error: ValidationError) -> list[tuple[str, str]]:
