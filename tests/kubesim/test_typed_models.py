@@ -213,8 +213,16 @@ def test_namespaces_and_events_carry_no_generation(core: client.CoreV1Api) -> No
     assert namespace.metadata.labels == {"kubernetes.io/metadata.name": "typed"}
     assert (namespace.spec.finalizers, namespace.status.phase) == (["kubernetes"], "Active")
     assert_server_metadata(namespace.metadata, generation=None)
-    events = wait_for(lambda: core.list_event_for_all_namespaces().items)
-    for event in events:
+    core.create_namespaced_event(
+        "typed",
+        client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="typed.1"),
+            involved_object=client.V1ObjectReference(kind="Namespace", name="typed"),
+            reason="Created",
+            message="made by the test",
+        ),
+    )
+    for event in core.list_namespaced_event("typed").items:
         assert_server_metadata(event.metadata, generation=None)
 
 

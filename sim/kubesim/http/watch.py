@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from service.runtime.jsonio import dumps
+from sim.kubesim.api.paging import matches
 from sim.kubesim.errors import ApiError
 from sim.kubesim.http.request import Receive, Request, Send, Target, selectable_fields, wants_table
 from sim.kubesim.http.response import start_stream
@@ -79,7 +80,7 @@ class WatchSession:
     def _matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
             return False
-        return self.cluster.core._matches(self.resource.rtype, obj, self.labels, self.fields)
+        return matches(obj, self.labels, self.fields)
 
     def open(self) -> list[tuple[str, dict[str, Any]]]:
         """Register the watcher and collect what precedes live events, atomically."""

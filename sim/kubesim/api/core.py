@@ -1,145 +1,51 @@
-"""The API verbs with Kubernetes object semantics, independent of HTTP.
-
-One :class:`ApiCore` per simulated cluster. The HTTP layer and the in-cluster
-controllers both write through it, so a controller's status update obeys the
-same rules (validation, managedFields, resourceVersion, no-op detection) as a
-client's. The order of a write mirrors the real API server: decode and check
-identity → strategy preparation and defaulting → pruning of unknown fields
-(``fieldValidation``) → mutating admission → validation (schema, CEL, strategy)
-→ field ownership → storage (skipped for ``dryRun`` and for no-op updates,
-which keep their resourceVersion as etcd's guaranteed update does).
-"""
+"""One cluster's API verbs over its store: lookup, get and list, create, update,
+patch (JSON, merge, strategic and server-side apply) and delete."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import functools
-import json
-import random
-import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sim.kubesim import errors
+from sim.kubesim.api.context import (
+    APPLY_PATCH,
+    APPLY_PATCH_CBOR,
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_PATCH,
+    Admission,
+    Context,
+    Resource,
+    now_rfc3339,
+)
+from sim.kubesim.api.metadata import (
+    META_KNOWN,
+    MODIFIED,
+    SERVER_METADATA,
+    check_delete_preconditions,
+    check_identity,
+    check_preconditions,
+    comparable,
+    content,
+    generate_suffix,
+    merge_update,
+)
+from sim.kubesim.api.paging import after, decode_continue, encode_continue, matches, state_at
 from sim.kubesim.builtin import STRATEGIES, Strategy, validate_metadata
-from sim.kubesim.errors import ApiError, Cause
+from sim.kubesim.errors import Cause
 from sim.kubesim.fieldmanager import FieldManager, Shape, schema_shape
 from sim.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
 from sim.kubesim.quantity import QuantityFormatError
 from sim.kubesim.resources import ResourceType, Version
 from sim.kubesim.schema import SchemaValidator
-from sim.kubesim.selectors import (
-    FieldSelector,
-    LabelSelector,
-    field_value,
-)
-from sim.kubesim.store import Collection, Store, clone
+from sim.kubesim.selectors import FieldSelector, LabelSelector
+from sim.kubesim.store import Store, clone
 
-__all__ = ["ApiCore", "Context", "Resource", "now_rfc3339"]
+__all__ = ["ApiCore"]
 
 Obj = dict[str, Any]
-
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-STRATEGIC_PATCH = "application/strategic-merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
-APPLY_PATCH_CBOR = "application/apply-patch+cbor"
-
-_NAME_SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"
-#: Metadata the server owns: a client's value is ignored on create and update.
-_SERVER_METADATA = (
-    "uid",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "generation",
-    "selfLink",
-)
-_META_KNOWN = (
-    "name",
-    "generateName",
-    "namespace",
-    "labels",
-    "annotations",
-    "finalizers",
-    "ownerReferences",
-    "managedFields",
-    "resourceVersion",
-    *_SERVER_METADATA,
-)
-
-
-_MODIFIED = (
-    "the object has been modified; please apply your changes to the latest version and try again"
-)
-
-
-def now_rfc3339() -> str:
-    """The current second in RFC 3339 (formatted once a second: every write asks for it)."""
-    return _format_second(int(time.time()))
-
-
-@functools.lru_cache(maxsize=2)
-def _format_second(second: int) -> str:
-    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(slots=True)
-class Context:
-    """Who asks, and the write options of the request."""
-
-    user: str = "system:admin"
-    manager: str = ""
-    dry_run: bool = False
-    field_validation: str = "Warn"
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Resource:
-    """A resource type at one served version, with its write machinery."""
-
-    rtype: ResourceType
-    version: Version
-    strategy: Strategy
-    validator: SchemaValidator | None
-    fields: FieldManager
-    #: ``group/version`` (``v1`` for the core group): asked for several times a write.
-    api_version: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.api_version = self.rtype.api_version(self.version.name)
-
-    @property
-    def group(self) -> str:
-        return self.rtype.group
-
-    @property
-    def plural(self) -> str:
-        return self.rtype.plural
-
-
-Admission = Callable[[str, Resource, Obj, "Obj | None", Context], None]
-
-
-def _generate_suffix() -> str:
-    return "".join(random.choice(_NAME_SUFFIX_CHARS) for _ in range(5))
-
-
-def _content(obj: Obj) -> Obj:
-    """The parts of an object whose change bumps ``metadata.generation``."""
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
-
-
-def _comparable(obj: Obj) -> Obj:
-    metadata = {
-        k: v for k, v in obj["metadata"].items() if k not in ("managedFields", "resourceVersion")
-    }
-    return {**obj, "metadata": metadata}
 
 
 class ApiCore:
@@ -222,61 +128,24 @@ class ApiCore:
         collection = self.store.collection(resource.rtype)
         start = ""
         if continue_token:
-            list_rv, start = _decode_continue(continue_token)
-            state = self._state_at(collection, list_rv, continued=True)
+            list_rv, start = decode_continue(continue_token)
+            state = state_at(collection, list_rv, continued=True)
         elif resource_version_match == "Exact" and resource_version not in ("", "0"):
             list_rv = int(resource_version)
-            state = self._state_at(collection, list_rv, continued=False)
+            state = state_at(collection, list_rv, continued=False)
         else:
             list_rv, state = self.store.rv, collection.objects
             if resource_version == "0":
                 limit = 0
-        keys = sorted(k for k in state if (not namespace or k[0] == namespace) and _after(k, start))
-        matched = [
-            state[k] for k in keys if self._matches(resource.rtype, state[k], labels, fields)
-        ]
+        keys = sorted(k for k in state if (not namespace or k[0] == namespace) and after(k, start))
+        matched = [state[k] for k in keys if matches(state[k], labels, fields)]
         if limit and len(matched) > limit:
             page = matched[:limit]
             last = page[-1]["metadata"]
-            token = _encode_continue(list_rv, f"{last.get('namespace', '')}/{last['name']}")
+            token = encode_continue(list_rv, f"{last.get('namespace', '')}/{last['name']}")
             remaining = len(matched) - limit if labels is None or labels.empty else None
             return page, list_rv, token, remaining
         return matched, list_rv, "", None
-
-    @staticmethod
-    def _state_at(
-        collection: Collection, rv: int, *, continued: bool
-    ) -> dict[tuple[str, str], Obj]:
-        try:
-            return collection.state_at(rv)
-        except ApiError:
-            if continued:
-                raise errors.expired(
-                    "The provided continue parameter is too old to display a consistent list "
-                    "result. You can start a new list without the continue parameter, or use the "
-                    "continue token in this response to retrieve the remainder of the results. "
-                    "Continuing with the provided token results in an inconsistent list - objects "
-                    "that were created, modified, or deleted between the time the first chunk was "
-                    "returned and now may show up in the list."
-                ) from None
-            raise
-
-    def _matches(
-        self,
-        rtype: ResourceType,
-        obj: Obj,
-        labels: LabelSelector | None,
-        fields: FieldSelector | None,
-    ) -> bool:
-        if (
-            labels is not None
-            and not labels.empty
-            and not labels.matches(obj["metadata"].get("labels"))
-        ):
-            return False
-        if fields is not None and not fields.empty:
-            return fields.matches(obj, selectable_value)
-        return True
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -286,7 +155,7 @@ class ApiCore:
         """``owned``: ``body`` is the caller's to give away (a request's freshly parsed
         body), stored as it is rather than copied; otherwise it is left untouched."""
         obj = body if owned else clone(body)
-        self._check_identity(resource, obj, namespace)
+        check_identity(resource, obj, namespace)
         metadata = obj.setdefault("metadata", {})
         if metadata.get("resourceVersion"):
             raise errors.bad_request("resourceVersion should not be set on objects to be created")
@@ -304,11 +173,11 @@ class ApiCore:
                         )
                     ],
                 )
-            metadata["name"] = metadata["generateName"] + _generate_suffix()
+            metadata["name"] = metadata["generateName"] + generate_suffix()
         self._require_namespace(resource, namespace)
         if self.store.get(resource.rtype, namespace, metadata["name"]) is not None:
             raise errors.already_exists(resource.plural, resource.group, metadata["name"])
-        for key in _SERVER_METADATA:
+        for key in SERVER_METADATA:
             metadata.pop(key, None)
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = now_rfc3339()
@@ -342,11 +211,11 @@ class ApiCore:
     ) -> Obj:
         old = self.get(resource, namespace, name)
         obj = clone(body)
-        self._check_identity(resource, obj, namespace, name)
-        self._check_preconditions(resource, old, obj, require_rv=not resource.rtype.builtin)
-        new = self._merge_update(resource, old, obj, subresource)
+        check_identity(resource, obj, namespace, name)
+        check_preconditions(resource, old, obj, require_rv=not resource.rtype.builtin)
+        new = merge_update(resource, old, obj, subresource)
         new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
-        if _comparable(new) == _comparable(old):
+        if comparable(new) == comparable(old):
             return old
         resource.fields.record_update(
             old=old,
@@ -392,25 +261,25 @@ class ApiCore:
             )
         if not isinstance(patched, dict):
             raise errors.bad_request("the patched object is not a JSON object")
-        self._check_identity(resource, patched, namespace, name)
+        check_identity(resource, patched, namespace, name)
         requested_rv = (patched.get("metadata") or {}).get("resourceVersion")
         if requested_rv and requested_rv != old["metadata"]["resourceVersion"]:
             raise errors.conflict(
                 resource.plural,
                 resource.group,
                 name,
-                _MODIFIED,
+                MODIFIED,
             )
         if subresource == "status" and content_type != JSON_PATCH and _only_status(body):
             # A merge or strategic merge patch of status alone: ``patched`` is a copy of
-            # the object that differs in status only, what _merge_update would build
+            # the object that differs in status only, what merge_update would build
             # from a second copy.
             patched["apiVersion"] = resource.api_version
             new = patched
         else:
-            new = self._merge_update(resource, old, patched, subresource)
+            new = merge_update(resource, old, patched, subresource)
         new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
-        if _comparable(new) == _comparable(old):
+        if comparable(new) == comparable(old):
             return old
         resource.fields.record_update(
             old=old,
@@ -448,11 +317,11 @@ class ApiCore:
                 f"apiVersion and kind of the applied configuration must be {resource.api_version}, "
                 f"Kind={resource.rtype.kind}"
             )
-        self._check_identity(resource, applied, namespace, name)
+        check_identity(resource, applied, namespace, name)
         self._strict_unknown(resource, applied, ctx, apply=True)
         old = self.store.get(resource.rtype, namespace, name)
         if old is not None:
-            self._check_preconditions(resource, old, applied, require_rv=False)
+            check_preconditions(resource, old, applied, require_rv=False)
         now = now_rfc3339()
         merged = resource.fields.apply(
             live=self.present(resource, old) if old is not None else None,
@@ -468,12 +337,12 @@ class ApiCore:
             if subresource:
                 raise errors.not_found(resource.plural, resource.group, name)
             return self._create_applied(resource, namespace, merged, ctx)
-        # _merge_update works in place and restores the old managedFields: keep the new ones.
+        # merge_update works in place and restores the old managedFields: keep the new ones.
         managed = merged["metadata"].get("managedFields", [])
-        new = self._merge_update(resource, old, merged, subresource)
+        new = merge_update(resource, old, merged, subresource)
         new["metadata"]["managedFields"] = managed
         new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
-        if _comparable(new) == _comparable(old) and new["metadata"].get("managedFields") == old[
+        if comparable(new) == comparable(old) and new["metadata"].get("managedFields") == old[
             "metadata"
         ].get("managedFields"):
             return old
@@ -483,7 +352,7 @@ class ApiCore:
         managed = obj["metadata"].get("managedFields")
         self._require_namespace(resource, namespace)
         metadata = obj["metadata"]
-        for key in _SERVER_METADATA:
+        for key in SERVER_METADATA:
             metadata.pop(key, None)
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = now_rfc3339()
@@ -510,7 +379,7 @@ class ApiCore:
     ) -> tuple[Obj, bool]:
         """Delete (or start deleting); returns the object and whether it is gone now."""
         old = self.get(resource, namespace, name)
-        _check_delete_preconditions(resource, old, preconditions or {})
+        check_delete_preconditions(resource, old, preconditions or {})
         policy = propagation or self._default_propagation(resource)
         finalizers = list(old["metadata"].get("finalizers") or ())
         if policy == "Foreground" and "foregroundDeletion" not in finalizers:
@@ -570,114 +439,16 @@ class ApiCore:
 
     def remove_now(self, resource: Resource, obj: Obj) -> None:
         """Drop an object whose deletion finished (finalizers gone)."""
-        if self.store.get(resource.rtype, *_key(obj)) is not None:
-            self.store.remove(resource.rtype, self.store.get(resource.rtype, *_key(obj)) or obj)
+        if self.store.get(resource.rtype, *key_of(obj)) is not None:
+            self.store.remove(resource.rtype, self.store.get(resource.rtype, *key_of(obj)) or obj)
 
     # -- write helpers ---------------------------------------------------------------------
-
-    def _check_identity(self, resource: Resource, obj: Obj, namespace: str, name: str = "") -> None:
-        api_version, kind = obj.get("apiVersion"), obj.get("kind")
-        if api_version and api_version != resource.api_version:
-            raise errors.bad_request(
-                f"the API version in the data ({api_version}) does not match the expected API "
-                f"version ({resource.api_version})"
-            )
-        if kind and kind != resource.rtype.kind:
-            raise errors.bad_request(
-                f"the kind in the data ({kind}) does not match the expected kind "
-                f"({resource.rtype.kind})"
-            )
-        obj["apiVersion"], obj["kind"] = resource.api_version, resource.rtype.kind
-        metadata = obj.get("metadata")
-        if not isinstance(metadata, dict):
-            metadata = obj["metadata"] = {}
-        if resource.rtype.namespaced:
-            if metadata.get("namespace") and metadata["namespace"] != namespace:
-                raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent "
-                    "on the request"
-                )
-            metadata["namespace"] = namespace
-        else:
-            metadata.pop("namespace", None)
-        if name:
-            if metadata.get("name") and metadata["name"] != name:
-                raise errors.bad_request(
-                    "the name of the object "
-                    f"({metadata['name']}) does not match the name on the URL ({name})"
-                )
-            metadata["name"] = name
-
-    def _check_preconditions(
-        self, resource: Resource, old: Obj, obj: Obj, *, require_rv: bool
-    ) -> None:
-        metadata = obj["metadata"]
-        name = old["metadata"]["name"]
-        uid = metadata.get("uid")
-        if uid and uid != old["metadata"]["uid"]:
-            raise errors.conflict(
-                resource.plural,
-                resource.group,
-                name,
-                f"Precondition failed: UID in precondition: {uid}, "
-                f"UID in object meta: {old['metadata']['uid']}",
-            )
-        rv = metadata.get("resourceVersion")
-        if rv and rv != old["metadata"]["resourceVersion"]:
-            raise errors.conflict(
-                resource.plural,
-                resource.group,
-                name,
-                _MODIFIED,
-            )
-        if not rv and require_rv:
-            raise errors.invalid(
-                resource.rtype.kind,
-                resource.group,
-                name,
-                [
-                    Cause(
-                        "FieldValueInvalid",
-                        "Invalid value: 0x0: must be specified for an update",
-                        "metadata.resourceVersion",
-                    )
-                ],
-            )
-
-    def _merge_update(self, resource: Resource, old: Obj, obj: Obj, subresource: str) -> Obj:
-        """The stored form of an update: server metadata kept, status/spec split by subresource."""
-        if subresource == "status":
-            new = clone(old)
-            if "status" in obj:
-                new["status"] = obj["status"]
-            else:
-                new.pop("status", None)
-            new["apiVersion"] = resource.api_version
-            return new
-        new = obj
-        metadata = new["metadata"]
-        for key in _SERVER_METADATA:
-            if key in old["metadata"]:
-                metadata[key] = old["metadata"][key]
-            else:
-                metadata.pop(key, None)
-        metadata["managedFields"] = old["metadata"].get("managedFields")
-        if not metadata["managedFields"]:
-            metadata.pop("managedFields")
-        if "generateName" in old["metadata"]:
-            metadata["generateName"] = old["metadata"]["generateName"]
-        if resource.rtype.has_status:
-            if "status" in old:
-                new["status"] = old["status"]
-            else:
-                new.pop("status", None)
-        return new
 
     def _strict_unknown(
         self, resource: Resource, obj: Obj, ctx: Context, *, apply: bool = False
     ) -> None:
         metadata = obj.get("metadata") or {}
-        unknown = [f"metadata.{k}" for k in metadata if k not in _META_KNOWN]
+        unknown = [f"metadata.{k}" for k in metadata if k not in META_KNOWN]
         for key in unknown:
             metadata.pop(key.split(".", 1)[1], None)
         if resource.validator is not None:
@@ -753,7 +524,7 @@ class ApiCore:
 
     def _finish_update(self, resource: Resource, old: Obj, new: Obj, ctx: Context) -> Obj:
         metadata = new["metadata"]
-        if resource.strategy.generation and _content(new) != _content(old):
+        if resource.strategy.generation and content(new) != content(old):
             metadata["generation"] = old["metadata"].get("generation", 1) + 1
         finished = metadata.get("deletionTimestamp") and not metadata.get("finalizers")
         # A namespace also waits for its spec.finalizers (the namespace controller's).
@@ -794,54 +565,5 @@ def _only_status(patch: Any) -> bool:
     return isinstance(patch, dict) and all(key == "status" for key in patch)
 
 
-def _after(key: tuple[str, str], start: str) -> bool:
-    return not start or f"{key[0]}/{key[1]}" > start
-
-
-def _key(obj: Obj) -> tuple[str, str]:
+def key_of(obj: Obj) -> tuple[str, str]:
     return obj["metadata"].get("namespace") or "", obj["metadata"]["name"]
-
-
-def _encode_continue(rv: int, start: str) -> str:
-    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_continue(token: str) -> tuple[int, str]:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return int(data["rv"]), str(data["start"])
-    except (ValueError, KeyError, TypeError):
-        raise errors.bad_request(
-            "continue key is not valid: incorrect encoded start resourceVersion"
-        ) from None
-
-
-def _check_delete_preconditions(
-    resource: Resource, old: Obj, preconditions: dict[str, Any]
-) -> None:
-    uid, rv = preconditions.get("uid"), preconditions.get("resourceVersion")
-    name = old["metadata"]["name"]
-    if uid and uid != old["metadata"]["uid"]:
-        raise errors.conflict(
-            resource.plural,
-            resource.group,
-            name,
-            f"Precondition failed: UID in precondition: {uid}, "
-            f"UID in object meta: {old['metadata']['uid']}",
-        )
-    if rv and rv != old["metadata"]["resourceVersion"]:
-        raise errors.conflict(
-            resource.plural,
-            resource.group,
-            name,
-            f"Precondition failed: ResourceVersion in precondition: {rv}, "
-            f"ResourceVersion in object meta: {old['metadata']['resourceVersion']}",
-        )
-
-
-def selectable_value(obj: Mapping[str, Any], path: str) -> str:
-    """A field selector's view of ``obj`` (``source`` on events means the component)."""
-    if path == "source":
-        return field_value(obj, "source.component")
-    return field_value(obj, path)
