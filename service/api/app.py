@@ -20,9 +20,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from service.api import openapi, problems
 from service.api.events import EventHead, events_router
 from service.api.fastpath import SubmitFastPath
-from service.api.group_commit import GroupCommit
+from service.api.group_commit import DATABASE_DOWN, GroupCommit
 from service.api.ledger import ledger_router
 from service.api.middleware import (
+    AuthenticateMiddleware,
     IdempotencyMiddleware,
     Metrics,
     MetricsMiddleware,
@@ -87,7 +88,7 @@ def create_app(services: Services) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.container = services
-    app.state.group_commit = GroupCommit(services.submissions.submit_parsed)
+    app.state.group_commit = GroupCommit(services.submissions.submit_parsed, shared=DATABASE_DOWN)
     app.state.event_head = EventHead(services.event_queries.head)
     expected_revision = head_revision()
     metrics = Metrics()
@@ -141,9 +142,10 @@ def create_app(services: Services) -> FastAPI:
     # every answer, including 429s and replays; submissions take the fast
     # path inside all of ours.
     app.add_middleware(SubmitFastPath)
-    app.add_middleware(
-        IdempotencyMiddleware, store=services.idempotency, max_body=settings.max_bulk_body_bytes
-    )
+    app.add_middleware(IdempotencyMiddleware, store=services.idempotency)
+    # Outside the Idempotency-Key's claim: a caller is known before any of
+    # its body is read.
+    app.add_middleware(AuthenticateMiddleware)
     app.add_middleware(
         RateLimitMiddleware,
         buckets=TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst),

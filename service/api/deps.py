@@ -10,6 +10,7 @@ import yaml
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from service.api import limits
 from service.app.auth import Principal, TokenService
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid, Unauthorized
@@ -69,8 +70,16 @@ CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
 Deps = Annotated[Container, Depends(container)]
 
 
-async def read_body(request: Request, limit: int) -> Any:
-    """The body as JSON or YAML, with errors that say what is wrong."""
+async def read_body(request: Request, limit: int, max_items: int | None = None) -> Any:
+    """The body as JSON or YAML, with errors that say what is wrong. Call
+    it only once the caller is authorised: nothing is read before.
+
+    Within limits (service/api/limits.py): YAML at most MAX_YAML_BYTES, with
+    bounded aliases; nesting at most MAX_DEPTH; integers within 2^53-1; and
+    with ``max_items``, a large bulk body's items counted before parsing."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media in YAML_TYPES:
+        limit = min(limit, limits.MAX_YAML_BYTES)
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
         raise TooLarge(f"the body is {length} bytes; the limit is {limit}")
@@ -79,25 +88,48 @@ async def read_body(request: Request, limit: int) -> Any:
         raw += chunk
         if len(raw) > limit:
             raise TooLarge(f"the body exceeds the limit of {limit} bytes")
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not raw.strip():
         raise BadBody("the request needs a body", [("", "empty body")])
-    body, clean = _parse(bytes(raw), media)
+    data = bytes(raw)
+    del raw
+    if max_items is not None and media not in YAML_TYPES and len(data) > limits.SHAPE_CHECK_BYTES:
+        _check_shape(data, max_items)
+    if media in YAML_TYPES:
+        body, clean = await run_in_threadpool(_parse, data, media)
+    else:
+        body, clean = _parse(data, media)
+    if limits.may_exceed(data) and (found := limits.document_problem(body)) is not None:
+        raise Invalid(f"the body is refused: {found[0] or '(body)'} {found[1]}", [found])
     return body if clean else _storable(body)
+
+
+def _check_shape(data: bytes, max_items: int) -> None:
+    depth, items = limits.bulk_shape(data, max_items)
+    if depth > limits.MAX_DEPTH:
+        raise BadBody(
+            f"the body is nested deeper than {limits.MAX_DEPTH} levels",
+            [("", f"nested deeper than {limits.MAX_DEPTH} levels")],
+        )
+    if items > max_items:
+        raise Invalid(f"at most {max_items} items per request", [("items", "too many items")])
 
 
 def _parse(raw: bytes, media: str) -> tuple[Any, bool]:
     """The body, and whether it is known to be storable as it is."""
     if media in YAML_TYPES:
         try:
-            loaded = yaml.safe_load(raw)
+            loaded = limits.load_yaml(raw)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise BadBody(f"malformed YAML{where}", [("", str(error))]) from None
         # As the API server does: YAML becomes JSON (timestamps as strings,
         # keys as strings), so that both media types mean the same.
-        return _parse(json.dumps(loaded, default=str).encode(), "application/json")
+        try:
+            as_json = json.dumps(loaded, default=str).encode()
+        except (TypeError, ValueError) as error:  # a key JSON cannot have (a date)
+            raise BadBody(f"YAML that has no JSON form: {error}", [("", str(error))]) from None
+        return _parse(as_json, "application/json")
     if media in JSON_TYPES or media.endswith("+json"):
         fast, document = read_fast(raw)
         if fast:
@@ -106,6 +138,11 @@ def _parse(raw: bytes, media: str) -> tuple[Any, bool]:
             return document, b"\\u0000" not in raw
         try:
             return json.loads(raw, parse_constant=_no_constant, parse_float=_finite), False
+        except RecursionError:  # past orjson's 1,024 levels, json's recursion
+            raise BadBody(
+                f"the body is nested deeper than {limits.MAX_DEPTH} levels",
+                [("", f"nested deeper than {limits.MAX_DEPTH} levels")],
+            ) from None
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:
             raise BadBody(f"malformed JSON: {error}", [("", str(error))]) from None
     raise UnsupportedMedia(

@@ -16,6 +16,12 @@ Each request still gets its own answer, its object or its own
 error (``SubmissionService.submit_parsed``); nothing is acknowledged
 before its unit of work has committed.
 
+A batch that fails for a reason of one item's (a value that validation let
+through and the commit cannot hold) is split in halves and each retried,
+until the failing item is alone: the others commit, and only that item's
+request gets the error. An error in ``shared`` (the database down) is every
+item's at once.
+
 The same batching serves the Idempotency-Key store: claims that arrive
 together are made in one transaction, and so are the stored responses
 (service/api/middleware.py).
@@ -24,14 +30,22 @@ together are made in one transaction, and so are the stored responses
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
+import psycopg
+from sqlalchemy.exc import OperationalError
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+log = logging.getLogger(__name__)
+
+#: Errors that are no item's: the database refused the connection or the
+#: statement for every item of the batch alike.
+DATABASE_DOWN: tuple[type[Exception], ...] = (OperationalError, psycopg.OperationalError)
 
 
 class GroupCommit(Generic[Item, Result]):
@@ -43,8 +57,10 @@ class GroupCommit(Generic[Item, Result]):
         max_batch: int = 256,
         committers: int = 2,
         spill: int = 16,
+        shared: tuple[type[Exception], ...] = (),
     ) -> None:
         self._commit = commit
+        self._shared = shared
         self._max_batch = max_batch
         self._committers = committers
         self._spill = spill
@@ -76,8 +92,16 @@ class GroupCommit(Generic[Item, Result]):
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
         try:
             outcomes = await anyio.to_thread.run_sync(self._commit, [s for s, _ in batch])
-        except Exception as error:  # e.g. the database is down: every request answers it
-            for _, future in batch:
+        except Exception as error:
+            if len(batch) > 1 and not isinstance(error, self._shared):
+                # One item's, most likely: a unit of work that raised has
+                # rolled back, so each half is tried again on its own.
+                log.warning("a batch of %d failed (%r); retrying it in halves", len(batch), error)
+                half = len(batch) // 2
+                await self._run(batch[:half])
+                await self._run(batch[half:])
+                return
+            for _, future in batch:  # e.g. the database is down: every request answers it
                 if not future.done():
                     future.set_exception(error)
             return

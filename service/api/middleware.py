@@ -20,17 +20,21 @@ from urllib.parse import unquote_to_bytes
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.requests import Request
 
-from service.api.group_commit import GroupCommit
+from service.api.group_commit import DATABASE_DOWN, GroupCommit
 from service.api.problems import PROBLEM_JSON, TYPE_BASE
+from service.app.errors import AppError
 from service.app.idempotency import (
     IN_FLIGHT_LEASE,
     Claimed,
     IdempotencyStore,
     InFlight,
     Mismatch,
+    Outcome,
     Replay,
     Response,
+    request_digest,
 )
 
 Scope = MutableMapping[str, Any]
@@ -239,6 +243,46 @@ class RateLimitMiddleware:
         await self.app(scope, receive, wrapped)
 
 
+# -- authentication --------------------------------------------------------------------
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _has_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    return (
+        bool(length and length.strip() != "0") or _header(scope, b"transfer-encoding") is not None
+    )
+
+
+class AuthenticateMiddleware:
+    """Authenticates every request that may carry a body before a byte of
+    it is read (a made-up token with a 100 MB body is answered 401 from its
+    headers), leaving the principal where the routes' dependency finds it.
+    Routes then authorise before they read (``read_body``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] not in PUBLIC_PATHS
+            and (scope["method"] in _BODY_METHODS or _has_body(scope))
+        ):
+            from service.api.deps import current_principal
+
+            try:
+                await current_principal(Request(scope))
+            except AppError as error:
+                headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+                await _send_problem(
+                    send, error.status, error.kind, error.title, error.detail, headers
+                )
+                return
+        await self.app(scope, receive, send)
+
+
 # -- idempotency -------------------------------------------------------------------------
 
 _KEEP_HEADERS = {b"content-type", b"etag", b"location"}
@@ -248,16 +292,15 @@ class IdempotencyMiddleware:
     #: How often a claim that could not be released is tried again.
     RELEASE_RETRY_SECONDS = 0.5
 
-    def __init__(self, app: ASGIApp, store: IdempotencyStore, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, store: IdempotencyStore) -> None:
         self.app = app
         self.store = store
-        self.max_body = max_body
         # Claims, and stored responses, that arrive together share a
         # transaction and a thread hop: one each per request cost about six
         # times a submission's CPU (2.5 ms per request in-process at 32
         # clients, threads taking turns at the GIL around every round trip).
-        self._claims = GroupCommit(store.claim_many)
-        self._finishes = GroupCommit(store.finish_many)
+        self._claims = GroupCommit(store.claim_many, shared=DATABASE_DOWN)
+        self._finishes = GroupCommit(store.finish_many, shared=DATABASE_DOWN)
         self._releasing: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -275,64 +318,53 @@ class IdempotencyMiddleware:
                 "an Idempotency-Key is 1 to 255 characters",
             )
             return
-        body, messages = await _drain(receive, self.max_body)
         principal = principal_key(scope)
-        fingerprint = _fingerprint(scope, body)
-        outcome = await self._claims.submit((principal, key, fingerprint))
-        if isinstance(outcome, Mismatch):
-            await _send_problem(
-                send,
-                422,
-                "idempotency-key-reused",
-                "Idempotency-Key reused",
-                "this Idempotency-Key was used with a different request",
-            )
-            return
-        if isinstance(outcome, InFlight):
-            await _send_problem(
-                send,
-                409,
-                "idempotency-key-in-flight",
-                "Request in flight",
-                "a request with this Idempotency-Key is still being processed; retry later",
-                {"Retry-After": "1"},
-            )
-            return
-        if isinstance(outcome, Replay):
-            headers = [(k.encode(), v.encode()) for k, v in outcome.headers]
-            headers += [
-                (b"content-length", str(len(outcome.body)).encode()),
-                (b"idempotent-replayed", b"true"),
-            ]
-            await send(
-                {"type": "http.response.start", "status": outcome.status_code, "headers": headers}
-            )
-            await send({"type": "http.response.body", "body": outcome.body})
-            return
-        assert isinstance(outcome, Claimed)
-        await self._run(scope, messages, send, principal, key)
+        claim = _Claim(self._claims, principal, key, scope)
+        if not _has_body(scope):
+            # Nothing to read first: claimed now, as any route answers.
+            await claim.make()
+            if claim.refused is not None:
+                await _answer(claim.refused, send)
+                return
+        await self._run(scope, receive, send, claim)
 
-    async def _run(
-        self, scope: Scope, messages: list[Message], send: Send, principal: str, key: str
-    ) -> None:
-        """Run the request, store its response, then send it: a client that
-        retries as soon as it has the answer finds it stored, not in flight."""
-        queue = list(messages)
+    async def _run(self, scope: Scope, receive: Receive, send: Send, claim: _Claim) -> None:
+        """Run the request; once claimed (when the route has read the whole
+        body, after authorising: nothing is buffered here), store its
+        response, then send it: a client that retries as soon as it has the
+        answer finds it stored, not in flight. A request whose body the
+        route never read (refused before) is answered and not stored."""
         held: list[Message] = []
 
-        async def replay_receive() -> Message:
-            if queue:
-                return queue.pop(0)
-            return {"type": "http.disconnect"}
+        async def receive_and_claim() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not claim.claimed:
+                claim.digest.update(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await claim.make()
+                    if claim.refused is not None:
+                        raise _Answered
+            return message
 
         async def hold(message: Message) -> None:
-            held.append(message)
+            if claim.claimed:
+                held.append(message)
+            else:
+                await send(message)
 
         try:
-            await self.app(scope, replay_receive, hold)
+            await self.app(scope, receive_and_claim, hold)
+        except _Answered:
+            assert claim.refused is not None
+            await _answer(claim.refused, send)
+            return
         except BaseException:
-            await self._release(principal, key)
+            if claim.claimed:
+                await self._release(claim.principal, claim.key)
             raise
+        if not claim.claimed:
+            return
+        principal, key = claim.principal, claim.key
         start = next((m for m in held if m["type"] == "http.response.start"), None)
         status = int(start["status"]) if start else 500
         if status in (401, 429) or status >= 500:
@@ -381,21 +413,60 @@ class IdempotencyMiddleware:
             self._releasing.discard((principal, key))
 
 
-def _fingerprint(scope: Scope, body: bytes) -> bytes:
-    from service.app.idempotency import request_hash
-
-    query = scope.get("query_string", b"").decode("latin-1")
-    return request_hash(scope["method"], scope["path"], query, body)
+class _Answered(Exception):
+    """Raised from a route's ``receive`` when the claim is refused (a replay,
+    a key in flight or reused): the middleware answers instead of the route."""
 
 
-async def _drain(receive: Receive, limit: int) -> tuple[bytes, list[Message]]:
-    messages, body = [], bytearray()
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            break
-        body += message.get("body", b"")
-        if len(body) > limit or not message.get("more_body", False):
-            break
-    return bytes(body), messages
+class _Claim:
+    """One request's claim of its Idempotency-Key, made once its body is read."""
+
+    def __init__(
+        self, claims: GroupCommit[Any, Outcome], principal: str, key: str, scope: Scope
+    ) -> None:
+        self._claims = claims
+        self.principal, self.key = principal, key
+        self.digest = request_digest(
+            scope["method"], scope["path"], scope.get("query_string", b"").decode("latin-1")
+        )
+        self.claimed = False
+        self.refused: Outcome | None = None
+
+    async def make(self) -> None:
+        outcome = await self._claims.submit((self.principal, self.key, self.digest.digest()))
+        if isinstance(outcome, Claimed):
+            self.claimed = True
+        else:
+            self.refused = outcome
+
+
+async def _answer(outcome: Outcome, send: Send) -> None:
+    """The answer to a request whose claim was refused."""
+    if isinstance(outcome, Mismatch):
+        await _send_problem(
+            send,
+            422,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+            "this Idempotency-Key was used with a different request",
+        )
+    elif isinstance(outcome, InFlight):
+        await _send_problem(
+            send,
+            409,
+            "idempotency-key-in-flight",
+            "Request in flight",
+            "a request with this Idempotency-Key is still being processed; retry later",
+            {"Retry-After": "1"},
+        )
+    else:
+        assert isinstance(outcome, Replay)
+        headers = [(k.encode(), v.encode()) for k, v in outcome.headers]
+        headers += [
+            (b"content-length", str(len(outcome.body)).encode()),
+            (b"idempotent-replayed", b"true"),
+        ]
+        await send(
+            {"type": "http.response.start", "status": outcome.status_code, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": outcome.body})

@@ -26,7 +26,7 @@ from service.api.openapi import body_schema, list_schema, object_schema
 from service.app.auth import Principal, Role, require
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid
-from service.app.kinds import ADMIN_KINDS, Kind
+from service.app.kinds import ADMIN_KINDS, KINDS, Kind
 from service.app.resources import Actor, Page
 from service.app.submissions import MAX_BULK, Outcome, Submission
 from service.app.workloads import validation_problems
@@ -127,6 +127,7 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         deps: Deps,
         namespace: str = "",
     ) -> Any:
+        require(actor.principal, kind.write, namespace if kind.namespaced else None)
         body = await read_body(request, deps.settings.max_body_bytes)
         obj = await run(deps.resources.create, actor, kind.plural, namespace, body)
         return _etag(obj, 201)
@@ -171,6 +172,7 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
             if_match: IfMatch = None,
             namespace: str = "",
         ) -> Any:
+            require(actor.principal, kind.write, namespace if kind.namespaced else None)
             body = await read_body(request, deps.settings.max_body_bytes)
             handler = getattr(deps.resources, method)
             return _etag(await run(handler, actor, kind.plural, namespace, name, body, if_match))
@@ -274,6 +276,7 @@ def admin_router() -> APIRouter:
 
 
 SUBMIT_PATH = "/v1/namespaces/{namespace}/workloads"
+WORKLOADS = KINDS["workloads"]
 
 
 async def submit_workload(request: Request, namespace: str, principal: Principal) -> Response:
@@ -282,6 +285,7 @@ async def submit_workload(request: Request, namespace: str, principal: Principal
     (service/api/fastpath.py)."""
     deps: Container = request.app.state.container
     actor = Actor(principal, request.headers.get("x-request-id"))
+    require(principal, WORKLOADS.write, namespace)  # before a byte of the body is read
     body = await read_body(request, deps.settings.max_body_bytes)
     workload = deps.submissions.parse(actor, namespace, body)
     committer: GroupCommit[Submission, Outcome] = request.app.state.group_commit
@@ -418,7 +422,8 @@ def workload_router() -> APIRouter:
         namespace: NamespacePath, request: Request, actor: CurrentActor, deps: Deps
     ) -> Any:
         """Up to 5,000 submissions; each is all-or-nothing, with its own result."""
-        body = await read_body(request, deps.settings.max_bulk_body_bytes)
+        require(actor.principal, WORKLOADS.write, namespace)  # before the body is read
+        body = await read_body(request, deps.settings.max_bulk_body_bytes, max_items=MAX_BULK)
         items = body.get("items") if isinstance(body, dict) else None
         if not isinstance(items, list):
             raise Invalid("a bulk body is {items: [...]}", [("items", "expected an array")])

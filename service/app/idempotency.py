@@ -63,11 +63,17 @@ IN_FLIGHT_LEASE = timedelta(seconds=60)
 
 
 def request_hash(method: str, path: str, query: str, body: bytes) -> bytes:
+    digest = request_digest(method, path, query)
+    digest.update(body)
+    return digest.digest()
+
+
+def request_digest(method: str, path: str, query: str) -> hashlib._Hash:
+    """The request's hash before its body, which is added as it is read."""
     digest = hashlib.sha256()
     for part in (method.encode(), path.encode(), query.encode()):
         digest.update(len(part).to_bytes(4, "big") + part)
-    digest.update(body)
-    return digest.digest()
+    return digest
 
 
 class IdempotencyStore:
