@@ -51,6 +51,8 @@ def api(
 
     import uvicorn
 
+    from service.api.server import HTTP_PROTOCOL
+
     _database_url()
     with ExitStack() as stack:
         if workers > 1:
@@ -62,7 +64,14 @@ def api(
                 tempfile.TemporaryDirectory(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
             )
             os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", shared)
-        uvicorn.run("service.api.main:create", factory=True, host=host, port=port, workers=workers)
+        uvicorn.run(
+            "service.api.main:create",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            http=HTTP_PROTOCOL,  # its own 400s are problem+json too
+        )
 
 
 METRICS_PREFIX = "qm-metrics-"
