@@ -39,7 +39,7 @@ from service.app.resources import (
     stream_name,
     to_object,
 )
-from service.app.schemas import SecurityPolicy, dump
+from service.app.schemas import SecurityPolicy, WorkloadClass, dump
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import (
     SubmissionError,
@@ -600,7 +600,7 @@ class _QueueRules:
     """What a ClusterQueue asks of every submission, read from its spec once
     per unit of work rather than once per submission."""
 
-    served: str
+    served: WorkloadClass
     covered: frozenset[str]
     policy: SecurityPolicy
 
