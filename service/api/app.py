@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from service.api import openapi, problems
+from service.api import docs, openapi, problems
 from service.api.events import EventHead, events_router
 from service.api.fastpath import SubmitFastPath
 from service.api.group_commit import DATABASE_DOWN, GroupCommit
@@ -86,6 +86,9 @@ def create_app(services: Services) -> FastAPI:
         # We export Prometheus metrics and configure no OpenTelemetry; left
         # on, FastAPI looks for a provider in os.environ on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # Served from local assets by docs.install: the defaults load a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.container = services
     app.state.group_commit = GroupCommit(services.submissions.submit_parsed, shared=DATABASE_DOWN)
@@ -137,6 +140,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(ledger_router())
     problems.install(app)
     openapi.install(app)
+    docs.install(app)
     settings = services.settings
     # Innermost first (each one added wraps those before it): metrics see
     # every answer, including 429s and replays; submissions take the fast
