@@ -46,7 +46,7 @@ from quartermaster_client.errors import (
     WatchTimeout,
     error_for,
 )
-from quartermaster_client.kinds import BY_KIND, Kind, resolve
+from quartermaster_client.kinds import BY_KIND, Kind, of_manifest, resolve
 from quartermaster_client.models import (
     BulkResult,
     Cluster,
@@ -299,7 +299,8 @@ class AsyncClient:
         self, obj: ObjectLike, namespace: str | None = None, kind: KindLike | None = None
     ) -> Applied:
         body, notes = kueue_to_quartermaster(_http.to_body(obj))
-        k = resolve(kind) if kind is not None else resolve(str(body.get("kind", "")))
+        given = (str(body.get("apiVersion") or ""), str(body.get("kind", "")))
+        k = resolve(kind) if kind is not None else of_manifest(*given)
         name = body["metadata"]["name"]
         ns = namespace or body["metadata"].get("namespace")
         if k.kind == "Workload":

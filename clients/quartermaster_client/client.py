@@ -45,7 +45,7 @@ from quartermaster_client.errors import (
     WatchTimeout,
     error_for,
 )
-from quartermaster_client.kinds import BY_KIND, Kind, resolve
+from quartermaster_client.kinds import BY_KIND, Kind, of_manifest, resolve
 from quartermaster_client.models import (
     BulkResult,
     Cluster,
@@ -317,7 +317,8 @@ class Client:
         Kueue manifests (``kueue.x-k8s.io/v1beta2``) are translated first.
         A workload is submitted; one that exists is left alone."""
         body, notes = kueue_to_quartermaster(_http.to_body(obj))
-        k = resolve(kind) if kind is not None else resolve(str(body.get("kind", "")))
+        given = (str(body.get("apiVersion") or ""), str(body.get("kind", "")))
+        k = resolve(kind) if kind is not None else of_manifest(*given)
         if k.kind == "Workload":
             try:
                 return Applied(self.submit(body, namespace), "created", notes)

@@ -71,10 +71,35 @@ class ApiError(QuartermasterError):
         return self.type.removeprefix(PROBLEM_BASE)
 
     def _message(self) -> str:
-        text = f"{self.status} {self.title}: {self.detail}" if self.detail else self.title
-        if self.errors:
-            text += "".join(f"\n  {e}" for e in self.errors)
-        return text
+        """``status title: detail``, then a line per field at fault; each said
+        once, though a detail often repeats them (a submission's lists them all)."""
+        lines = [str(e) for e in self.errors]
+        detail = self.detail
+        if lines:
+            said = {*lines, *(e.message for e in self.errors)}
+            said |= {e.field or "(body)" for e in self.errors}
+            detail = _unrepeated(detail, said)
+            detail = "" if detail.lower() in self.title.lower() else detail
+        if detail:
+            text = f"{self.status} {self.title}: {detail}"
+        else:
+            text = f"{self.status} {self.title}" if lines else self.title
+        return text + "".join(f"\n  {line}" for line in lines)
+
+
+def _unrepeated(detail: str, said: set[str]) -> str:
+    """The detail without what the field lines say: "" when it is one of them,
+    its head when its tail is them joined by "; " or ", " ("… is invalid: a; b")."""
+    if detail in said:
+        return ""
+    head, colon, tail = detail.partition(": ")
+    while colon:
+        for separator in ("; ", ", "):
+            if all(part in said for part in tail.split(separator)):
+                return head
+        more, colon, tail = tail.partition(": ")
+        head = f"{head}: {more}"
+    return detail
 
 
 class BadRequest(ApiError):

@@ -73,17 +73,53 @@ APPLY_ORDER = (
 )
 
 
-def lookup(name: str) -> Kind:
-    """A kind by any of its names: ``ClusterQueue``, ``clusterqueues``, ``cq``.
+#: API groups whose kinds Quartermaster serves: its own, and Kueue's (``apply``
+#: translates them).
+GROUPS = ("quartermaster.dev", "kueue.x-k8s.io")
+#: API groups of the jobs a submission may carry; the server says which kinds.
+JOB_GROUPS = ("batch", "jobset.x-k8s.io", "kubeflow.org")
 
-    Raises KeyError with the known names when there is no such kind."""
-    found = _NAMES.get(name.lower()) or _NAMES.get(name.lower().split(".", 1)[0])
+
+def lookup(name: str) -> Kind:
+    """A kind by any of its names: ``ClusterQueue``, ``clusterqueues``, ``cq``,
+    or one qualified by its group, ``localqueues.kueue.x-k8s.io``.
+
+    Raises KeyError with the known names when there is no such kind, or the
+    group is not one of ours (``queues.scheduling.volcano.sh``)."""
+    short, dot, group = name.lower().partition(".")
+    if dot and group not in GROUPS:
+        raise KeyError(
+            f"unknown kind {name!r}: {group} is not an API group Quartermaster serves "
+            f"({', '.join(GROUPS)})"
+        )
+    found = _NAMES.get(short)
     if found is None:
         raise KeyError(
             f"unknown kind {name!r}; known: {', '.join(k.plural for k in KINDS)} "
             f"(short: {', '.join(s for k in KINDS for s in k.short[:1])})"
         )
     return found
+
+
+def of_manifest(api_version: str, kind: str) -> Kind:
+    """The kind a manifest becomes, by its ``apiVersion`` and exact ``kind`` as
+    an API server reads them: one of ours, or Workload for a job (of a group
+    in JOB_GROUPS, or one without apiVersion, which the server then judges).
+
+    Raises KeyError naming both for anything else: a Volcano ``Queue`` is no
+    LocalQueue, though ``queue`` is one's short name on the command line."""
+    group = api_version.rpartition("/")[0] if api_version else None
+    if group is None or group in GROUPS:
+        found = BY_KIND.get(kind)
+        if found is not None or group is None:
+            return found or BY_KIND["Workload"]
+    elif group in JOB_GROUPS:
+        return BY_KIND["Workload"]
+    raise KeyError(
+        f"apiVersion {api_version} kind {kind} is not something Quartermaster takes: "
+        f"its kinds are {', '.join(k.kind for k in KINDS)} ({' or '.join(GROUPS)}); "
+        f"jobs of {', '.join(JOB_GROUPS)} are submitted"
+    )
 
 
 def resolve(kind: str | Kind | type[Resource]) -> Kind:
@@ -94,4 +130,15 @@ def resolve(kind: str | Kind | type[Resource]) -> Kind:
     return lookup(kind)
 
 
-__all__ = ["ADMIN_KINDS", "APPLY_ORDER", "BY_KIND", "KINDS", "Kind", "lookup", "resolve"]
+__all__ = [
+    "ADMIN_KINDS",
+    "APPLY_ORDER",
+    "BY_KIND",
+    "GROUPS",
+    "JOB_GROUPS",
+    "KINDS",
+    "Kind",
+    "lookup",
+    "of_manifest",
+    "resolve",
+]

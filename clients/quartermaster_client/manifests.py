@@ -26,6 +26,10 @@ class Manifest:
     source: str
 
     @property
+    def api_version(self) -> str:
+        return str(self.body.get("apiVersion") or "")
+
+    @property
     def kind(self) -> str:
         return str(self.body.get("kind", ""))
 

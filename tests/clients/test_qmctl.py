@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from service.app.bootstrap import Services
 from tests.api.conftest import ADMIN_TOKEN
-from tests.clients.conftest import job
+from tests.clients.conftest import job, setup_quota, workload
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
 
@@ -131,12 +131,12 @@ def test_apply_a_kueue_fleet_then_get_in_every_output(qmctl: Run, tmp_path: Path
         "resourceflavor/h100 created",
         "cohort/research created",
         "clusterqueue/team-a created",
-        "localqueue/train created",
+        "localqueue/train created in namespace team-a",
         "workloadpriorityclass/urgent created",
     ]
     assert "admissionChecksStrategy has no Quartermaster meaning" in applied.stderr
     again = qmctl("apply", "-f", "-", stdin=FLEET)
-    assert all(line.endswith(" unchanged") for line in _lines(again.stdout))
+    assert all(line.split()[1] == "unchanged" for line in _lines(again.stdout))
     changed = qmctl("apply", "-f", "-", stdin=FLEET.replace("nominalQuota: 64", "nominalQuota: 96"))
     assert "clusterqueue/team-a configured" in changed.stdout
     assert changed.stdout.count("configured") == 1
@@ -174,6 +174,7 @@ def test_apply_a_kueue_fleet_then_get_in_every_output(qmctl: Run, tmp_path: Path
 
     deleted = qmctl("delete", "-f", str(fleet))
     assert _lines(deleted.stdout)[0] == "workloadpriorityclass/urgent deleted"
+    assert "localqueue/train deleted in namespace team-a" in _lines(deleted.stdout)
     assert len(_lines(deleted.stdout)) == 6
     assert "No clusterqueues found" in qmctl("get", "cq").stderr
 
@@ -245,8 +246,8 @@ def test_submit_get_explain_cancel_and_wait(qmctl: Run, tmp_path: Path, qm: Clie
 
     assert _lines(qmctl("cancel", "train-1").stdout) == ["workload/train-1 cancelled"]
     assert _lines(qmctl("delete", "wl", "train-2", "train-3").stdout) == [
-        "workload/train-2 cancelled",
-        "workload/train-3 cancelled",
+        "workload/train-2 cancelled in namespace team-a",
+        "workload/train-3 cancelled in namespace team-a",
     ]
     pending = qmctl("get", "wl", "--field-selector", "status.state=Pending", "-o", "name")
     assert pending.stdout == ""
@@ -292,6 +293,65 @@ def test_errors_name_the_field_and_exit_1(qmctl: Run) -> None:
     assert "unknown kind 'gpus'" in unknown.stderr
     no_context = qmctl("--context", "nowhere", "get", "cq", code=1)
     assert "no context 'nowhere'" in no_context.stderr
+
+
+def test_a_422_says_each_message_once(qmctl: Run, qm: Client) -> None:
+    """A problem's detail often repeats its field errors (a submission's
+    lists them all): each is printed once, on its own line."""
+    setup_quota(qm)
+    bad = workload("bad")
+    bad["spec"]["podSets"][0]["count"] = 0
+    refused = qmctl("submit", "-f", "-", stdin=yaml.safe_dump(bad), code=1)
+    assert refused.stderr.splitlines() == [
+        "error: 422 Invalid object: the submission is invalid",
+        "  spec.podSets[0].count: Input should be greater than or equal to 1",
+    ]
+    query = qmctl("ledger", "query", "--since", "yesterday", code=1).stderr.splitlines()
+    assert query[0] == "error: 422 Invalid request" and query[1].startswith("  since: ")
+    assert len(query) == 2
+
+
+def test_get_w_points_to_watch(qmctl: Run) -> None:
+    for args in (["get", "wl", "-w"], ["get", "-w"], ["get", "--watch", "cq", "-n", "team-a"]):
+        done = qmctl(*args, code=2)
+        assert "qmctl get does not watch; qmctl watch does: qmctl watch workloads" in done.stderr
+    assert "qmctl watch workloads -n team-a" in qmctl("get", "--help").stdout
+
+
+VOLCANO_QUEUE = """\
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: default
+spec:
+  weight: 1
+"""
+
+
+def test_apply_takes_kinds_only_of_their_api_group(qmctl: Run, qm: Client) -> None:
+    """A Volcano Queue is no LocalQueue, though `queue` is one's short name:
+    refused by apiVersion and kind, without a request; Kueue's kinds that
+    Quartermaster does not serve too; the rest of the file is applied."""
+    check = "apiVersion: kueue.x-k8s.io/v1beta2\nkind: AdmissionCheck\nmetadata:\n  name: prov\n"
+    cohort = FLEET.split("---")[4]
+    applied = qmctl("apply", "-f", "-", stdin="---\n".join([VOLCANO_QUEUE, check, cohort]), code=1)
+    assert _lines(applied.stdout) == ["cohort/research created"]
+    errors = _lines(applied.stderr)
+    assert errors[0].startswith(
+        "error: queue/default (<stdin>#0): apiVersion scheduling.volcano.sh/v1beta1 kind Queue "
+        "is not something Quartermaster takes: its kinds are ResourceFlavor, "
+    )
+    assert (
+        "error: admissioncheck/prov (<stdin>#1): apiVersion kueue.x-k8s.io/v1beta2 kind "
+        in (errors[1])
+    )
+    assert list(qm.localqueues.list(all_namespaces=True)) == []
+    with pytest.raises(KeyError, match=r"scheduling\.volcano\.sh/v1beta1 kind Queue"):
+        qm.apply(yaml.safe_load(VOLCANO_QUEUE), namespace="team-a")
+    refused = qmctl("get", "queues.scheduling.volcano.sh", code=2)
+    assert "scheduling.volcano.sh is not an API group Quartermaster serves" in refused.stderr
+    assert _lines(qmctl("get", "cohorts.kueue.x-k8s.io").stdout)[1].split()[0] == "research"
+    assert "No localqueues found" in qmctl("get", "queue", "-A").stderr  # the short name still
 
 
 def test_contexts_in_a_config_file(qmctl: Run, tmp_path: Path, api_url: str) -> None:
@@ -390,11 +450,11 @@ def test_a_workload_that_may_still_run_has_no_outcome(state: str) -> None:
 def test_apply_submits_job_manifests_once(qmctl: Run, tmp_path: Path) -> None:
     documents = FLEET + "---\n" + yaml.safe_dump(job("from-apply"))
     first = qmctl("apply", "-f", "-", stdin=documents)
-    assert _lines(first.stdout)[-1] == "workload/from-apply created"
+    assert _lines(first.stdout)[-1] == "workload/from-apply created in namespace team-a"
     second = qmctl("apply", "-f", "-", stdin=documents)
-    assert _lines(second.stdout)[-1] == "workload/from-apply unchanged (exists)"
+    assert _lines(second.stdout)[-1] == "workload/from-apply unchanged in namespace team-a (exists)"
     deleted = _lines(qmctl("delete", "-f", "-", stdin=documents).stdout)
-    assert deleted[0] == "workload/from-apply cancelled" and len(deleted) == 7
+    assert deleted[0] == "workload/from-apply cancelled in namespace team-a" and len(deleted) == 7
 
 
 def test_watch_prints_events_and_workloads_as_they_happen(

@@ -412,3 +412,29 @@ def test_the_verifier_reads_the_checkpoint_an_export_opens_with() -> None:
     assert report.entries == 5 and report.unsigned == 2
     assert not verify_export(lines, verifier_key=stranger.verifier_key).verified
     assert not verify_export(lines[1:], verifier_key=signer.verifier_key).verified
+
+
+def test_an_error_message_says_each_field_error_once() -> None:
+    """Details that repeat the field errors (joined, or one of them) are cut
+    to what they add; a detail that says something else is kept."""
+    from quartermaster_client.errors import FieldError, Invalid
+
+    def message(detail: str, *errors: tuple[str, str]) -> str:
+        found = [FieldError(field, text) for field, text in errors]
+        return str(Invalid(422, "invalid", "Invalid object", detail, found))
+
+    joined = message(
+        "the submission is invalid: a: must be set; b.c: too big",
+        ("a", "must be set"),
+        ("b.c", "too big"),
+    )
+    assert (
+        joined == "422 Invalid object: the submission is invalid\n  a: must be set\n  b.c: too big"
+    )
+    assert message("bad", ("q", "bad")) == "422 Invalid object\n  q: bad"
+    assert (
+        message("invalid: since", ("since", "not a time"))
+        == "422 Invalid object\n  since: not a time"
+    )
+    other = message("ClusterQueue is invalid", ("spec.cohortName", "bad name"))
+    assert other == "422 Invalid object: ClusterQueue is invalid\n  spec.cohortName: bad name"

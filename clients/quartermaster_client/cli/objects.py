@@ -32,7 +32,7 @@ from quartermaster_client.cli.shared import (
 from quartermaster_client.client import Client
 from quartermaster_client.errors import AlreadyExists, ApiError
 from quartermaster_client.explain import in_words
-from quartermaster_client.kinds import APPLY_ORDER, KINDS, Kind, lookup
+from quartermaster_client.kinds import APPLY_ORDER, KINDS, Kind, of_manifest
 from quartermaster_client.manifests import Manifest, load
 from quartermaster_client.models import ClusterQueue, Event, Resource
 
@@ -59,18 +59,16 @@ def _sorted(manifests: list[Manifest]) -> list[Manifest]:
 
     def rank(m: Manifest) -> int:
         try:
-            return APPLY_ORDER.index(lookup(m.kind).kind)
+            return APPLY_ORDER.index(of_manifest(m.api_version, m.kind).kind)
         except KeyError:
             return len(APPLY_ORDER)
 
     return sorted(manifests, key=rank)
 
 
-def _is_job(manifest: Manifest) -> bool:
-    try:
-        return lookup(manifest.kind).kind == "Workload"
-    except KeyError:
-        return True  # Job, JobSet, PyTorchJob, MPIJob: submissions
+def _where(kind: Kind, ns: str | None) -> str:
+    """`` in namespace NS`` for a namespaced object's line, else nothing."""
+    return f" in namespace {ns}" if kind.namespaced and ns else ""
 
 
 # -- apply, delete -----------------------------------------------------------------------
@@ -101,31 +99,36 @@ def apply(
     failures = 0
     with STATE.client() as client:
         for manifest in manifests:
-            label = f"{manifest.kind.lower()}/{manifest.name}"
-            ns = namespace or (manifest.body.get("metadata") or {}).get("namespace")
             try:
-                if _is_job(manifest):
-                    body = kueue_to_quartermaster(manifest.body)[0]
-                    try:
-                        result = client.submit(body, STATE.namespace(ns))
-                    except AlreadyExists:
-                        # Workloads are immutable: cancel and resubmit to change one.
-                        typer.echo(f"workload/{manifest.name} unchanged (exists)")
-                        continue
-                    typer.echo(f"workload/{result.name} created")
-                    continue
-                kind = lookup(manifest.kind)
-                applied = client.apply(
-                    manifest.body, STATE.namespace(ns) if kind.namespaced else None
-                )
-                for note in applied.notes:
-                    typer.echo(f"warning: {note}", err=True)
-                typer.echo(f"{kind.kind.lower()}/{applied.object.name} {applied.action}")
-            except ApiError as error:
+                _apply_one(client, manifest, namespace)
+            except (ApiError, KeyError) as error:
                 failures += 1
-                typer.echo(f"error: {label} ({manifest.source}): {error}", err=True)
+                reason = error.args[0] if isinstance(error, KeyError) else error
+                label = f"{manifest.kind.lower()}/{manifest.name}"
+                typer.echo(f"error: {label} ({manifest.source}): {reason}", err=True)
     if failures:
         raise typer.Exit(EXIT_ERROR)
+
+
+def _apply_one(client: Client, manifest: Manifest, namespace: str | None) -> None:
+    """Submit a job or Workload, or create or replace any other object; one line says which."""
+    kind = of_manifest(manifest.api_version, manifest.kind)
+    ns = STATE.namespace(namespace or (manifest.body.get("metadata") or {}).get("namespace"))
+    if kind.kind == "Workload":
+        body = kueue_to_quartermaster(manifest.body)[0]
+        try:
+            result = client.submit(body, ns)
+        except AlreadyExists:
+            # Workloads are immutable: cancel and resubmit to change one.
+            typer.echo(f"workload/{manifest.name} unchanged{_where(kind, ns)} (exists)")
+            return
+        typer.echo(f"workload/{result.name} created{_where(kind, result.namespace)}")
+        return
+    applied = client.apply(manifest.body, ns if kind.namespaced else None, kind=kind)
+    for note in applied.notes:
+        typer.echo(f"warning: {note}", err=True)
+    where = _where(kind, applied.object.metadata.namespace)
+    typer.echo(f"{kind.kind.lower()}/{applied.object.name} {applied.action}{where}")
 
 
 @commands.command(
@@ -148,7 +151,7 @@ def delete(
     targets: list[tuple[Kind, str, str | None]] = []
     if filename:
         for manifest in reversed(_sorted(load(filename))):
-            k = lookup("Workload") if _is_job(manifest) else lookup(manifest.kind)
+            k = of_manifest(manifest.api_version, manifest.kind)
             ns = namespace or (manifest.body.get("metadata") or {}).get("namespace")
             targets.append((k, manifest.name, STATE.namespace(ns) if k.namespaced else None))
     elif kind and names:
@@ -166,7 +169,7 @@ def delete(
                 typer.echo(f"error: {k.kind.lower()}/{name}: {error}", err=True)
                 continue
             verb = "cancelled" if k.kind == "Workload" else "deleted"
-            typer.echo(f"{k.kind.lower()}/{name} {verb}")
+            typer.echo(f"{k.kind.lower()}/{name} {verb}{_where(k, ns)}")
     if failures:
         raise typer.Exit(EXIT_ERROR)
 
@@ -180,12 +183,24 @@ def _usage_context(client: Client, kind: Kind) -> Context:
     return Context(lambda: list(client.workloads.list(all_namespaces=True)))
 
 
+def _no_watch(value: bool) -> None:
+    """``get -w`` as kubectl knows it: say where watching lives."""
+    if value:
+        typer.echo(
+            "error: qmctl get does not watch; qmctl watch does: "
+            "qmctl watch workloads [-n NAMESPACE | -A], or qmctl watch events",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
 @commands.command(
     epilog=examples(
         "qmctl get clusterqueues",
         "qmctl get workloads -n team-a -o wide",
         "qmctl get wl -A --field-selector status.state=Pending",
         "qmctl get cq team-a -o yaml",
+        "qmctl watch workloads -n team-a             # what kubectl get -w does",
     )
 )
 @handled
@@ -201,6 +216,9 @@ def get(
     field_selector: Annotated[
         str | None, typer.Option("--field-selector", help="e.g. status.state=Pending")
     ] = None,
+    watch: Annotated[
+        bool, typer.Option("-w", "--watch", hidden=True, is_eager=True, callback=_no_watch)
+    ] = False,
 ) -> None:
     """List objects of a kind, or show some by name."""
     if output not in OUTPUTS:
