@@ -33,6 +33,7 @@ from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from workers.jsonio import dumps, loads
+from workers.plan.views import Ref
 
 __all__ = [
     "APPLY",
@@ -97,23 +98,9 @@ KINDS: dict[str, Kind] = {
         Kind("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", True),
         Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),
         Kind("kubeflow.org/v2beta1", "MPIJob", "mpijobs", True),
+        Kind("coordination.k8s.io/v1", "Lease", "leases", True),  # workers/fence.py
     )
 }
-
-
-@dataclass(frozen=True, order=True)
-class Ref:
-    kind: str
-    namespace: str
-    name: str
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> Ref:
-        meta = obj.get("metadata") or {}
-        return cls(str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}".replace(" /", " ")
 
 
 class RateLimiter:

@@ -39,8 +39,15 @@ from service.app.kinds import COLLECTION_ENDED
 from service.app.uow import SqlUnitOfWork
 from service.domain.events import CLUSTER_COLLECTED, CLUSTER_COLLECTING, CLUSTER_COLLECTION_FAILED
 from service.eventstore.port import ConcurrencyConflict
-from workers.clusters import Member, MemberError, Ref
-from workers.plan import CLUSTER_UID_LABEL, JOB_KINDS, MANAGED, QUEUE_KINDS, WORKLOAD_ANNOTATION
+from workers.clusters import Member, MemberError
+from workers.plan import (
+    CLUSTER_UID_LABEL,
+    JOB_KINDS,
+    MANAGED,
+    QUEUE_KINDS,
+    WORKLOAD_ANNOTATION,
+    Ref,
+)
 from workers.records import ClusterRow, append_cluster, load, parse_time, rfc3339
 from workers.settings import WorkerSettings
 from workers.sync import requeue

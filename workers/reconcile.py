@@ -34,7 +34,7 @@ from service.app import lifecycle
 from service.app.lifecycle import Status, Subject
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
-from workers.clusters import KINDS, Member, MemberError, Ref
+from workers.clusters import KINDS, Member, MemberError
 from workers.plan import (
     ADMISSION_LABEL,
     JOB_KINDS,
@@ -42,6 +42,7 @@ from workers.plan import (
     WORKLOAD_ANNOTATION,
     Actions,
     PlanMemo,
+    Ref,
     job_kinds,
     member_status,
     plan,

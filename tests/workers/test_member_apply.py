@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tests.workers.members import members
-from workers.clusters import FIELD_MANAGER, Member, MemberError, Ref
+from workers.clusters import FIELD_MANAGER, Member, MemberError
+from workers.plan import Ref
 
 _NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
 _FLAVOR = {

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from service.domain.quantity import canonical_amount
 from tests.workers.kueue_rules import problems
-from workers.clusters import Ref
 from workers.plan import (
     ADMISSION_LABEL,
     QUEUE_LABEL,
     ClusterView,
     PlanMemo,
+    Ref,
     WorkloadView,
     admission_id,
     desired,

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers import reconcile
-from workers.clusters import Ref
-from workers.plan import ADMISSION_LABEL, MANAGED, Actions
+from workers.plan import ADMISSION_LABEL, MANAGED, Actions, Ref
 from workers.reconcile import Report
 
 

@@ -1,0 +1,82 @@
+"""desired vs actual: the actions that make a member match the centre."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.plan.desired import PlanMemo, desired
+from workers.plan.names import ADMISSION_LABEL, JOB_KINDS, QUEUE_KINDS, WORKLOAD_ANNOTATION
+from workers.plan.views import Actions, ClusterView, Ref
+
+# -- plan ------------------------------------------------------------------------------------
+
+
+def _contains(actual: Any, wanted: Any) -> bool:
+    """Whether ``actual`` already holds every field of ``wanted`` (so that an
+    apply would change nothing; quantities compared canonically)."""
+    if isinstance(wanted, Mapping):
+        if not isinstance(actual, Mapping):
+            return False
+        return all(_contains(actual.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    return actual == wanted or str(actual) == str(wanted)
+
+
+def _job_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (
+        str((meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION, "")),
+        str((meta.get("labels") or {}).get(ADMISSION_LABEL, "")),
+    )
+
+
+def plan(
+    view: ClusterView, actual: Sequence[Mapping[str, Any]], memo: PlanMemo | None = None
+) -> Actions:
+    """``actual``: the member's objects that carry our managed label;
+    ``memo``: as for :func:`desired`."""
+    actions = Actions()
+    refs = [Ref.of(o) for o in actual]
+    jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in JOB_KINDS]
+    present = {key for _, _, key in jobs}
+    want = desired(view, present, memo)
+    occupied = {ref for ref, _, _ in jobs}
+    for ref, obj, key in jobs:
+        if key not in want.jobs and key not in want.held:
+            actions.draining.append(key[1])
+            if not (obj.get("metadata") or {}).get("deletionTimestamp"):
+                actions.delete.append(ref)
+    on_cluster = dict(zip(refs, actual, strict=True))
+    for ns in want.namespaces.values():
+        if Ref.of(ns) not in on_cluster:
+            actions.apply.append(ns)
+    queues = sorted(want.queues.items())
+    for kind in reversed(QUEUE_KINDS):  # flavors, then ClusterQueues, then LocalQueues
+        for ref, obj in queues:
+            if ref.kind == kind and not _contains(on_cluster.get(ref), obj):
+                actions.apply.append(obj)
+    for key, job in sorted(want.jobs.items()):
+        if key not in present and Ref.of(job) not in occupied:
+            actions.dispatch.append(job)
+    unused = [ref for ref in refs if ref.kind in QUEUE_KINDS and ref not in want.queues]
+    for kind in QUEUE_KINDS:
+        actions.collect += [ref for ref in unused if ref.kind == kind]
+    running = {key for key, _ in present}
+    for workload in view.workloads:
+        if workload.key in running:
+            continue
+        if (
+            workload.state == "Evicted"
+            and (workload.status.get("eviction") or {}).get("cluster") == view.cluster
+            and workload.spec.get("active", True) is not False  # deactivated: stays Evicted
+        ):
+            actions.requeue.append(workload.key)
+        elif workload.state == "Cancelling" and workload.admission.get("cluster") == view.cluster:
+            actions.cancelled.append(workload.key)
+    return actions

@@ -1,0 +1,173 @@
+"""The member job of a workload: its own manifest (every pod template as the
+floor checked it) or one built from its pod sets, pinned to its islands."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from service.domain.jobs import job_pod_templates
+from workers.plan.names import (
+    ADMISSION_LABEL,
+    API_VERSIONS,
+    JOB_KINDS,
+    PRIORITY_ANNOTATION,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    SIM_ANNOTATIONS,
+    UID_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_LABEL,
+    dns_label,
+    job_name,
+    managed_labels,
+    priority_class_name,
+    short_name,
+    workload_label,
+)
+from workers.plan.views import WorkloadView
+
+Obj = dict[str, Any]
+
+
+def _pin(
+    template: Mapping[str, Any],
+    selector: Mapping[str, str],
+    extra: Mapping[str, str],
+    labels: Mapping[str, str],
+) -> Obj:
+    """A pod template pinned to its flavors' (and island's) node labels, its
+    pods labelled with the workload and admission they belong to."""
+    # Copies of what changes only (metadata, its labels and annotations, the
+    # spec's top level); the rest (containers, volumes) is shared with the
+    # workload's spec, which nothing writes to: a deep copy of every
+    # in-flight gang's template was a tenth of a reconcile pass.
+    out = dict(template)
+    meta = out["metadata"] = dict(out.get("metadata") or {})
+    meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    annotations = meta["annotations"] = dict(meta.get("annotations") or {})
+    for key, value in extra.items():
+        annotations.setdefault(key, value)
+    spec = out["spec"] = dict(out.get("spec") or {})
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **selector}
+    spec.setdefault("restartPolicy", "Never")
+    return out
+
+
+def _job_spec(count: int, template: Obj) -> Obj:
+    return {
+        "parallelism": count,
+        "completions": count,
+        "backoffLimit": 0,
+        "template": template,
+    }
+
+
+def _templates(job: Obj) -> Iterable[tuple[str, Obj]]:
+    """The pod templates of a job manifest of any supported kind, each with
+    the name of its pod set: the very list the security floor checked and
+    the submission was charged for (service/domain/jobs.py)."""
+    found, _ = job_pod_templates(job)
+    for template in found:
+        if isinstance(template.template, dict):
+            yield template.name, template.template
+
+
+def job_kinds(specs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The kinds of the member jobs of workloads with these specs (as
+    :func:`member_job` builds them), and always ``Job``: what a pass that does not
+    look for strays lists."""
+    used = {"Job"}
+    for spec in specs:
+        source = spec.get("job")
+        if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+            used.add(str(source["kind"]))
+        elif len(list(spec.get("podSets") or ())) != 1:
+            used.add("JobSet")
+    return tuple(k for k in JOB_KINDS if k in used)
+
+
+def member_job(
+    workload: WorkloadView,
+    queue: str,
+    selectors: Mapping[str, Mapping[str, str]],
+    admission: str,
+) -> Obj:
+    """The member job of ``workload``, each pod set pinned by its own
+    selector (pod sets of one gang may sit in different islands), its
+    priority the member's Kueue sees."""
+    first = next(iter(selectors.values()), {})
+    meta: Obj = {
+        "name": job_name(workload),
+        "namespace": workload.namespace,
+        "labels": managed_labels(
+            **{
+                WORKLOAD_LABEL: workload_label(workload.namespace, workload.name),
+                ADMISSION_LABEL: admission,
+                QUEUE_LABEL: queue,
+                PRIORITY_LABEL: priority_class_name(priority_of(workload)),
+            }
+        ),
+        "annotations": {
+            WORKLOAD_ANNOTATION: workload.key,
+            UID_ANNOTATION: workload.uid,
+            PRIORITY_ANNOTATION: str(workload.spec.get("priority") or 0),
+        },
+    }
+    sim = {k: str(v) for k, v in workload.annotations.items() if k in SIM_ANNOTATIONS}
+    pods = {k: meta["labels"][k] for k in (WORKLOAD_LABEL, ADMISSION_LABEL)}
+    source = workload.spec.get("job")
+    if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+        job = copy.deepcopy(dict(source))
+        original = job.get("metadata") or {}
+        meta["labels"] = {**(original.get("labels") or {}), **meta["labels"]}
+        meta["annotations"] = {**(original.get("annotations") or {}), **meta["annotations"]}
+        job["metadata"] = meta
+        job.pop("status", None)
+        for name, template in _templates(job):
+            template.update(_pin(template, selectors.get(name, first), sim, pods))
+        return job
+    pod_sets = list(workload.spec.get("podSets") or ())
+    if len(pod_sets) == 1:
+        ps = pod_sets[0]
+        return {
+            "apiVersion": API_VERSIONS["Job"],
+            "kind": "Job",
+            "metadata": meta,
+            "spec": _job_spec(
+                int(ps["count"]),
+                _pin(
+                    ps.get("template") or {}, selectors.get(str(ps.get("name")), first), sim, pods
+                ),
+            ),
+        }
+    return {
+        "apiVersion": API_VERSIONS["JobSet"],
+        "kind": "JobSet",
+        "metadata": meta,
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": short_name(dns_label(str(ps.get("name", f"set-{i}"))), 40),
+                    "replicas": 1,
+                    "template": {
+                        "spec": _job_spec(
+                            int(ps["count"]),
+                            _pin(
+                                ps.get("template") or {},
+                                selectors.get(str(ps.get("name")), first),
+                                sim,
+                                pods,
+                            ),
+                        )
+                    },
+                }
+                for i, ps in enumerate(pod_sets)
+            ]
+        },
+    }
+
+
+def priority_of(workload: WorkloadView) -> int:
+    return int(workload.spec.get("priority") or 0)

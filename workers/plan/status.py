@@ -1,0 +1,61 @@
+"""Sync's reading of a member job: the phase the centre records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+# -- sync: member state → central state ------------------------------------------------------
+
+_SUCCEEDED = {"Complete", "Completed", "Succeeded"}
+
+
+def _true(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    for condition in conditions:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return condition
+    return None
+
+
+def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) -> Obj:
+    """What the member says of one of our jobs: ``{phase, at, reason}``,
+    phase one of ``Pending``, ``Running``, ``Succeeded``, ``Failed``,
+    ``Evicted``. The member Kueue Workload's conditions are the generic
+    source (every job kind); the job's own conditions back them up."""
+    w_conditions = ((workload or {}).get("status") or {}).get("conditions") or ()
+    j_conditions = (job.get("status") or {}).get("conditions") or ()
+    finished = _true(w_conditions, "Finished")
+    if finished is not None:
+        failed = finished.get("reason") == "Failed" or _true(j_conditions, "Failed") is not None
+        phase = "Failed" if failed else "Succeeded"
+        return {"phase": phase, "at": finished.get("lastTransitionTime"), "reason": phase}
+    for condition in j_conditions:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") in _SUCCEEDED:
+            return {
+                "phase": "Succeeded",
+                "at": condition.get("lastTransitionTime"),
+                "reason": "Succeeded",
+            }
+        if condition.get("type") == "Failed":
+            return {
+                "phase": "Failed",
+                "at": condition.get("lastTransitionTime"),
+                "reason": condition.get("reason") or "Failed",
+            }
+    evicted = _true(w_conditions, "Evicted")
+    if evicted is not None:
+        return {
+            "phase": "Evicted",
+            "at": evicted.get("lastTransitionTime"),
+            "reason": evicted.get("reason") or "Evicted",
+            "message": evicted.get("message") or "",
+        }
+    ready = _true(w_conditions, "PodsReady")
+    if ready is not None:
+        return {"phase": "Running", "at": ready.get("lastTransitionTime"), "reason": "PodsReady"}
+    return {"phase": "Pending", "at": None, "reason": ""}
