@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from quartermaster_client.models import (
@@ -87,6 +88,9 @@ def lookup(name: str) -> Kind:
     Raises KeyError with the known names when there is no such kind, or the
     group is not one of ours (``queues.scheduling.volcano.sh``)."""
     short, dot, group = name.lower().partition(".")
+    version, _, versioned = group.partition(".")
+    if re.fullmatch(r"v\d+((alpha|beta)\d+)?", version):
+        group = versioned  # kubectl's RESOURCE.VERSION.GROUP
     if dot and group not in GROUPS:
         raise KeyError(
             f"unknown kind {name!r}: {group} is not an API group Quartermaster serves "

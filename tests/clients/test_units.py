@@ -438,3 +438,40 @@ def test_an_error_message_says_each_field_error_once() -> None:
     )
     other = message("ClusterQueue is invalid", ("spec.cohortName", "bad name"))
     assert other == "422 Invalid object: ClusterQueue is invalid\n  spec.cohortName: bad name"
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "becomes"),
+    [
+        ("kueue.x-k8s.io/v1beta2", "LocalQueue", "LocalQueue"),
+        ("quartermaster.dev/v1", "Cluster", "Cluster"),
+        ("kueue.x-k8s.io/v1beta2", "Workload", "Workload"),
+        ("batch/v1", "Job", "Workload"),
+        ("kubeflow.org/v1", "PyTorchJob", "Workload"),
+        ("", "ClusterQueue", "ClusterQueue"),
+        ("scheduling.volcano.sh/v1beta1", "Queue", None),
+        ("kueue.x-k8s.io/v1beta2", "AdmissionCheck", None),
+        ("kueue.x-k8s.io/v1beta2", "localqueue", None),
+        ("v1", "ConfigMap", None),
+    ],
+)
+def test_a_manifest_is_the_kind_its_api_group_and_kind_name(
+    api_version: str, kind: str, becomes: str | None
+) -> None:
+    from quartermaster_client.kinds import of_manifest
+
+    if becomes is not None:
+        assert of_manifest(api_version, kind).kind == becomes
+        return
+    with pytest.raises(KeyError) as refused:
+        of_manifest(api_version, kind)
+    assert f"apiVersion {api_version} kind {kind} is not something" in refused.value.args[0]
+
+
+def test_kind_names_on_the_command_line_respect_the_group() -> None:
+    assert lookup("queue").kind == "LocalQueue"
+    assert lookup("clusterqueues.v1beta2.kueue.x-k8s.io").kind == "ClusterQueue"
+    assert lookup("cq.quartermaster.dev").kind == "ClusterQueue"
+    for name in ("queues.scheduling.volcano.sh", "queue.v1beta1.scheduling.volcano.sh"):
+        with pytest.raises(KeyError, match=r"scheduling\.volcano\.sh is not an API group"):
+            lookup(name)
