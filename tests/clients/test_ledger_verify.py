@@ -113,6 +113,7 @@ def test_with_the_key_the_exports_checkpoint_is_checked(exported: Exported) -> N
         assert good.returncode == 0, good.stdout + good.stderr
         assert _printed(good)[0].startswith("3 entries; head ")
         assert _printed(good)[1:] == [
+            "chain: every hash and link checked: intact",
             f"{SIGNED} matches",
             "signature: valid",
             "unsigned: 1 entry after the checkpoint "
@@ -140,9 +141,11 @@ def test_a_tampered_entry_fails_even_with_its_chain_recomputed(exported: Exporte
     )
     assert broken.returncode == 8
     assert "seq 1: the entry's hash does not match its content" in broken.stderr
+    assert "chain: every hash and link checked: BROKEN (1 problem)" in _printed(broken)
     assert f"{SIGNED} DOES NOT MATCH" in _printed(broken)
     resealed = exported.verify([checkpoint, *_resealed(entries)], "--key", exported.key)
-    assert resealed.returncode == 8 and "  seq " not in resealed.stderr  # the chain holds
+    assert resealed.returncode == 8 and "  seq " not in resealed.stderr
+    assert "chain: every hash and link checked: intact" in _printed(resealed)
     assert f"{SIGNED} DOES NOT MATCH" in _printed(resealed)
     assert "verified" not in _printed(resealed)
     gap = exported.verify([checkpoint, entries[0], entries[2]], "--key", exported.key)
@@ -159,7 +162,8 @@ def test_with_the_key_and_no_checkpoint_nothing_is_verified(exported: Exported) 
         exported.verify(cut, "--key", exported.key),
     ):
         assert unsigned.returncode == 8, unsigned.stdout
-        assert _printed(unsigned)[1].startswith("checkpoint: none (the export carries none")
+        assert _printed(unsigned)[1] == "chain: every hash and link checked: intact"
+        assert _printed(unsigned)[2].startswith("checkpoint: none (the export carries none")
         assert "signature: not checked (no checkpoint)" in _printed(unsigned)
         assert "NOT verified: no signed checkpoint to check the key against" in unsigned.stderr
         assert "verified" not in _printed(unsigned)
@@ -169,6 +173,7 @@ def test_without_a_key_no_signature_is_claimed(exported: Exported) -> None:
     keyless = exported.verify(exported.export)
     assert keyless.returncode == 0
     assert _printed(keyless)[1:] == [
+        "chain: every hash and link checked: intact",
         f"{SIGNED} matches",
         "signature: not checked (give --key)",
         "unsigned: 1 entry after the checkpoint "

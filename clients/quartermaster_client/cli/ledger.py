@@ -233,17 +233,21 @@ def ledger_verify(
 
 
 def _checked(report: Report) -> list[str]:
-    """What was and was not checked beyond the hashes and links, a line each."""
+    """What was and was not checked, a line each."""
+    breaks = len(report.breaks)
+    problems = f"BROKEN ({breaks} problem{'s' if breaks > 1 else ''})"
+    chain = [f"chain: every hash and link checked: {problems if breaks else 'intact'}"]
     cp = report.checkpoint
     if cp is None:
         return [
+            *chain,
             "checkpoint: none (the export carries none; publish one with "
             "qmctl ledger checkpoint --publish, or give --checkpoint)",
             "signature: not checked (no checkpoint)",
         ]
     where = "--checkpoint" if report.checkpoint_from == "given" else "the export"
     verdict = "matches" if report.checkpoint_matches else "DOES NOT MATCH"
-    lines = [f"checkpoint: {cp.origin} size {cp.size} (from {where}): root {verdict}"]
+    lines = [*chain, f"checkpoint: {cp.origin} size {cp.size} (from {where}): root {verdict}"]
     if report.signature is None:
         lines.append("signature: not checked (give --key)")
     else:
