@@ -21,6 +21,7 @@ from collections.abc import Container, Iterable, Iterator
 from service.domain.quota import LocalQueue
 from service.domain.workload import Admission, PodSetAssignment, RequeueState, Workload
 from service.engine.backoff import next_requeue_state
+from service.engine.feasibility import Verdict, never_fits
 from service.engine.flavors import (
     FIT,
     NO_FIT,
@@ -54,6 +55,11 @@ _HUMAN_REASON = {
     "InCohortFairSharing": "fair sharing within the cohort",
     "InCohortReclaimWhileBorrowing": "reclamation within the cohort while borrowing",
 }
+
+#: Why a queue holds a workload back before trying it: told before any verdict.
+_HELD_REASONS = frozenset(
+    {"ClusterQueueStopped", "LocalQueueStopped", "RequeueBackoff", "NoMatchingCluster"}
+)
 
 #: How many failures each ClusterQueue remembers for fast rejection.
 _FAILURE_MEMORY = 16
@@ -136,6 +142,8 @@ class _Cycle:
         self._routes: dict[str, tuple[str, CQState | None]] = {}
         #: ClusterQueue -> the root of its quota tree.
         self._root_of = {name: cq.root for name, cq in self.state.cqs.items()}
+        #: ``(ClusterQueue, gang shape, cluster selector)`` -> its feasibility verdict.
+        self._verdicts: dict[tuple[str, object, object], Verdict | None] = {}
 
     # --- 1. evictions that do not depend on pending work ------------------------------------
 
@@ -574,6 +582,7 @@ class _Cycle:
             queue = self.queues.get(name)
             held = self._held.get(name)
             items = queue.all_workloads() if queue is not None else []
+            behind = queue.blocked_by.key if queue is not None and queue.blocked_by else None
             if held is None and queue is not None and queue.in_queue_order():
                 # One LocalQueue: the position in it is the position in the ClusterQueue.
                 position = 0
@@ -586,7 +595,7 @@ class _Cycle:
                     else:
                         reason, text = _reason_of(entry)
                     key = wi.key
-                    reasons[key] = PendingReason(key, reason, text, name, wi.lq, position, position)
+                    reasons[key] = self._reason(wi, reason, text, name, position, position, behind)
                     position += 1
                 continue
             waiting = [w for w in items if w.why is not None]
@@ -601,10 +610,52 @@ class _Cycle:
                 lq_position = per_lq.get(wi.lq, 0)
                 per_lq[wi.lq] = lq_position + 1
                 reason, text = _reason_of(wi.why)
-                reasons[wi.key] = PendingReason(
-                    wi.key, reason, text, name, wi.lq, position, lq_position
+                reasons[wi.key] = self._reason(
+                    wi, reason, text, name, position, lq_position, behind
                 )
         return reasons
+
+    def _reason(
+        self,
+        wi: WorkloadInfo,
+        reason: str,
+        text: str,
+        cq: str,
+        position: int,
+        lq_position: int,
+        behind: str | None,
+    ) -> PendingReason:
+        """A queued workload's pending reason; a gang that can never fit gets its
+        verdict instead (the true cause, never "N more needed"), unless the queue
+        holds it back for a reason of its own (stopped, backing off, no cluster)."""
+        verdict = None if reason in _HELD_REASONS else self._verdict(wi)
+        if verdict is not None:
+            return PendingReason(
+                wi.key,
+                verdict.reason,
+                verdict.message,
+                cq,
+                wi.lq,
+                position,
+                lq_position,
+                inadmissible=True,
+                cause=verdict.cause,
+            )
+        behind = behind if reason == "StrictFIFO" else None
+        return PendingReason(
+            wi.key, reason, text, cq, wi.lq, position, lq_position, waiting_behind=behind
+        )
+
+    def _verdict(self, wi: WorkloadInfo) -> Verdict | None:
+        """``never_fits``, once per ClusterQueue, gang shape and cluster selector."""
+        assert wi.cq is not None
+        selector = wi.wl.cluster_selector
+        key = (wi.cq.name, wi.shape, None if selector is None else selector_key(selector))
+        try:
+            return self._verdicts[key]
+        except KeyError:
+            verdict = self._verdicts[key] = never_fits(self.state, wi)
+            return verdict
 
 
 def _pod_set_assignments(

@@ -46,8 +46,11 @@ __all__ = [
     "PreemptionPlan",
     "admit_simply",
     "assign_flavors",
+    "describe_shape",
+    "flavor_mismatch",
     "flavor_plan",
     "quota_mode_only",
+    "render_quota_note",
 ]
 
 NO_FIT, NO_CANDIDATES, PREEMPT, RECLAIM, FIT = 0, 1, 2, 3, 4
@@ -711,3 +714,9 @@ def _try_place(
 ) -> GangPlacement | None:
     request: PodSetRequest = state.pod_set_request(wi, index, flavors)
     return place_gang(state.inventory, [request])
+
+
+#: Shared with ``service.engine.feasibility``, which words never-fitting gangs alike.
+describe_shape = _describe_shape
+flavor_mismatch = _flavor_mismatch
+render_quota_note = _render_quota_note

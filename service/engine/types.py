@@ -205,7 +205,9 @@ class PendingReason:
 
     ``position_in_cluster_queue`` / ``position_in_local_queue`` are 0-based
     positions in queue order after this cycle (``None`` when the workload is
-    not queued at all, e.g. its LocalQueue does not exist).
+    not queued at all, e.g. its LocalQueue does not exist). An inadmissible
+    gang's ``reason`` and ``message`` are its verdict's: the true cause, never
+    "N more needed".
     """
 
     workload: str
@@ -215,6 +217,12 @@ class PendingReason:
     local_queue: str | None = None
     position_in_cluster_queue: int | None = None
     position_in_local_queue: int | None = None
+    #: No empty fleet could admit it (``service.engine.feasibility``): it waits for ever.
+    inadmissible: bool = False
+    #: Then why, e.g. ``TooBigForAnyIsland``; ``None`` for a gang that may yet fit.
+    cause: str | None = None
+    #: The workload (key) a StrictFIFO queue holds it behind, if any.
+    waiting_behind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
