@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import threading
 from typing import Annotated, Any
 
 import typer
@@ -104,6 +105,48 @@ def scheduler(
         runner.run()
     finally:
         engine.dispose()
+
+
+@app.command("fence-agent")
+def fence_agent(
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(help="Kubeconfig of the member (unset: the pod's service account)."),
+    ] = None,
+    context: Annotated[str | None, typer.Option(help="Kubeconfig context.")] = None,
+    poll_interval: Annotated[
+        float, typer.Option(help="Seconds between reads of the centre's heartbeat.")
+    ] = 10.0,
+    namespace: Annotated[str, typer.Option(help="Namespace of the heartbeat Leases.")] = (
+        "quartermaster-system"
+    ),
+    identity: Annotated[
+        str, typer.Option(envvar="POD_NAME", help="Who holds the agent's Lease.")
+    ] = "fence-agent",
+) -> None:
+    """Runs in a member cluster: stops Quartermaster's jobs there when the
+    centre's heartbeat is older than its fence time (docs/fencing.md)."""
+    import kubernetes
+
+    from workers.fence import FenceAgent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config: Any = kubernetes.config  # untyped library
+    api: Any
+    if kubeconfig is None:
+        config.load_incluster_config()
+        api = kubernetes.client.ApiClient()
+    else:
+        api = config.new_client_from_config(config_file=kubeconfig, context=context)
+    agent = FenceAgent(api, poll=poll_interval, identity=identity, namespace=namespace)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    typer.echo(f"fence agent polling every {poll_interval:g} s", err=True)
+    try:
+        agent.run(stop)
+    finally:
+        api.close()
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError, configuration
 from workers.coalesce import Coalescer
 from workers.collect import CollectPolicy, CollectReport, collect, due, waiting
+from workers.fence import FencePolicy
 from workers.reconcile import Report, reconcile
 from workers.records import ClusterRow, clusters
 from workers.settings import WorkerSettings
@@ -122,6 +123,7 @@ def sync_once(
         lease=settings.cluster_lease,
         heartbeat_interval=settings.heartbeat_interval,
         pods_ready=settings.pods_ready_timeout > 0,
+        fencing=FencePolicy.of(settings),
         clock=clock,
     )
 

@@ -97,6 +97,49 @@ class WorkerSettings(BaseSettings):
         "the ledger grew since the last one; 0: only on demand.",
     )
 
+    fence_time: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="A member's fence agent stops our jobs when the centre's heartbeat to it "
+        "is this old (seconds, the agent's clock). Unset: the longest the lease allows, "
+        "QM_CLUSTER_LEASE - QM_FENCE_MARGIN - the write window (docs/fencing.md); none "
+        "when that is not positive.",
+    )
+    fence_margin: float = Field(
+        default=120.0,
+        ge=0.0,
+        description="Seconds the centre waits past the fence time before it requeues a lost "
+        "member's gangs: covers the agent's poll, its stopping the jobs and clock-rate drift.",
+    )
+    fence_poll_interval: float = Field(
+        default=10.0, gt=0.0, description="How often the fence agent reads the heartbeat."
+    )
+    fence_stop_time: float = Field(
+        default=60.0,
+        ge=0.0,
+        description="Seconds the agent's deletion may take to end the jobs' pods (grace).",
+    )
+    fence_drift: float = Field(
+        default=0.01,
+        ge=0.0,
+        lt=1.0,
+        description="Clock-rate difference allowed between centre and agent (0.01: 1 %).",
+    )
+
+    @property
+    def fence_window(self) -> float:
+        """How far ahead the centre promises its heartbeat writes (two heartbeats and
+        the longest write attempt): the last write may end this long after the last
+        heartbeat recorded in Postgres."""
+        return 2 * self.heartbeat_interval + self.member_connect_timeout + self.member_read_timeout
+
+    @property
+    def fence_seconds(self) -> float:
+        """The fence time in force; 0: no fencing (a lease too short for one)."""
+        if self.fence_time is not None:
+            return self.fence_time
+        return max(0.0, self.cluster_lease - self.fence_margin - self.fence_window)
+
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
         if self.heartbeat_interval >= self.cluster_lease:
@@ -104,6 +147,22 @@ class WorkerSettings(BaseSettings):
                 "QM_HEARTBEAT_INTERVAL must be shorter than QM_CLUSTER_LEASE, "
                 "or a healthy cluster would be marked Lost between heartbeats"
             )
+        fence = self.fence_seconds
+        if self.fence_time is not None:
+            needed = fence + self.fence_margin + self.fence_window
+            if self.cluster_lease < needed:
+                raise ValueError(
+                    f"QM_CLUSTER_LEASE ({self.cluster_lease:g} s) must be at least "
+                    f"QM_FENCE_TIME + QM_FENCE_MARGIN + the write window ({needed:g} s), "
+                    "or a partitioned member's gangs could run twice (docs/fencing.md)"
+                )
+        if fence > 0:
+            covered = self.fence_poll_interval + self.fence_stop_time + self.fence_drift * fence
+            if self.fence_margin < covered:
+                raise ValueError(
+                    f"QM_FENCE_MARGIN ({self.fence_margin:g} s) must cover the agent's poll, "
+                    f"its stop time and the drift over the fence time ({covered:g} s)"
+                )
         return self
 
     def engine_config(self) -> EngineConfig:

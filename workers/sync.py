@@ -33,6 +33,7 @@ from service.domain.quantity import format_amount
 from service.eventstore.port import ConcurrencyConflict
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
+from workers import fence
 from workers.clusters import Member, MemberError
 from workers.plan import (
     ADMISSION_LABEL,
@@ -77,6 +78,8 @@ class SyncReport:
     events: list[tuple[str, str]] = field(default_factory=list)  # (workload, event type)
     #: Seconds from admission to the job's creation, of gangs first seen here.
     lags: list[float] = field(default_factory=list)
+    #: The centre's heartbeat Lease was written on the member (workers/fence.py).
+    fence_renewed: bool = False
 
 
 # -- nodes → inventory -----------------------------------------------------------------------
@@ -225,10 +228,13 @@ def sync(
     lease: float,
     heartbeat_interval: float,
     pods_ready: bool = False,
+    fencing: fence.FencePolicy = fence.NO_FENCE,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> SyncReport:
     """One list pass over ``cluster``. The heartbeat commits on its own (it
-    never waits on a workload that moved on), then the workloads' changes
+    never waits on a workload that moved on), then the centre's heartbeat
+    Lease is renewed on the member within the promise that heartbeat
+    recorded (``fencing``: workers/fence.py), then the workloads' changes
     (in batches: ``_write_all``). ``pods_ready``:
     record ``podsReady: false`` on a dispatched gang not yet running, so that
     waitForPodsReady can time it out."""
@@ -244,14 +250,20 @@ def sync(
         # no row here, and sync would pass it over.
         jobs = managed(member, job_kinds(r.spec for r in rows))
         owners = _owners(member.list_objects("Workload"))
+        agent = fence.agent_lease(member) if fencing.seconds > 0 else None
     except MemberError as error:
         report.reachable = False
         log.info("%s unreachable: %s", cluster, error)
-        _check_lease(unit_of_work, row, rows, lease, clock(), report)
+        _check_lease(unit_of_work, row, rows, lease, clock(), report, fencing)
         return report
     now = clock()
     nodes_now = inventory(cluster, nodes, view, reserved(foreign))
-    _heartbeat(unit_of_work, row, nodes_now, heartbeat_interval, now, report)
+    fenced = fence.status(row.status.get("fence"), agent, fencing, now)
+    if _heartbeat(unit_of_work, row, nodes_now, fenced, heartbeat_interval, now, report):
+        promise = fenced
+    else:
+        promise = row.status.get("fence") or {}
+    _renew(member, fencing, promise, clock, report)
     by_key = {r.key: r for r in rows}
     changes: list[tuple[tuple[str, str], Write]] = []
     for job in jobs:
@@ -285,30 +297,65 @@ def _heartbeat(
     unit_of_work: UnitOfWork,
     row: ClusterRow,
     nodes: list[Any],
+    fenced: Mapping[str, Any],
     interval: float,
     now: datetime,
     report: SyncReport,
-) -> None:
+) -> bool:
+    """Record the heartbeat (and with it ``status.fence``, the promise of
+    heartbeat writes that lets the member's Lease be renewed: one per
+    ``interval``, or when something an operator sees changed); whether it
+    was written."""
     status = dict(row.status)
     last = parse_time(status.get("lastHeartbeat"))
-    changed = row.state != "Ready" or (status.get("inventory") or {}).get("nodes") != nodes
+    changed = (
+        row.state != "Ready"
+        or (status.get("inventory") or {}).get("nodes") != nodes
+        or fence.settled(status.get("fence") or {}) != fence.settled(fenced)
+    )
     if not changed and last is not None and (now - last).total_seconds() < interval:
-        return
+        return False
     entries: list[NewLedgerEntry] = []
     if row.state == "Lost":
         lost_at = parse_time((status.get("lost") or {}).get("at"))
         body = ledger.ClusterReturned(cluster=row.name, lost_at=lost_at)
         entries.append(ledger.new_entry(body, uuid4(), now))
-    status.update(state="Ready", inventory={"nodes": nodes}, lastHeartbeat=rfc3339(now))
+    status.update(
+        state="Ready", inventory={"nodes": nodes}, lastHeartbeat=rfc3339(now), fence=dict(fenced)
+    )
 
     def write(uow: SqlUnitOfWork) -> None:
         append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
         if changed:
             wake(uow)  # capacity came, went or returned
 
-    if _write(unit_of_work, report, (row.name, SYNCED), write):
-        report.heartbeat = True
-        report.returned = bool(entries)
+    if not _write(unit_of_work, report, (row.name, SYNCED), write):
+        return False
+    report.heartbeat = True
+    report.returned = bool(entries)
+    return True
+
+
+def _renew(
+    member: Member,
+    fencing: fence.FencePolicy,
+    promise: Mapping[str, Any],
+    clock: Callable[[], datetime],
+    report: SyncReport,
+) -> None:
+    """The centre's heartbeat on the member, only while the promise in
+    Postgres covers the whole attempt: a write that could land later than
+    ``writableUntil`` would let the agent fence later than the centre
+    requeues."""
+    now = clock()
+    if fencing.seconds <= 0 or not fence.may_write(promise, fencing.attempt, now):
+        return
+    try:
+        fence.renew(member, fencing.seconds, now)
+    except MemberError as error:
+        log.warning("%s: heartbeat lease not renewed: %s", member.name, error)
+        return
+    report.fence_renewed = True
 
 
 def _job(
@@ -392,12 +439,15 @@ def _check_lease(
     lease: float,
     now: datetime,
     report: SyncReport,
+    fencing: fence.FencePolicy,
 ) -> None:
     if row.state == "Lost":
         return
     last = parse_time(row.status.get("lastHeartbeat")) or row.created_at
     if (now - last).total_seconds() <= lease:
         return
+    if not fence.may_requeue(row.status.get("fence"), fencing, now):
+        return  # its fence agent may not have stopped the gangs yet
     requeued: list[str] = []
 
     def write(uow: SqlUnitOfWork) -> None:

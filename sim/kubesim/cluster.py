@@ -212,6 +212,9 @@ class SimCluster:
             return {"token": token}
         if head == "state":
             return self.summary()
+        if head == "intervals":  # pods' running intervals, the kubelet's record
+            hooks = (getattr(c, "running_intervals", None) for c in self.controllers)
+            return next((hook() for hook in hooks if hook is not None), [])
         raise errors.ApiError(404, "NotFound", f"no admin endpoint {'/'.join(parts)}")
 
     def _admin_partition(self, method: str, body: dict[str, Any]) -> dict[str, Any]:

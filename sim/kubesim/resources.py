@@ -182,6 +182,8 @@ def builtin_types() -> tuple[ResourceType, ...]:
             fields=("status.successful",),
             categories=("all",),
         ),
+        # The fence agent's heartbeat from the centre (workers/fence.py).
+        _core("Lease", "leases", namespaced=True, group="coordination.k8s.io", status=False),
         _open_crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", ()),
         _open_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", ()),
         _open_crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ()),

@@ -28,6 +28,7 @@ from sim.kubesim.controllers.base import (
     pod_requests,
     set_condition,
 )
+from sim.kubesim.controllers.intervals import RunningIntervals
 from sim.kubesim.seed import ready_condition
 from sim.kubesim.store import DELETED, Event
 
@@ -307,6 +308,12 @@ class Kubelet(Reconciler):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.running: set[str] = set()
+        self.intervals = RunningIntervals()
+        self.store.listeners.append(self.intervals.observe)
+
+    def running_intervals(self) -> list[Obj]:
+        """Every pod's running intervals so far (``/_admin/intervals``)."""
+        return self.intervals.snapshot()
 
     def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
         if (
