@@ -360,13 +360,17 @@ class Operations:
     def whoami(self) -> Call[WhoAmI]:
         return Call("GET", "/v1/whoami", lambda r: WhoAmI.model_validate(r.json()))
 
-    def issue_token(self, name: str, role: str, namespaces: list[str] | None) -> Call[IssuedToken]:
-        return Call(
-            "POST",
-            "/v1/tokens",
-            lambda r: IssuedToken.model_validate(r.json()),
-            json={"name": name, "role": role, "namespaces": namespaces or []},
-        )
+    def issue_token(
+        self,
+        name: str,
+        role: str,
+        namespaces: list[str] | None,
+        expires_in_seconds: int | None = None,
+    ) -> Call[IssuedToken]:
+        body: dict[str, Any] = {"name": name, "role": role, "namespaces": namespaces or []}
+        if expires_in_seconds is not None:
+            body["expiresInSeconds"] = expires_in_seconds
+        return Call("POST", "/v1/tokens", lambda r: IssuedToken.model_validate(r.json()), json=body)
 
 
 #: Ledger filters: SDK keyword -> query parameter.

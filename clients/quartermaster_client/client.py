@@ -527,10 +527,15 @@ class Client:
         return self.call(self.ops.whoami())
 
     def issue_token(
-        self, name: str, role: str, namespaces: builtins.list[str] | None = None
+        self,
+        name: str,
+        role: str,
+        namespaces: builtins.list[str] | None = None,
+        expires_in_seconds: int | None = None,
     ) -> IssuedToken:
-        """A bearer token for a role (admins only); its secret is shown once."""
-        return self.call(self.ops.issue_token(name, role, namespaces))
+        """A bearer token for a role (admins only); its secret is shown once.
+        It expires after ``expires_in_seconds`` (the server's default: 90 days)."""
+        return self.call(self.ops.issue_token(name, role, namespaces, expires_in_seconds))
 
 
 __all__ = ["Client", "Resources"]

@@ -378,6 +378,7 @@ class IssuedToken(Model):
     namespaces: list[str] = Field(default_factory=list)
     token: str | None = None
     created_at: str | None = None
+    expires_at: str | None = None
 
 
 class LedgerEntry(Model):

@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from service.api.deps import CurrentPrincipal, Deps
 from service.app.auth import Role, require
+from service.app.errors import AppError
 from service.app.events import EventFilter
 
 EVERYONE = frozenset(Role)
@@ -109,14 +110,33 @@ def events_router() -> APIRouter:
 
         tail: EventHead = request.app.state.event_head
 
+        credential = request.headers.get("authorization", "").partition(" ")[2].strip()
+        authenticator = deps.authenticator
+
+        async def revoked() -> str | None:
+            """Why the stream's token no longer holds (revoked, expired), or None."""
+            try:
+                await anyio.to_thread.run_sync(authenticator.authenticate, credential)
+            except AppError as error:
+                return error.detail
+            return None
+
         async def stream() -> AsyncIterator[bytes]:
             position, deadline = start, time.monotonic() + timeout_seconds
             beat = time.monotonic() + HEARTBEAT_SECONDS
+            checked = time.monotonic()
             seen = position
             yield b"retry: 1000\n\n"
             while time.monotonic() < deadline:
                 if await request.is_disconnected():
                     return
+                # A stream outlives no revocation by more than a token's cache.
+                if time.monotonic() - checked >= authenticator.CACHE_SECONDS:
+                    checked = time.monotonic()
+                    why = await revoked()
+                    if why is not None:
+                        yield f"event: error\ndata: {json.dumps({'detail': why})}\n\n".encode()
+                        return
                 batch = await anyio.to_thread.run_sync(
                     queries.after, principal, position, wanted, 500
                 )

@@ -12,6 +12,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -23,7 +24,7 @@ from starlette.concurrency import run_in_threadpool as run
 from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
 from service.api.group_commit import GroupCommit
 from service.api.openapi import body_schema, list_schema, object_schema
-from service.app.auth import Principal, Role, require
+from service.app.auth import Principal, Role, TokenService, require
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid
 from service.app.kinds import ADMIN_KINDS, KINDS, Kind
@@ -471,6 +472,12 @@ class TokenRequest(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=NAME)
     role: Role
     namespaces: list[str] = Field(default_factory=list, max_length=256)
+    expiresInSeconds: int | None = Field(  # noqa: N815 (the API's camelCase)
+        default=None,
+        ge=1,
+        le=int(TokenService.MAX_TTL.total_seconds()),
+        description="How long the token lives; 90 days when not given.",
+    )
 
 
 def token_router() -> APIRouter:
@@ -493,6 +500,7 @@ def token_router() -> APIRouter:
             wanted.role,
             wanted.namespaces,
             actor.request_id,
+            None if wanted.expiresInSeconds is None else timedelta(seconds=wanted.expiresInSeconds),
         )
         return {
             "id": str(issued.id),
@@ -501,6 +509,7 @@ def token_router() -> APIRouter:
             "namespaces": issued.namespaces,
             "token": issued.token,
             "createdAt": issued.created_at.isoformat(),
+            "expiresAt": issued.expires_at.isoformat(),
         }
 
     @router.get("/v1/tokens")

@@ -14,15 +14,15 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 from uuid import UUID, uuid4
 
 import jwt
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 
-from service.app.errors import Forbidden, Invalid, NotFound, Unauthorized
+from service.app.errors import AlreadyExists, Forbidden, Invalid, NotFound, Unauthorized
 from service.app.uow import SqlUnitOfWork
 from service.eventstore.port import EventMetadata, NewEvent
 from service.projections.resources import token_row, upsert_tokens
@@ -82,6 +82,7 @@ class IssuedToken:
     namespaces: list[str]
     token: str
     created_at: datetime
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -151,10 +152,14 @@ class TokenService:
         self._oidc = OidcVerifier(oidc) if oidc else None
         # token hash -> (principal, valid until): spares the database a
         # lookup per request. A revocation takes effect at once in this
-        # process and within CACHE_SECONDS in the others.
+        # process and within CACHE_SECONDS in the others (and ends their
+        # event streams, which check their token as often).
         self._cache: dict[bytes, tuple[Principal, float]] = {}
 
-    CACHE_SECONDS = 5.0
+    CACHE_SECONDS = 1.0
+    #: A token's life when its issuer names none, and the longest it may have.
+    DEFAULT_TTL = timedelta(days=90)
+    MAX_TTL = timedelta(days=366)
 
     def cached(self, token: str) -> Principal | None:
         """The principal without I/O, when that needs none (the bootstrap
@@ -174,30 +179,61 @@ class TokenService:
             return self._oidc.verify(token)
         with self._engine.connect() as conn:
             row = conn.execute(
-                select(api_tokens.c.name, api_tokens.c.role, api_tokens.c.namespaces).where(
+                select(
+                    api_tokens.c.name,
+                    api_tokens.c.role,
+                    api_tokens.c.namespaces,
+                    api_tokens.c.expires_at,
+                ).where(
                     api_tokens.c.token_hash == hash_token(token), api_tokens.c.revoked.is_(False)
                 )
             ).first()
+        now = datetime.now(UTC)
         if row is None:
             raise Unauthorized("unknown or revoked bearer token")
+        if row.expires_at is not None and row.expires_at <= now:
+            raise Unauthorized(f"the bearer token expired at {row.expires_at.isoformat()}")
         principal = Principal(
             f"token:{row.name}", frozenset({Role(row.role)}), frozenset(row.namespaces)
         )
+        ttl = self.CACHE_SECONDS
+        if row.expires_at is not None:
+            ttl = min(ttl, (row.expires_at - now).total_seconds())
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[hash_token(token)] = (principal, time.monotonic() + self.CACHE_SECONDS)
+        self._cache[hash_token(token)] = (principal, time.monotonic() + ttl)
         return principal
 
     def issue(
-        self, actor: str, name: str, role: Role, namespaces: Sequence[str], request_id: str | None
+        self,
+        actor: str,
+        name: str,
+        role: Role,
+        namespaces: Sequence[str],
+        request_id: str | None,
+        expires_in: timedelta | None = None,
     ) -> IssuedToken:
+        """A new token; its name is never reused (the audit trail names a
+        token's holder by it), and it expires (``DEFAULT_TTL`` unless given)."""
         if role is Role.SUBMITTER and not namespaces:
             raise Invalid(
                 "a submitter token needs namespaces", [("namespaces", "at least one namespace")]
             )
+        life = expires_in if expires_in is not None else self.DEFAULT_TTL
+        if not timedelta(0) < life <= self.MAX_TTL:
+            raise Invalid(
+                f"a token lives at most {self.MAX_TTL.days} days",
+                [("expiresInSeconds", f"must be within 1 and {self.MAX_TTL.total_seconds():.0f}")],
+            )
         now = datetime.now(UTC)
         issued = IssuedToken(
-            uuid4(), name, role, list(namespaces), "qm_" + secrets.token_urlsafe(32), now
+            uuid4(),
+            name,
+            role,
+            list(namespaces),
+            "qm_" + secrets.token_urlsafe(32),
+            now,
+            now + life,
         )
         data = {
             "id": str(issued.id),
@@ -206,8 +242,9 @@ class TokenService:
             "namespaces": list(namespaces),
             "token_hash": hash_token(issued.token).hex(),
             "created_at": now.isoformat(),
+            "expires_at": issued.expires_at.isoformat(),
         }
-        self._write(actor, request_id, issued.id, "TokenIssued", data, 0)
+        self._write(actor, request_id, issued.id, "TokenIssued", data, 0, unique_name=name)
         return issued
 
     def revoke(self, actor: str, token_id: UUID, request_id: str | None) -> None:
@@ -222,6 +259,7 @@ class TokenService:
             "namespaces": list(row.namespaces),
             "token_hash": bytes(row.token_hash).hex(),
             "created_at": row.created_at.isoformat(),
+            "expires_at": row.expires_at.isoformat() if row.expires_at else None,
             "revoked": True,
         }
         self._write(actor, request_id, token_id, "TokenRevoked", data, -1)
@@ -236,6 +274,7 @@ class TokenService:
                     api_tokens.c.role,
                     api_tokens.c.namespaces,
                     api_tokens.c.created_at,
+                    api_tokens.c.expires_at,
                     api_tokens.c.revoked,
                 ).order_by(api_tokens.c.created_at)
             ).all()
@@ -246,6 +285,7 @@ class TokenService:
                 "role": r.role,
                 "namespaces": list(r.namespaces),
                 "createdAt": r.created_at.isoformat(),
+                "expiresAt": r.expires_at.isoformat() if r.expires_at else None,
                 "revoked": r.revoked,
             }
             for r in rows
@@ -259,10 +299,27 @@ class TokenService:
         event_type: str,
         data: dict[str, Any],
         expected: int,
+        unique_name: str | None = None,
     ) -> None:
         meta = EventMetadata(actor=actor, occurred_at=datetime.now(UTC), request_id=request_id)
         uow: SqlUnitOfWork
         with self._uow() as uow:
+            if unique_name is not None:
+                # Two issues of one name at once: the lock orders them, so
+                # the second sees the first's row.
+                conn = uow.connection
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                    {"key": f"qm-token-name:{unique_name}"},
+                )
+                taken = conn.execute(
+                    select(api_tokens.c.id).where(api_tokens.c.name == unique_name).limit(1)
+                ).first()
+                if taken is not None:
+                    raise AlreadyExists(
+                        f"a token named {unique_name} was issued before: names are never reused",
+                        [("name", "already used by another token")],
+                    )
             uow.events.append(
                 f"token-{token_id}", expected, [NewEvent(uuid4(), event_type, data, meta)]
             )

@@ -99,6 +99,9 @@ def token_row(data: Mapping[str, Any]) -> dict[str, Any]:
         "token_hash": bytes.fromhex(str(data["token_hash"])),
         "created_at": datetime.fromisoformat(str(data["created_at"])),
         "revoked": bool(data.get("revoked", False)),
+        "expires_at": datetime.fromisoformat(str(data["expires_at"]))
+        if data.get("expires_at")
+        else None,
     }
 
 

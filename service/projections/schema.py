@@ -90,6 +90,10 @@ api_tokens = Table(
     Column("token_hash", LargeBinary, nullable=False, unique=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked", Boolean, nullable=False),
+    # Null for tokens issued before expiry existed (migration 0008).
+    Column("expires_at", DateTime(timezone=True)),
+    # Issuing looks a name up: names are never reused.
+    Index("ix_api_tokens_name", "name"),
 )
 
 # Idempotency-Key records (not events: they are a cache of responses that
