@@ -12,11 +12,18 @@ Everything standalone mode makes up lives in the data directory: the admin
 token, the key that encrypts cluster credentials, the ledger signing key (and
 its verifier key for auditors), the databases and every child's log — so a
 restart with the same directory resumes with the same credentials and data.
+
+Once everything is up, a part that dies is restarted (``supervisor.py`` has
+the policy) on the same ports and data, so that every other part still finds
+it; the stand-ins' Cluster objects are pointed at their new credentials. A
+Postgres or Redis given by URL is only watched: its outage and recovery are
+reported.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -25,8 +32,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -39,8 +47,16 @@ from sqlalchemy.exc import SQLAlchemyError
 import sim
 from service.config import Settings
 from service.runtime.demo import load_manifests, register_clusters, seed_quotas, stand_ins
-from service.runtime.embedded import embedded_postgres, embedded_redis, free_port, reachable
-from service.runtime.supervisor import Child, Supervisor
+from service.runtime.embedded import (
+    ServerCommand,
+    postgres_command,
+    probe_postgres,
+    probe_redis,
+    reachable,
+    redis_command,
+    steady_ports,
+)
+from service.runtime.supervisor import Child, Event, Part, Program, Supervisor
 
 FLEETS = Path(sim.__file__).resolve().parent / "fleets"
 DEMO_FLEET = FLEETS / "demo.yaml"
@@ -131,18 +147,12 @@ def _get(url: str, **kwargs: Any) -> httpx.Response | None:
         return None
 
 
-@dataclass
-class Part:
-    """A part that is coming up: ``check`` returns its ready line, or None."""
-
-    name: str
-    check: Callable[[], str | None]
-    child: Child | None = None
-    started: float = field(default_factory=time.monotonic)
-
-
 _CELERY_READY = re.compile(r"celery@\S+ ready\.")
 _LEADER = re.compile(r"^qm_admission_leader (\S+)$", re.MULTILINE)
+#: Stopped after the other parts, which use them.
+SERVERS = ("postgres", "redis")
+#: What the API, the worker and the scheduler need to be restarted.
+NEEDS = SERVERS
 
 
 class Standalone:
@@ -157,7 +167,7 @@ class Standalone:
     # -- the whole run ---------------------------------------------------------------
 
     def run(self) -> int:
-        """Start everything, wait for a signal or a dead child, stop everything."""
+        """Start everything, then supervise it until a signal; stop everything."""
         began = time.monotonic()
         if reachable(_loopback(self.options.host), self.options.port):
             self.console.print(
@@ -167,29 +177,19 @@ class Standalone:
             return 1
         previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            with _exclusive(self.data), ExitStack() as stack:
-                supervisor = Supervisor(self.data / "logs", self._child_env())
-                # The stand-in clusters start first (they need no database), so
-                # the supervisor stops them should the databases fail to start…
-                stack.callback(self._stop, supervisor)
+            with _exclusive(self.data):
+                supervisor = Supervisor(self.data / "logs", self._child_env(), report=self._report)
                 try:
-                    clusters = self._start_clusters(supervisor)
-                    database, broker = self._servers(stack)
-                    self._migrate(database)
-                    self._check()
-                    env = {"QM_DATABASE_URL": database, "QM_BROKER_URL": broker}
-                    # …and stops every child before the databases they use (the
-                    # stack unwinds in reverse; a second stop finds nothing to do).
-                    stack.callback(self._stop, supervisor)
-                    self._wait([*clusters, *self._start_processes(supervisor, env)])
-                    self._seed()
-                    self._check()
-                except StartupFailed as error:
-                    # Said before the clean-up, which says what it stops.
-                    self.console.print(f"[red]✗ {error}[/red]", highlight=False)
-                    return 1
-                self._ready(time.monotonic() - began)
-                return self._watch(supervisor)
+                    try:
+                        self._start(supervisor)
+                    except StartupFailed as error:
+                        # Said before the clean-up, which says what it stops.
+                        self.console.print(f"[red]✗ {error}[/red]", highlight=False)
+                        return 1
+                    self._ready(time.monotonic() - began)
+                    return self._watch(supervisor)
+                finally:
+                    self._stop(supervisor)
         except StartupFailed as error:
             self.console.print(f"[red]✗ {error}[/red]", highlight=False)
             return 1
@@ -198,6 +198,17 @@ class Standalone:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _start(self, supervisor: Supervisor) -> None:
+        # The stand-in clusters start first: they need no database.
+        clusters = self._start_clusters(supervisor)
+        database, broker = self._servers(supervisor)
+        self._migrate(database)
+        self._check()
+        env = {"QM_DATABASE_URL": database, "QM_BROKER_URL": broker}
+        self._wait([*clusters, *self._start_processes(supervisor, env)])
+        self._seed()
+        self._check()
 
     def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag, which the start-up steps and the watch loop look at: an
@@ -212,35 +223,67 @@ class Standalone:
             raise Interrupted
 
     def _stop(self, supervisor: Supervisor) -> None:
-        if not supervisor.children:
-            return
-        names = ", ".join(c.name for c in supervisor.children)
+        """The parts first, then the servers they use; a further signal cuts
+        every grace period short."""
         signals = self._signals
-        with self.console.status(f"stopping {names}… (Ctrl-C again kills them)"):
-            killed = supervisor.stop(self.options.grace, lambda: self._signals > signals)
-        for name in killed:
-            self.console.print(f"[yellow]! {name} was killed[/]")
-        self.console.print(f"[green]✓[/green] stopped {names}")
+        for servers in (False, True):
+            names = [p.name for p in supervisor.parts if (p.name in SERVERS) == servers]
+            if not names:
+                continue
+            shown = ", ".join(names)
+            with self.console.status(f"stopping {shown}… (Ctrl-C again kills them)"):
+                killed = supervisor.stop(
+                    self.options.grace, lambda: self._signals > signals, only=names
+                )
+            for name in killed:
+                self.console.print(f"[yellow]! {name} was killed[/]")
+            self.console.print(f"[green]✓[/green] stopped {shown}")
 
     def _watch(self, supervisor: Supervisor) -> int:
-        """Until a signal: report a child that dies, and the member clusters'
-        first sync (their heartbeat and inventory) once the workers report it."""
+        """Until a signal: restart parts that die (the supervisor reports
+        each event), point the Clusters at restarted stand-ins, and report
+        the member clusters' sync (heartbeat and inventory) once the workers
+        do."""
+        supervisor.supervise()
         synced = self.options.clusters <= 0
         next_look = time.monotonic()
+        register: float | None = None
         while not self._signals:
-            dead = supervisor.dead()
-            if dead is not None:
-                code = dead.process.returncode
-                self.console.print(
-                    f"[red]✗ {dead.name} exited ({code}); its log ({dead.log}) ends:[/red]\n"
-                    + dead.tail(),
-                    highlight=False,
-                )
-                return 1
-            if not synced and time.monotonic() >= next_look:
+            for event in supervisor.poll():
+                if event.kind == "back" and event.part == "clusters":
+                    register, synced = time.monotonic(), False
+            now = time.monotonic()
+            if register is not None and now >= register:
+                register = None if self._reregister() else now + 2.0
+            if not synced and register is None and now >= next_look:
                 synced, next_look = self._synced(), time.monotonic() + 2.0
             time.sleep(0.2)
         return 0
+
+    def _report(self, event: Event) -> None:
+        mark = {"restarting": "[cyan]↻[/cyan]"}.get(
+            event.kind, "[green]✓[/green]" if event.good else "[red]✗[/red]"
+        )
+        text = f"{mark} {event.line}"
+        if event.detail:
+            text += "\n" + "\n".join(f"    {line}" for line in event.detail.splitlines())
+        self.console.print(text, highlight=False, markup=True)
+
+    def _reregister(self) -> bool:
+        """Point the stand-ins' Clusters at a restarted stand-in's new token
+        and CA (its ports are the same); False to try again later."""
+        headers = {"Authorization": f"Bearer {self.settings.bootstrap_token}"}
+        try:
+            found = stand_ins(self.data / "clusters" / "kubeconfig", self._fleet_labels())
+            with httpx.Client(base_url=self.api_url, headers=headers, timeout=10) as api:
+                registered = register_clusters(api, found)
+        except (OSError, ValueError, KeyError, yaml.YAMLError, httpx.HTTPError):
+            return False
+        if registered.failed:
+            return False
+        self._line("member clusters", f"registered again: {registered.summary()}")
+        self._failures(registered.skipped)
+        return True
 
     def _synced(self) -> bool:
         """Whether every Cluster reports Ready with nodes; says so once they do."""
@@ -275,27 +318,29 @@ class Standalone:
         )
         return env
 
-    def _servers(self, stack: ExitStack) -> tuple[str, str]:
+    def _servers(self, supervisor: Supervisor) -> tuple[str, str]:
+        """Embedded Postgres and Redis as children, or the configured ones
+        watched; their URLs."""
         database, broker = self.settings.database_url, self.settings.broker_url
-        if not database:
-            began = time.monotonic()
-            with self.console.status("starting embedded Postgres…"):
-                try:
-                    database = stack.enter_context(embedded_postgres(self.data / "postgres"))
-                except (OSError, subprocess.SubprocessError) as error:
-                    log = self.data / "postgres" / "log"
-                    raise StartupFailed(f"embedded Postgres: {error} (see {log})") from None
-            self._line("postgres", f"embedded, data in {self.data / 'postgres'}", began)
-        else:
+        if database:
+            supervisor.watch("postgres", partial(probe_postgres, database))
             self._line("postgres", _redacted(database))
-        self._check()
-        if not broker:
-            began = time.monotonic()
-            with self.console.status("starting embedded Redis…"):
-                broker = stack.enter_context(embedded_redis(self.data / "redis"))
-            self._line("redis", f"embedded, {broker}", began)
         else:
+            with self.console.status("preparing embedded Postgres…"):
+                try:
+                    command = postgres_command(self.data / "postgres")
+                except (OSError, subprocess.SubprocessError) as error:
+                    raise StartupFailed(f"embedded Postgres: {error}") from None
+            database = command.url
+            self._wait([supervisor.add(_postgres(command, self.data / "postgres"))])
+        self._check()
+        if broker:
+            supervisor.watch("redis", partial(probe_redis, broker))
             self._line("redis", _redacted(broker))
+        else:
+            port = steady_ports()
+            broker = f"redis://127.0.0.1:{port}/0"
+            self._wait([supervisor.add(_redis(self.data / "redis", port, broker))])
         return database, broker
 
     def _migrate(self, database: str) -> None:
@@ -310,62 +355,70 @@ class Standalone:
         self._line("migrations", "the schema is at the newest migration", began)
 
     def _start_clusters(self, supervisor: Supervisor) -> list[Part]:
-        if self.options.clusters <= 0:
+        """The stand-ins, on ports kept for their restarts (API ports, then
+        admin ports), so that their Cluster objects' servers stay right."""
+        count = self.options.clusters
+        if count <= 0:
             return []
         kubeconfig = self.data / "clusters" / "kubeconfig"
         kubeconfig.unlink(missing_ok=True)
-        child = supervisor.start(
-            "clusters",
-            [
-                *_server_command(),
-                *("sim", "cluster", "--fleet", str(self.options.fleet)),
-                *("--count", str(self.options.clusters), "--port", "0"),
-                *("--kubeconfig-out", str(kubeconfig)),
-            ],
-        )
+        base = steady_ports(2 * count)
+        argv = [
+            *_server_command(),
+            *("sim", "cluster", "--fleet", str(self.options.fleet)),
+            *("--count", str(count), "--port", str(base), "--admin-port", str(base + count)),
+            *("--kubeconfig-out", str(kubeconfig)),
+        ]
 
-        def check() -> str | None:
-            if "kubeconfig written" not in child.output():
+        def ready(child: Child) -> str | None:
+            output = child.output()
+            if "kubeconfig written" not in output:
                 return None
-            import json
-
-            lines = [json.loads(x) for x in child.output().splitlines() if x.startswith("{")]
+            lines = [json.loads(x) for x in output.splitlines() if x.startswith("{")]
             return ", ".join(f"{x['cluster']} ({x['nodes']} nodes) {x['server']}" for x in lines)
 
-        return [Part("clusters", check, child)]
+        return [supervisor.add(Program("clusters", argv, ready=ready))]
 
     def _start_processes(self, supervisor: Supervisor, env: dict[str, str]) -> list[Part]:
         host, port = self.options.host, self.options.port
-        metrics = free_port()
-        api = supervisor.start(
-            "api", [*_server_command(), "api", "--host", host, "--port", str(port)], env
-        )
-        worker = supervisor.start("worker", [*_workers_command(), "worker"], env)
-        scheduler = supervisor.start(
-            "scheduler", [*_workers_command(), "scheduler", "--metrics-port", str(metrics)], env
-        )
+        metrics = steady_ports()
 
-        def api_ready() -> str | None:
+        def api_ready(child: Child) -> str | None:
             response = _get(f"{self.api_url}/readyz")
             return self.api_url if response is not None and response.status_code == 200 else None
 
-        def worker_ready() -> str | None:
-            return "Celery, outbox consumers" if _CELERY_READY.search(worker.output()) else None
+        def worker_ready(child: Child) -> str | None:
+            return "Celery, outbox consumers" if _CELERY_READY.search(child.output()) else None
 
-        def scheduler_ready() -> str | None:
+        def scheduler_ready(child: Child) -> str | None:
             response = _get(f"http://127.0.0.1:{metrics}/metrics")
             found = _LEADER.search(response.text) if response is not None else None
             if found is None or float(found.group(1)) < 1:
                 return None
             return f"leads admission; metrics at http://127.0.0.1:{metrics}/metrics"
 
-        return [
-            Part("api", api_ready, api),
-            Part("worker", worker_ready, worker),
-            Part("scheduler", scheduler_ready, scheduler),
+        programs = [
+            Program(
+                "api",
+                [*_server_command(), "api", "--host", host, "--port", str(port)],
+                env,
+                api_ready,
+                NEEDS,
+            ),
+            Program("worker", [*_workers_command(), "worker"], env, worker_ready, NEEDS),
+            Program(
+                "scheduler",
+                [*_workers_command(), "scheduler", "--metrics-port", str(metrics)],
+                env,
+                scheduler_ready,
+                NEEDS,
+            ),
         ]
+        return [supervisor.add(program) for program in programs]
 
     def _wait(self, parts: list[Part]) -> None:
+        """Until every part is ready (its ✓ line said); a part that exits
+        meanwhile fails the start-up (it is not retried before it was up)."""
         deadline = time.monotonic() + self.options.startup_timeout
         pending = list(parts)
         with self.console.status("") as status:
@@ -376,8 +429,8 @@ class Standalone:
                     detail = part.check()
                     if detail is not None:
                         pending.remove(part)
-                        self._line(part.name, detail, part.started)
-                    elif part.child is not None and not part.child.alive:
+                        self._line(part.name, detail, part.child.began)
+                    elif not part.child.alive:
                         raise StartupFailed(
                             f"{part.name} exited ({part.child.process.returncode}); "
                             f"its log ({part.child.log}) ends:\n{part.child.tail()}"
@@ -385,8 +438,7 @@ class Standalone:
                 if pending and time.monotonic() > deadline:
                     late = pending[0]
                     why = f"{late.name} not ready after {self.options.startup_timeout:g} s"
-                    if late.child is not None:
-                        why += f"; its log ({late.child.log}) ends:\n{late.child.tail()}"
+                    why += f"; its log ({late.child.log}) ends:\n{late.child.tail()}"
                     raise StartupFailed(why)
                 time.sleep(0.1)
 
@@ -451,6 +503,24 @@ class Standalone:
     def _line(self, name: str, detail: str, since: float | None = None) -> None:
         took = f"  [dim]{time.monotonic() - since:.1f} s[/dim]" if since is not None else ""
         self.console.print(f"[green]✓[/green] {name:<16} {detail}{took}", highlight=False)
+
+
+def _postgres(command: ServerCommand, data: Path) -> Program:
+    def ready(child: Child) -> str | None:
+        return f"embedded, data in {data}" if probe_postgres(command.url) is None else None
+
+    # SIGINT is Postgres's fast shutdown; SIGTERM would wait for its clients.
+    return Program(
+        "postgres", command.argv, ready=ready, stop_signal=signal.SIGINT, user=command.user
+    )
+
+
+def _redis(data: Path, port: int, url: str) -> Program:
+    def ready(child: Child) -> str | None:
+        return f"embedded, {url}" if probe_redis(url, append_only=True) is None else None
+
+    # The command is made for each start: see redis_command.
+    return Program("redis", lambda: redis_command(data, port).argv, ready=ready)
 
 
 def _loopback(host: str) -> str:
