@@ -19,6 +19,7 @@ from service.ledger.entries import (
     ConfigChanged,
     PolicyRefused,
     QuotaChanged,
+    SecurityRelaxed,
     UnknownKind,
     WorkloadAdmitted,
     WorkloadEvicted,
@@ -92,6 +93,9 @@ EXAMPLES = [
         workload="bad",
         local_queue="lq",
         rules=[BrokenRule(rule="no-privileged", message="privileged containers are refused")],
+    ),
+    SecurityRelaxed(
+        actor="token:sec-officer", cluster_queue="cq-a", relaxed=["level: restricted -> baseline"]
     ),
     ClusterLost(cluster="c1", last_heartbeat=T0, requeued=["team-a/train"]),
     ClusterReturned(cluster="c1", lost_at=T0),
