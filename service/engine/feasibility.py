@@ -13,9 +13,10 @@ it at submission (a ClusterQueue's ``unsatisfiable: Refuse``) and in explain.
 not manage reserve (``Node.reserved``) is not counted, and unschedulable nodes
 and clusters are left out, as the cycle leaves them out.
 
-Multi-pod-set gangs are judged pod set by pod set: a gang whose pod sets each
-fit but not all together is not called unsatisfiable (a conservative verdict:
-never "can never fit" for a gang that can).
+A fleet without any member cluster is not judged on placement (it is being
+set up; quota still is). Multi-pod-set gangs are judged pod set by pod set: a
+gang whose pod sets each fit but not all together is not called unsatisfiable
+(a conservative verdict: never "can never fit" for a gang that can).
 """
 
 from __future__ import annotations
@@ -187,8 +188,10 @@ def _flavor_never_fits(
                 QUOTA_NEVER_COVERS,
                 _quota_message(cq, fr, ps.totals[resource], maximum),
             )
-    if not single:
-        return None  # placement depends on the other groups' flavors: not judged
+    if not single or not state.inventory.clusters:
+        # Placement depends on the other groups' flavors; a fleet without any
+        # member cluster is still being set up: neither is judged.
+        return None
     request = state.pod_set_request(wi, index, dict.fromkeys(ps.totals, name))
     if not request.eligible:
         return _no_islands(state, wi, ps, name)
