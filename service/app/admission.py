@@ -39,7 +39,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
@@ -99,6 +99,8 @@ __all__ = [
     "Plan",
     "WorkloadCache",
     "WorkloadRow",
+    "flavors_without_nodes",
+    "fleet_snapshot",
     "load",
     "plan",
 ]
@@ -125,12 +127,16 @@ _STATES = [PENDING, *sorted(HOLDS_QUOTA)]
 # Configuration (queues, flavors, Clusters with their inventories) in two
 # steps as well: parsing 3 Clusters' node inventories each cycle cost more
 # than the engine's whole cycle, and they change only with a heartbeat.
+# A stamp is (version, uid): an object deleted and created again may come
+# back at a version the cache holds (a long-lived cache, or a database
+# emptied under it), but never with the same uid.
 _CONFIG_STAMPS = text(
-    "SELECT kind, namespace, name, resource_version FROM resources "
+    "SELECT kind, namespace, name, resource_version, CAST(uid AS text) FROM resources "
     "WHERE NOT deleted AND kind = ANY(:kinds)"
 )
 _CONFIG_ROWS = text(
-    "SELECT r.kind, r.namespace, r.name, r.resource_version, r.labels, r.spec, r.status "
+    "SELECT r.kind, r.namespace, r.name, r.resource_version, CAST(r.uid AS text) AS uid, "
+    "r.labels, r.spec, r.status "
     "FROM resources r JOIN unnest(CAST(:kinds AS text[]), CAST(:namespaces AS text[]), "
     "CAST(:names AS text[])) AS k(kind, namespace, name) "
     "ON r.kind = k.kind AND r.namespace = k.namespace AND r.name = k.name"
@@ -490,12 +496,14 @@ class ConfigCache:
     cycle (and logged once per version) rather than stopping admission."""
 
     def __init__(self) -> None:
-        self._items: dict[tuple[str, str, str], tuple[int, Any]] = {}
+        self._items: dict[tuple[str, str, str], tuple[tuple[int, str], Any]] = {}
 
     def refresh(self, conn: Any) -> dict[str, list[Any]]:
         stamps = {
-            (kind, ns, name): int(version)
-            for kind, ns, name, version in conn.execute(_CONFIG_STAMPS, {"kinds": list(_CONVERT)})
+            (kind, ns, name): (int(version), str(uid))
+            for kind, ns, name, version, uid in conn.execute(
+                _CONFIG_STAMPS, {"kinds": list(_CONVERT)}
+            )
         }
         missing = [
             k for k, v in stamps.items() if (hit := self._items.get(k)) is None or hit[0] != v
@@ -513,7 +521,7 @@ class ConfigCache:
                     log.exception("%s %s cannot be read; left out of the cycle", row.kind, row.name)
                     value = _UNREADABLE
                 self._items[(row.kind, row.namespace, row.name)] = (
-                    int(row.resource_version),
+                    (int(row.resource_version), str(row.uid)),
                     value,
                 )
         for key in [k for k in self._items if k not in stamps]:
@@ -524,6 +532,52 @@ class ConfigCache:
             if hit is not None and hit[1] is not _UNREADABLE:
                 by_kind.setdefault(key[0], []).append(hit[1])
         return by_kind
+
+
+def fleet_snapshot(conn: Any, configuration: ConfigCache) -> Snapshot:
+    """The quota and the fleet as configured, nothing admitted, every member
+    counted healthy and uncordoned: the empty fleet on which a gang is judged
+    never to fit (``service.engine.feasibility``), so that no gang is refused
+    because a member is down or cordoned for now."""
+    by_kind = configuration.refresh(conn)
+    clusters, nodes = [], []
+    for cluster, its_nodes in by_kind.get("Cluster", ()):
+        clusters.append(replace(cluster, healthy=True, cordoned=False))
+        nodes += [replace(node, ready=True, unschedulable=False) for node in its_nodes]
+    return Snapshot(
+        cluster_queues=by_kind.get("ClusterQueue", []),
+        resource_flavors=by_kind.get("ResourceFlavor", []),
+        cohorts=by_kind.get("Cohort", []),
+        local_queues=by_kind.get("LocalQueue", []),
+        priority_classes=by_kind.get("WorkloadPriorityClass", []),
+        topologies=by_kind.get("Topology", []),
+        clusters=clusters,
+        nodes=nodes,
+    )
+
+
+def flavors_without_nodes(snapshot: Snapshot, spec: Mapping[str, Any]) -> list[str]:
+    """Warnings for a ClusterQueue ``spec`` whose quota names a flavor that no
+    node of the fleet carries (or that is not defined): quota nobody can use."""
+    flavors = {f.name: f for f in snapshot.resource_flavors}
+    warnings = []
+    for group in spec.get("resourceGroups") or ():
+        for quota in group.get("flavors") or ():
+            name = str(quota.get("name"))
+            flavor = flavors.get(name)
+            if flavor is None:
+                warnings.append(f"flavor {name} is not defined: its quota cannot be used")
+                continue
+            labels = flavor.node_labels
+            if not any(
+                all(node.labels.get(k) == v for k, v in labels.items()) for node in snapshot.nodes
+            ):
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "any labels"
+                warnings.append(
+                    f"no node of the fleet carries flavor {name}'s labels ({shown}): "
+                    "its quota cannot be used"
+                )
+    return warnings
 
 
 def load(
@@ -696,12 +750,22 @@ def _evict(plan: Plan, row: WorkloadRow, eviction: Eviction, now: datetime) -> N
 PENDING_MESSAGE_REFRESH = 30.0
 
 
+def _words(row: WorkloadRow, reason: PendingReason) -> str:
+    """The reason's message as the workload's readers may see it: a StrictFIFO
+    blocker of another namespace is not named (its owner's names are theirs)."""
+    behind = reason.waiting_behind
+    if behind is None or behind.startswith(f"{row.namespace}/"):
+        return reason.message
+    return reason.message.replace(behind, "a workload of another namespace")
+
+
 def _pend(plan: Plan, row: WorkloadRow, reason: PendingReason, now: datetime) -> None:
     status = row.status
+    message = _words(row, reason)
     same = status.get("pendingReasonCode") == reason.reason and (
         not reason.cluster_queue or status.get("clusterQueue") == reason.cluster_queue
     )
-    if same and status.get("pendingReason") == reason.message:
+    if same and status.get("pendingReason") == message:
         return  # unchanged: no write, so an idle cycle writes nothing
     if same and _seconds_since(status.get("pendingReasonAt"), now) < PENDING_MESSAGE_REFRESH:
         # The same reason in other numbers: under churn every cycle changed
@@ -710,7 +774,7 @@ def _pend(plan: Plan, row: WorkloadRow, reason: PendingReason, now: datetime) ->
         return
     new = dict(status)
     new.update(
-        pendingReason=reason.message,
+        pendingReason=message,
         pendingReasonCode=reason.reason,
         pendingReasonAt=_rfc3339(now),
         conditions=lifecycle.set_condition(
@@ -718,7 +782,7 @@ def _pend(plan: Plan, row: WorkloadRow, reason: PendingReason, now: datetime) ->
             "QuotaReserved",
             "False",
             reason.reason,
-            reason.message,
+            message,
             now,
         ),
     )

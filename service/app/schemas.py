@@ -331,6 +331,16 @@ class ClusterQueueSpec(Strict):
         description="Quartermaster's own: the one class of workload this queue serves.",
     )
     securityPolicy: SecurityPolicy = Field(default_factory=SecurityPolicy)
+    unsatisfiable: Literal["Hold", "Refuse"] = Field(
+        default="Hold",
+        description=(
+            "Quartermaster's own: what becomes of a workload that could never be "
+            "admitted, even on an empty fleet (too big for any island or cluster, no "
+            "node with its flavor's labels, more than the quota could ever give): "
+            "Hold keeps it pending as inadmissible, saying why; Refuse answers its "
+            "submission 422 with that reason."
+        ),
+    )
     # Kueue fields Quartermaster does not implement: named, so that a Kueue
     # manifest gets a clear refusal instead of "unknown field".
     admissionChecksStrategy: dict[str, Any] | None = Field(default=None, exclude=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +21,19 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DataError
 
 from service.app import lifecycle
-from service.app.admission import RECONCILE_TOPIC
-from service.app.auth import require
+from service.app.admission import (
+    RECONCILE_TOPIC,
+    ConfigCache,
+    WorkloadRow,
+    flavors_without_nodes,
+    fleet_snapshot,
+    workload_from_row,
+)
+from service.app.auth import Principal, require
 from service.app.errors import (
     AlreadyExists,
     AppError,
+    Forbidden,
     Invalid,
     NotFound,
     PolicyRefused,
@@ -50,6 +60,9 @@ from service.app.workloads import (
     security_violations,
     total_requests,
 )
+from service.domain.quantity import format_amount
+from service.engine import Snapshot
+from service.engine.feasibility import Verdict, never_fits_in
 from service.eventstore.port import (
     ANY_VERSION,
     ConcurrencyConflict,
@@ -110,6 +123,18 @@ class Unstorable(AppError):
 
 
 _REFUSED_BY_DATABASE = (DataError, psycopg.DataError)
+
+
+class Unsatisfiable(AppError):
+    """A workload that no empty fleet could admit, submitted to a ClusterQueue
+    whose ``spec.unsatisfiable`` is ``Refuse``."""
+
+    status, kind, title = 422, "unsatisfiable", "Can never be admitted"
+
+
+#: The fleet as configured, fetched at most once per unit of work, and only
+#: when a ClusterQueue of it refuses what can never be admitted.
+Fleet = Callable[[], Snapshot]
 
 
 @dataclass(frozen=True)
@@ -206,6 +231,33 @@ class SubmissionService:
         self._engine = engine
         self._uow = unit_of_work
         self._resources = resources_service
+        # Quota and fleet as domain values, parsed when they change: the
+        # never-fits verdicts of submissions and explain read them.
+        self._configuration = ConfigCache()
+        self._configuration_lock = threading.Lock()
+
+    def _fleet(self, conn: Connection) -> Snapshot:
+        with self._configuration_lock:  # the cache is shared by request threads
+            return fleet_snapshot(conn, self._configuration)
+
+    def _lazy_fleet(self, conn: Connection) -> Fleet:
+        found: list[Snapshot] = []
+
+        def fleet() -> Snapshot:
+            if not found:
+                found.append(self._fleet(conn))
+            return found[0]
+
+        return fleet
+
+    def quota_warnings(self, cluster_queue: Mapping[str, Any]) -> list[str]:
+        """What ``qmctl apply`` should warn of in a ClusterQueue just written:
+        quota of a flavor that no node of the fleet carries."""
+        with self._engine.connect() as conn:
+            snapshot = self._fleet(conn)
+        name = (cluster_queue.get("metadata") or {}).get("name")
+        spec = cluster_queue.get("spec") or {}
+        return [f"ClusterQueue {name}: {w}" for w in flavors_without_nodes(snapshot, spec)]
 
     # -- submit --------------------------------------------------------------------------
 
@@ -272,8 +324,9 @@ class SubmissionService:
         outcomes: list[Outcome | None] = [None] * len(submissions)
         accepted: list[tuple[int, _Accepted]] = []
         with self._uow() as uow:
+            fleet = self._lazy_fleet(uow.connection)
             for namespace, indexed in _by_namespace(submissions).items():
-                resolver = _Resolver(uow.connection, namespace)
+                resolver = _Resolver(uow.connection, namespace, fleet)
                 current = resolver.prefetch([s.workload for _, s in indexed])
                 taken = {n for n, row in current.items() if not row.deleted}
                 for index, submission in indexed:
@@ -512,31 +565,113 @@ class SubmissionService:
     # -- explain -------------------------------------------------------------------------
 
     def explain(self, actor: Actor, namespace: str, name: str) -> Obj:
+        """Where the workload stands and the true cause of a wait: a gang that
+        can never be admitted says so (and why, judged on the fleet as
+        configured, now); another says what it waits for and who is ahead,
+        named only in namespaces the reader may read."""
         obj = self._resources.get(actor.principal, "workloads", namespace, name)
         status, spec = obj["status"], obj["spec"]
         state = status.get("state", "Pending")
         latest = (status.get("conditions") or [{}])[-1]
+        reader = actor.principal
         answer: Obj = {
             "workload": f"{namespace}/{name}",
             "state": state,
             "reason": latest.get("reason"),
-            "message": latest.get("message"),
+            "message": _unnamed(latest.get("message"), reader),
             "clusterQueue": status.get("clusterQueue"),
             "localQueue": spec.get("queueName"),
             "priority": spec.get("priority", 0),
             "requests": _requests(spec),
         }
         if state == "Pending":
+            cq = status.get("clusterQueue")
             with self._engine.connect() as conn:
                 position, total = _position(conn, obj)
+                ahead = _ahead(conn, obj, reader)
+                verdict = _verdict(self._fleet(conn), namespace, obj, cq) if cq else None
             answer["positionInQueue"] = position
             answer["pendingInClusterQueue"] = total
-            answer["waitingFor"] = status.get("pendingReason") or (
-                "the next admission cycle: no admission decision has been made yet"
-            )
+            answer["ahead"] = ahead
+            answer.update(_waiting(status, verdict, position, total, ahead, reader))
         if status.get("admission"):
             answer["admission"] = status["admission"]
         return answer
+
+
+#: Recorded reasons that mean the gang may fit and waits for what others hold.
+_WAITS_FOR_OTHERS = frozenset({"WaitingForQuota", "WaitingForCapacity", "StrictFIFO", "Pending"})
+
+
+def _waiting(
+    status: Obj,
+    verdict: Verdict | None,
+    position: int,
+    total: int,
+    ahead: Obj,
+    reader: Principal,
+) -> Obj:
+    """``inadmissible``, ``cause`` and ``waitingFor`` (words) of a pending workload."""
+    if verdict is not None:
+        out: Obj = {
+            "inadmissible": True,
+            "cause": verdict.cause,
+            "reason": verdict.reason,
+            "message": verdict.message,
+            "waitingFor": "nothing: it can never be admitted: "
+            + verdict.message.removeprefix("can never be admitted: "),
+        }
+        if verdict.largest is not None:
+            largest = verdict.largest
+            out["largest"] = {
+                "flavor": largest.flavor,
+                "cluster": largest.cluster,
+                "domain": largest.domain,
+                "pods": largest.pods,
+                "resources": {r: format_amount(r, a) for r, a in largest.resources.items()},
+            }
+        return out
+    code = status.get("pendingReasonCode")
+    recorded = _unnamed(status.get("pendingReason"), reader)
+    if not recorded:
+        words = "the next admission cycle: no admission decision has been made yet"
+        return {"inadmissible": False, "cause": None, "waitingFor": words}
+    if code in _WAITS_FOR_OTHERS and (position > 1 or code == "StrictFIFO"):
+        others = ahead["inOtherNamespaces"]
+        hidden = f", {others} of them in namespaces you cannot read" if others else ""
+        words = (
+            f"{recorded}; waiting behind others: {position - 1} workload(s) ahead of it "
+            f"in ClusterQueue {status.get('clusterQueue')}{hidden} "
+            f"(position {position} of {total})"
+        )
+        return {"inadmissible": False, "cause": "WaitingBehindOthers", "waitingFor": words}
+    return {"inadmissible": False, "cause": code, "waitingFor": recorded}
+
+
+_BEHIND = re.compile(r"Waiting behind (?P<key>[a-z0-9][-a-z0-9]*/[^\s]+)")
+
+
+def _may_read(reader: Principal, namespace: str) -> bool:
+    try:
+        require(reader, WORKLOADS.read, namespace)
+    except Forbidden:
+        return False
+    return True
+
+
+def _unnamed(message: str | None, reader: Principal) -> str | None:
+    """A message as ``reader`` may see it: a workload of a namespace it may not
+    read is not named (messages recorded before the cycle stopped naming them)."""
+    if not message:
+        return message
+
+    def hide(match: re.Match[str]) -> str:
+        key = match.group("key")
+        if _may_read(reader, key.split("/", 1)[0]):
+            return match.group(0)
+        return "Waiting behind a workload of another namespace"
+
+    return _BEHIND.sub(hide, message)
 
 
 def _requests(spec: Obj) -> dict[str, int]:
@@ -547,9 +682,10 @@ def _requests(spec: Obj) -> dict[str, int]:
     return total_requests(stored)
 
 
-def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
-    """1-based position among the ClusterQueue's pending workloads, in
-    admission order (priority, then age), and how many are pending."""
+def _queue_order(conn: Connection, obj: Obj) -> tuple[Any, Any]:
+    """``(pending, ahead)``: SQL conditions for the workload's ClusterQueue's
+    pending workloads, and for those before it in admission order (priority,
+    then age, then name)."""
     status, spec, meta = obj["status"], obj["spec"], obj["metadata"]
     cq = status.get("clusterQueue")
     priority = int(spec.get("priority", 0))
@@ -577,9 +713,50 @@ def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
             < meta.get("namespace", "") + "/" + meta["name"],
         ),
     )
+    return pending, ahead
+
+
+def _position(conn: Connection, obj: Obj) -> tuple[int, int]:
+    """1-based position among the ClusterQueue's pending workloads, in
+    admission order (priority, then age), and how many are pending."""
+    pending, ahead = _queue_order(conn, obj)
     before = conn.execute(select(func.count()).where(pending, ahead)).scalar_one()
     total = conn.execute(select(func.count()).where(pending)).scalar_one()
     return int(before) + 1, int(total)
+
+
+#: How many of the workloads ahead explain names (those the reader may read).
+AHEAD_NAMED = 10
+
+
+def _ahead(conn: Connection, obj: Obj, reader: Principal) -> Obj:
+    """Who is ahead in the queue: counts, and names only in namespaces
+    ``reader`` may read (issue 18: a submitter must not learn others' names)."""
+    pending, ahead = _queue_order(conn, obj)
+    counts = conn.execute(
+        select(resources.c.namespace, func.count())
+        .where(pending, ahead)
+        .group_by(resources.c.namespace)
+    ).all()
+    readable = sorted(ns for ns, _ in counts if _may_read(reader, ns))
+    visible = sum(int(n) for ns, n in counts if ns in readable)
+    total = sum(int(n) for _, n in counts)
+    named: list[str] = []
+    if readable:
+        prio = func.coalesce(resources.c.spec["priority"].astext.cast(BigInteger()), 0)
+        rows = conn.execute(
+            select(resources.c.namespace, resources.c.name)
+            .where(pending, ahead, resources.c.namespace.in_(readable))
+            .order_by(prio.desc(), resources.c.created_at, resources.c.namespace, resources.c.name)
+            .limit(AHEAD_NAMED)
+        ).all()
+        named = [f"{ns}/{n}" for ns, n in rows]
+    return {
+        "total": total,
+        "inNamespacesYouCanRead": visible,
+        "inOtherNamespaces": total - visible,
+        "workloads": named,
+    }
 
 
 _PREFETCH = """
@@ -603,6 +780,7 @@ class _QueueRules:
     served: WorkloadClass
     covered: frozenset[str]
     policy: SecurityPolicy
+    refuse_unsatisfiable: bool
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> _QueueRules:
@@ -611,6 +789,7 @@ class _QueueRules:
             served=spec.get("workloadClass", "training"),
             covered=frozenset(covered | {"pods"}),
             policy=SecurityPolicy.model_validate(spec.get("securityPolicy", {})),
+            refuse_unsatisfiable=spec.get("unsatisfiable", "Hold") == "Refuse",
         )
 
 
@@ -618,9 +797,10 @@ class _Resolver:
     """Resolves queues, ClusterQueues and priority classes once per request,
     locking them FOR SHARE so that none is deleted under a submission."""
 
-    def __init__(self, conn: Connection, namespace: str) -> None:
+    def __init__(self, conn: Connection, namespace: str, fleet: Fleet | None = None) -> None:
         self._conn = conn
         self._namespace = namespace
+        self._fleet = fleet
         self._queues: dict[str, Row[Any] | None] = {}
         self._cqs: dict[str, Row[Any] | None] = {}
         self._classes: dict[str, Row[Any] | None] = {}
@@ -719,7 +899,31 @@ class _Resolver:
                 f"ClusterQueue {cq_name}'s security policy",
                 violations,
             )
+        if rules.refuse_unsatisfiable and self._fleet is not None:
+            verdict = _verdict(self._fleet(), self._namespace, workload, cq_name)
+            if verdict is not None:
+                raise Unsatisfiable(
+                    f"ClusterQueue {cq_name} refuses a workload that can never be "
+                    f"admitted: {verdict.message}",
+                    [("spec.podSets", verdict.message)],
+                )
         return Target(cq_name, priority, requests)
+
+
+def _verdict(
+    fleet: Snapshot, namespace: str, workload: WorkloadObject | Mapping[str, Any], cq: str
+) -> Verdict | None:
+    """Whether the workload (its model, or its stored spec) can never be admitted to ``cq``."""
+    if isinstance(workload, WorkloadObject):
+        name, spec = workload.metadata.name, dump(workload.spec)
+    else:
+        name, spec = str(workload["metadata"]["name"]), dict(workload["spec"])
+    row = WorkloadRow(namespace, name, "", 0, 1, {}, {}, spec, {}, datetime.now(UTC))
+    try:
+        domain = workload_from_row(row)
+    except (ValueError, KeyError, TypeError):  # stored by an older version of the service
+        return None
+    return never_fits_in(fleet, domain, cq)
 
 
 __all__ = ["ItemResult", "Outcome", "Submission", "SubmissionService"]
