@@ -21,9 +21,11 @@ from service.api import docs, openapi, problems
 from service.api.events import EventHead, events_router
 from service.api.fastpath import SubmitFastPath
 from service.api.group_commit import DATABASE_DOWN, GroupCommit
+from service.api.indoubt import CommitInDoubt, InDoubtCommit, Settlements
 from service.api.ledger import ledger_router
 from service.api.middleware import (
     AuthenticateMiddleware,
+    DatabaseDownMiddleware,
     IdempotencyMiddleware,
     Metrics,
     MetricsMiddleware,
@@ -31,6 +33,7 @@ from service.api.middleware import (
     TextGuardMiddleware,
     TokenBuckets,
 )
+from service.api.outage import Outage
 from service.api.problems import problem
 from service.api.routes import admin_router, token_router, workload_router
 from service.app.bootstrap import Services
@@ -91,7 +94,13 @@ def create_app(services: Services) -> FastAPI:
         redoc_url=None,
     )
     app.state.container = services
-    app.state.group_commit = GroupCommit(services.submissions.submit_parsed, shared=DATABASE_DOWN)
+    # A batch whose commit's outcome is unknown is every item's, as the
+    # database down is (service/api/indoubt.py).
+    app.state.group_commit = GroupCommit(
+        InDoubtCommit(services.engine, services.submissions.submit_parsed),
+        shared=(*DATABASE_DOWN, CommitInDoubt),
+    )
+    app.state.settlements = Settlements(services.engine)
     app.state.event_head = EventHead(services.event_queries.head)
     expected_revision = head_revision()
     metrics = Metrics()
@@ -139,6 +148,8 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(events_router())
     app.include_router(ledger_router())
     problems.install(app)
+    outage: Outage = app.state.outage
+    outage.watch(services.engine)
     openapi.install(app)
     docs.install(app)
     settings = services.settings
@@ -155,5 +166,6 @@ def create_app(services: Services) -> FastAPI:
         buckets=TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst),
     )
     app.add_middleware(TextGuardMiddleware)
+    app.add_middleware(DatabaseDownMiddleware, outage=outage)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -37,15 +37,24 @@ from typing import Generic, TypeVar
 
 import anyio
 import psycopg
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 log = logging.getLogger(__name__)
 
 #: Errors that are no item's: the database refused the connection or the
-#: statement for every item of the batch alike.
-DATABASE_DOWN: tuple[type[Exception], ...] = (OperationalError, psycopg.OperationalError)
+#: statement for every item of the batch alike, a connection it closed was
+#: used ("the connection is closed" is an InterfaceError), or no connection
+#: of the pool came free in time.
+DATABASE_DOWN: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    PoolTimeout,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
 
 
 class GroupCommit(Generic[Item, Result]):

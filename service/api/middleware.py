@@ -13,7 +13,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.requests import Request
 
 from service.api.group_commit import DATABASE_DOWN, GroupCommit
+from service.api.indoubt import PENDING, OutcomeUnknown
+from service.api.outage import RETRY_AFTER_SECONDS, Outage
 from service.api.problems import PROBLEM_JSON, TYPE_BASE
 from service.app.errors import AppError
 from service.app.idempotency import (
@@ -110,6 +112,48 @@ class TextGuardMiddleware:
                 await _send_problem(send, 422, "invalid-request", "Invalid request", why)
                 return
         await self.app(scope, receive, send)
+
+
+# -- the database away ---------------------------------------------------------------
+
+
+class DatabaseDownMiddleware:
+    """Answers a request that the database's absence failed outside a route
+    (claiming its Idempotency-Key, authenticating its token) with 503 and
+    Retry-After, and notes the outage (logged once): not Starlette's 500,
+    re-raised for uvicorn to log a traceback per request. A response already
+    started (an event stream) is ended cleanly instead."""
+
+    def __init__(self, app: ASGIApp, outage: Outage) -> None:
+        self.app = app
+        self.outage = outage
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except DATABASE_DOWN as error:
+            self.outage.failed(error)
+            if started:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await _send_problem(
+                send,
+                503,
+                "database-unavailable",
+                "Database unavailable",
+                "the database cannot be reached; retry shortly",
+                {"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
 
 
 # -- metrics -----------------------------------------------------------------------------
@@ -352,6 +396,8 @@ class IdempotencyMiddleware:
             else:
                 await send(message)
 
+        pending: list[OutcomeUnknown] = []
+        scope[PENDING] = pending
         try:
             await self.app(scope, receive_and_claim, hold)
         except _Answered:
@@ -367,7 +413,11 @@ class IdempotencyMiddleware:
         principal, key = claim.principal, claim.key
         start = next((m for m in held if m["type"] == "http.response.start"), None)
         status = int(start["status"]) if start else 500
-        if status in (401, 429) or status >= 500:
+        if pending:
+            # Committed or not, Postgres will say once it answers; the claim
+            # stays in flight until then, and the retry gets what it says.
+            self._later(self._settle(principal, key, pending[0]))
+        elif status in (401, 429) or status >= 500:
             # Nothing to keep: the retry must run again. Held while the
             # database is down, the claim is released as soon as it is back.
             await self._release(principal, key)
@@ -380,9 +430,49 @@ class IdempotencyMiddleware:
             body = b"".join(
                 bytes(m.get("body", b"")) for m in held if m["type"] == "http.response.body"
             )
-            await self._finishes.submit(Response(principal, key, status, headers, body))
+            response = Response(principal, key, status, headers, body)
+            try:
+                await self._finishes.submit(response)
+            except DATABASE_DOWN:
+                # What the request did has committed: its answer goes out,
+                # and is stored for the retry once the database is back.
+                self._later(self._retrying(lambda: self.store.finish_many([response])))
         for message in held:
             await send(message)
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, principal: str, key: str, unknown: OutcomeUnknown) -> None:
+        """Store the original answer of a request whose commit's outcome was
+        unknown, once it is known; or release its key if nothing committed."""
+        created = await unknown.later()
+        if created is None:
+            await self._retrying(lambda: self.store.release(principal, key))
+            return
+        rendered = unknown.render(created)
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in rendered.raw_headers
+            if k.lower() in _KEEP_HEADERS
+        ]
+        response = Response(principal, key, rendered.status_code, headers, bytes(rendered.body))
+        await self._retrying(lambda: self.store.finish_many([response]))
+
+    async def _retrying(self, action: Callable[[], object]) -> None:
+        """``action`` in a thread, again every RELEASE_RETRY_SECONDS while the
+        database refuses, for at most the in-flight lease."""
+        deadline = time.monotonic() + IN_FLIGHT_LEASE.total_seconds()
+        while True:
+            try:
+                await anyio.to_thread.run_sync(action)
+                return
+            except DATABASE_DOWN:
+                if time.monotonic() > deadline:
+                    return  # the lease ends the claim at worst
+                await asyncio.sleep(self.RELEASE_RETRY_SECONDS)
 
     async def _release(self, principal: str, key: str) -> None:
         """Release a claim now or, if the database refuses (it is what failed

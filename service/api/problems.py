@@ -10,10 +10,14 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from service.api.group_commit import DATABASE_DOWN
+from service.api.indoubt import PENDING, OutcomeUnknown
+from service.api.outage import RETRY_AFTER_SECONDS, Outage
 from service.app.errors import AppError
 
 PROBLEM_JSON = "application/problem+json"
@@ -69,11 +73,42 @@ def _allowed(app: FastAPI, request: Request) -> list[str]:
     return sorted(methods)
 
 
+def database_unavailable() -> JSONResponse:
+    """The answer to a request the database's absence failed before it
+    changed anything (an unknown outcome is ``outcome-unknown`` instead)."""
+    return problem(
+        503,
+        "database-unavailable",
+        "Database unavailable",
+        "the database cannot be reached; retry shortly",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+def _outage(request: Request) -> Outage:
+    outage: Outage = request.app.state.outage
+    return outage
+
+
 def install(app: FastAPI) -> None:
+    app.state.outage = Outage()
+
     @app.exception_handler(AppError)
     async def app_error(request: Request, error: AppError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+        if error.status == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         return problem(error.status, error.kind, error.title, error.detail, error.errors, headers)
+
+    @app.exception_handler(OutcomeUnknown)
+    async def outcome_unknown(request: Request, error: OutcomeUnknown) -> JSONResponse:
+        # The Idempotency-Key middleware, if the request has a key, keeps
+        # its claim and settles it from this error once Postgres answers.
+        pending = request.scope.get(PENDING)
+        if pending is not None:
+            pending.append(error)
+        _outage(request).failed(error.__cause__ or error)
+        return await app_error(request, error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -92,17 +127,14 @@ def install(app: FastAPI) -> None:
         return problem(error.status_code, kind, title, str(error.detail), headers=headers)
 
     @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeout)
     @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(psycopg.InterfaceError)
     async def database_down(request: Request, error: Exception) -> JSONResponse:
-        # Nothing was acknowledged: the client may retry; the pool reconnects.
-        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, error)
-        return problem(
-            503,
-            "database-unavailable",
-            "Database unavailable",
-            "the database cannot be reached; nothing was changed, retry shortly",
-            headers={"Retry-After": "2"},
-        )
+        # Logged once per outage, not per request; the pool reconnects.
+        _outage(request).failed(error)
+        return database_unavailable()
 
     @app.exception_handler(DataError)
     async def unstorable(request: Request, error: DataError) -> JSONResponse:
@@ -116,7 +148,7 @@ def install(app: FastAPI) -> None:
         # The handlers above answer what the routes raise; this one also
         # answers what a middleware raises (the Idempotency-Key store reads
         # Postgres before any route runs): the database down is 503 there too.
-        if isinstance(error, OperationalError | psycopg.OperationalError):
+        if isinstance(error, DATABASE_DOWN):
             return await database_down(request, error)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem(500, "internal", "Internal error", "an unexpected error; it was logged")

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool as run
 
 from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
 from service.api.group_commit import GroupCommit
+from service.api.indoubt import CommitInDoubt, OutcomeUnknown, Settlements
 from service.api.openapi import body_schema, list_schema, object_schema
 from service.app.auth import Principal, Role, TokenService, require
 from service.app.bootstrap import Services as Container
@@ -81,6 +82,16 @@ def _etag(obj: dict[str, Any], status: int = 200) -> Response:
     )
 
 
+async def _warned(deps: Container, response: Response, obj: dict[str, Any]) -> Response:
+    """A ClusterQueue whose quota no node can use, warned of as Kubernetes
+    warns (``Warning: 299 - "..."``, RFC 7234), for ``qmctl apply`` to print."""
+    if obj.get("kind") == "ClusterQueue":
+        for text in await run(deps.submissions.quota_warnings, obj):
+            quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.append("Warning", f'299 - "{quoted}"')
+    return response
+
+
 NamespacePath = Annotated[
     str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
@@ -131,7 +142,7 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
         require(actor.principal, kind.write, namespace if kind.namespaced else None)
         body = await read_body(request, deps.settings.max_body_bytes)
         obj = await run(deps.resources.create, actor, kind.plural, namespace, body)
-        return _etag(obj, 201)
+        return await _warned(deps, _etag(obj, 201), obj)
 
     async def list_(
         principal: CurrentPrincipal,
@@ -176,7 +187,8 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
             require(actor.principal, kind.write, namespace if kind.namespaced else None)
             body = await read_body(request, deps.settings.max_body_bytes)
             handler = getattr(deps.resources, method)
-            return _etag(await run(handler, actor, kind.plural, namespace, name, body, if_match))
+            obj = await run(handler, actor, kind.plural, namespace, name, body, if_match)
+            return await _warned(deps, _etag(obj), obj)
 
         update.__name__ = method
         return update
@@ -290,7 +302,13 @@ async def submit_workload(request: Request, namespace: str, principal: Principal
     body = await read_body(request, deps.settings.max_body_bytes)
     workload = deps.submissions.parse(actor, namespace, body)
     committer: GroupCommit[Submission, Outcome] = request.app.state.group_commit
-    outcome = await committer.submit(Submission(actor, namespace, workload))
+    submission = Submission(actor, namespace, workload)
+    try:
+        outcome = await committer.submit(submission)
+    except CommitInDoubt as doubt:
+        settlements: Settlements = request.app.state.settlements
+        later = functools.partial(settlements.outcome, doubt, submission)
+        raise OutcomeUnknown(later, functools.partial(_etag, status=201)) from None
     if isinstance(outcome, AppError):
         raise outcome
     return _etag(outcome, 201)
