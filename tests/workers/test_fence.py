@@ -93,13 +93,14 @@ def member() -> Iterator[tuple[RunningCluster, Member]]:
 
 
 def _jobs(api: Any) -> set[str]:
-    listed = kubernetes.client.BatchV1Api(api).list_job_for_all_namespaces()
-    return {j.metadata.name for j in listed.items}
+    batch: Any = kubernetes.client.BatchV1Api(api)
+    return {str(j.metadata.name) for j in batch.list_job_for_all_namespaces().items}
 
 
 def _running_pods(api: Any, selector: str) -> int:
-    pods = kubernetes.client.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=selector)
-    return sum(1 for p in pods.items if p.status.phase == "Running")
+    core: Any = kubernetes.client.CoreV1Api(api)
+    pods = core.list_pod_for_all_namespaces(label_selector=selector).items
+    return sum(1 for p in pods if p.status.phase == "Running")
 
 
 def test_agent_deletes_only_our_jobs_once_the_heartbeat_is_older_than_the_fence_time(
@@ -108,11 +109,12 @@ def test_agent_deletes_only_our_jobs_once_the_heartbeat_is_older_than_the_fence_
     cluster, centre = member
     clock = Clock()
     with cluster.api_client() as admin:
-        kubernetes.client.CoreV1Api(admin).create_namespace({"metadata": {"name": "team-a"}})
-        batch = kubernetes.client.BatchV1Api(admin)
+        core: Any = kubernetes.client.CoreV1Api(admin)
+        core.create_namespace({"metadata": {"name": "team-a"}})
+        batch: Any = kubernetes.client.BatchV1Api(admin)
         batch.create_namespaced_job("team-a", job("ours", "team-a", managed=True))
         batch.create_namespaced_job("team-a", job("theirs", "team-a", managed=False))
-        wait_for(lambda: _running_pods(admin, "job-name") == 2, 20)
+        wait_for(lambda: _running_pods(admin, "job-name") == 2, 60)
         # The namespace comes from the centre's first write, as on a member
         # where the centre writes before the agent is installed.
         fence.renew(centre, 30, clock.wall())
@@ -131,7 +133,7 @@ def test_agent_deletes_only_our_jobs_once_the_heartbeat_is_older_than_the_fence_
             stale = agent.step()
             assert stale.fenced and stale.deleted == 1 and stale.age == pytest.approx(31)
             assert _jobs(admin) == {"theirs"}
-            wait_for(lambda: _running_pods(admin, "job-name=ours") == 0, 20)
+            wait_for(lambda: _running_pods(admin, "job-name=ours") == 0, 60)
             assert _running_pods(admin, "job-name=theirs") == 1
             # What the centre reads back: an agent reporting, and fencing.
             policy = fence.FencePolicy(seconds=30, margin=10, poll=1, heartbeat_interval=5)
