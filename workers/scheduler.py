@@ -2,9 +2,9 @@
 
 Every scheduler process relays the outbox (relays share rows with SKIP
 LOCKED); one at a time leads the admission cycle. The leader runs a cycle when
-woken (Redis pub/sub ``qm:admission:wake``, sent by the ``admission.wake``
-consumer) and at least every ``QM_CYCLE_INTERVAL`` seconds, so a lost hint
-costs at most one interval.
+woken (Redis pub/sub ``qm:admission:wake:<broker db>``, given by the relay for
+``admission.wake`` rows) and at least every ``QM_CYCLE_INTERVAL`` seconds, so a
+lost hint costs at most one interval.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from workers.outbox import Relay, Send, pending_count
 from workers.records import WAKE_TOPIC
 from workers.settings import WorkerSettings
 from workers.statistics import StatisticsKeeper
-from workers.tasks import WAKE_CHANNEL
+from workers.tasks import wake_channel
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ _SAVE_USAGE = (
 class Waker:
     """Wake-up hints from Redis; silence (or Redis down) is just a timeout."""
 
-    def __init__(self, url: str, channel: str = WAKE_CHANNEL) -> None:
+    def __init__(self, url: str, channel: str | None = None) -> None:
         self._url = url
-        self._channel = channel
+        self._channel = channel or wake_channel(url)
         #: How the subscription shows in Redis's CLIENT LIST.
         self.name = f"qm-wake:{socket.gethostname()}:{os.getpid()}"
         self._client: redis.Redis | None = None
@@ -113,8 +113,8 @@ class WakeHint:
     message the ``admission.wake`` consumer would send. Redis unreachable
     raises, so that the relay leaves the rows for its next pass."""
 
-    def __init__(self, url: str, channel: str = WAKE_CHANNEL) -> None:
-        self._channel = channel
+    def __init__(self, url: str, channel: str | None = None) -> None:
+        self._channel = channel or wake_channel(url)
         self._url = url
         self._client: redis.Redis | None = None
 

@@ -36,6 +36,15 @@ DELIVER = "quartermaster.deliver"
 WAKE_CHANNEL = "qm:admission:wake"
 
 
+def wake_channel(broker_url: str) -> str:
+    """The admission leader's wake-up channel on this broker. Pub/sub channels
+    are server-wide (a Redis database number does not separate them), so the
+    number is part of the name: deployments or test processes sharing a Redis
+    server on different databases do not wake each other's leader."""
+    db = redis.connection.parse_url(broker_url).get("db", 0)  # type: ignore[no-untyped-call]
+    return f"{WAKE_CHANNEL}:{db}"
+
+
 @cache
 def _engine(pid: int) -> Engine:
     """One pool per process, made after the fork (keyed by pid)."""
@@ -93,7 +102,8 @@ def wake_admission(uow: SqlUnitOfWork, delivery: Delivery) -> Any:
     """Something changed that the admission cycle should see: nudge the
     leader now rather than at its next tick."""
     client = _redis(os.getpid())
-    return lambda: client.publish(WAKE_CHANNEL, str(delivery.message_id))
+    channel = wake_channel(get_worker_settings().broker_url)
+    return lambda: client.publish(channel, str(delivery.message_id))
 
 
 @cache

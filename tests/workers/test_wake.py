@@ -69,3 +69,20 @@ def test_close_ends_the_subscription(broker: str, channel: str) -> None:
         assert _subscribed(probe, waker) == 0
     finally:
         probe.close()
+
+
+def test_a_leader_hears_only_its_own_broker_database(broker: str) -> None:
+    """Pub/sub channels are server-wide: the default channel names the
+    broker's database, so a deployment (or a test process) on another
+    database of the same Redis server does not wake this one's leader."""
+    base, _, db = broker.rpartition("/")
+    neighbour = f"{base}/{int(db) % 15 + 1}"  # another of the server's databases 1..15
+    waker = Waker(broker)
+    try:
+        waker.listen()
+        WakeHint(neighbour)()
+        assert waker.wait(0.5, threading.Event()) is False
+        WakeHint(broker)()
+        assert waker.wait(5.0, threading.Event()) is True
+    finally:
+        waker.close()
