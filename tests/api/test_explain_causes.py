@@ -164,7 +164,7 @@ def test_a_gang_too_big_for_any_island_is_told_so_with_the_largest(api: Api) -> 
     """8 x 8 GPUs in one island, where the largest island holds 48: while
     other work holds half the quota, today's answer was "32 more needed"."""
     _fleet(api)
-    _queue(api, gpus=64)
+    assert "warning" not in _queue(api, gpus=64).headers  # its flavor's nodes are there
     team = api.as_role("submitter", ["team-a"])
     _submit(team, "team-a", _gang("small", 4))
     _cycle(api)
@@ -215,7 +215,11 @@ def test_a_flavor_whose_labels_no_node_carries_is_told_so(api: Api) -> None:
     """Kueue's docs' flavor: ``sku``, ``pool`` and ``block`` labels; the
     fleet's nodes carry only ``sku``. Today: "no cluster could hold"."""
     _fleet(api, flavor_labels={"sku": "h100", "pool": "train-exclusive", "block": "b1"})
-    _queue(api, gpus=64)
+    created = _queue(api, gpus=64)
+    assert created.headers.get_list("warning") == [
+        "299 - \"ClusterQueue cq: no node of the fleet carries flavor h100's labels "
+        '(block=b1, pool=train-exclusive, sku=h100): its quota cannot be used"'
+    ]
     team = api.as_role("submitter", ["team-a"])
     _submit(team, "team-a", _gang("two", 2, island=False))
     _cycle(api)
