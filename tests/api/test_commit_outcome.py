@@ -112,8 +112,9 @@ def _commit_waits(direct: sa.Engine, submit: Any) -> int:
         thread.start()
         with direct.connect() as conn:
             wait_until(
-                lambda: conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                .scalar_one(),
+                lambda: conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                ).scalar_one(),
                 60,
                 "the submission waits for the ledger's tip",
             )
@@ -217,4 +218,3 @@ def _final(response: httpx.Response) -> bool:
     """A 409 or 503 that is an answer, not "in flight" or "unavailable"."""
     kind = str(response.json().get("type", ""))
     return not kind.endswith(("/idempotency-key-in-flight", "/database-unavailable"))
-
