@@ -23,7 +23,8 @@ import sqlalchemy as sa
 from service.app.migrate import upgrade
 from tests.api.conftest import ADMIN_TOKEN, serve, setup_quota, workload
 from tests.api.tcp_proxy import TcpProxy, tcp_proxy
-from tests.workers.stack import PrivatePostgres, private_postgres, wait_until
+from tests.waiting import wait_for as wait_until
+from tests.workers.stack import PrivatePostgres, private_postgres
 
 PATH = "/v1/namespaces/team-a/workloads"
 
@@ -205,7 +206,7 @@ def test_an_unknown_outcome_is_said_and_the_retry_with_its_key_gets_the_original
         response = client.post(PATH, json=workload("w2"), headers=key)
         return response if response.status_code not in (409, 503) or _final(response) else None
 
-    again = wait_until(retried, 60, "the retry gets an answer that is not 'retry later'", 0.2)
+    again = wait_until(retried, 60, "the retry gets an answer, not 'retry later'", interval=0.2)
     assert again.status_code == 201, again.text
     assert again.json()["metadata"]["uid"] == _stored(direct, "w2")[0]
     assert again.json() == client.get(f"{PATH}/w2").json()

@@ -18,7 +18,7 @@ import pytest
 
 from tests.api.conftest import ADMIN_TOKEN, serve, setup_quota, workload
 from tests.api.tcp_proxy import TcpProxy, tcp_proxy
-from tests.workers.stack import wait_until
+from tests.waiting import wait_for as wait_until
 
 PATH = "/v1/namespaces/team-a/workloads"
 
