@@ -276,7 +276,7 @@ def _exists(qm: Client, name: str) -> bool:
     return any(w.name == name for w in qm.workloads.list(namespace="team-a"))
 
 
-def _wait_until(check: Callable[[], bool], timeout: float = 20) -> None:
+def _wait_until(check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"

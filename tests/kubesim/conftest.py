@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +82,6 @@ def kubectl(sim: RunningCluster) -> Kubectl:
     if binary is None:
         pytest.skip("kubectl is not installed (.ci/run installs Debian's kubernetes-client)")
     return Kubectl(binary, sim.kubeconfig)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Poll until ``predicate`` returns something truthy; fail with its last value."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
 
 
 def status_body(error: Exception) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sim.kubesim.testing import running_cluster
-from tests.kubesim.conftest import dynamic_client, status_body, wait_for
+from tests.kubesim.conftest import dynamic_client, status_body
+from tests.waiting import wait_for
 
 #: A Job that the built-in Job controller leaves alone (``spec.managedBy``), so that no
 #: controller write races the test's own writes.
@@ -364,7 +365,7 @@ def test_events_expire_after_the_event_ttl() -> None:
         events = wait_for(lambda: core.list_namespaced_event("default").items)
         assert {e.reason for e in events} >= {"SuccessfulCreate"}
         # Timestamps have one-second resolution: gone within ttl + 2 s.
-        wait_for(lambda: not core.list_namespaced_event("default").items, timeout=5)
+        wait_for(lambda: not core.list_namespaced_event("default").items)
         assert batch.read_namespaced_job("noisy", "default").metadata.name == "noisy"
 
 

@@ -14,7 +14,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sim.kubesim.testing import RunningCluster
-from tests.kubesim.conftest import queued_job, wait_for
+from tests.kubesim.conftest import queued_job
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -57,15 +58,16 @@ def test_admin_endpoint_needs_the_admin_token(sim: RunningCluster) -> None:
 def test_added_latency_applies_to_the_chosen_verbs_and_resources(
     admin: httpx.Client, quick: client.CoreV1Api
 ) -> None:
+    # A latency far above what any request takes on a busy machine, so that
+    # "not delayed" is a comparison with it rather than a speed bound.
     faults = admin.put(
-        "/_admin/faults", json={"latencyMs": 600, "verbs": ["list"], "resources": ["nodes"]}
+        "/_admin/faults", json={"latencyMs": 3000, "verbs": ["list"], "resources": ["nodes"]}
     ).json()
-    assert faults["latencyMs"] == 600
-    assert _timed(quick.list_node) >= 0.6
-    # Generous bounds below: the machine may be busy, but never by 0.6 s a request.
-    assert _timed(lambda: quick.read_namespace("default")) < 0.5
+    assert faults["latencyMs"] == 3000
+    assert _timed(quick.list_node) >= 3.0
+    assert _timed(lambda: quick.read_namespace("default")) < 3.0
     admin.delete("/_admin/faults")
-    assert _timed(quick.list_node) < 0.5
+    assert _timed(quick.list_node) < 3.0
 
 
 def test_error_rate_answers_with_the_configured_5xx(
@@ -111,7 +113,7 @@ def test_partition_refuses_connections_until_healed(
     # A timed partition heals by itself.
     admin.post("/_admin/partition", json={"seconds": 0.3})
     assert not _reachable(quick)
-    assert wait_for(lambda: _reachable(quick), timeout=5)
+    assert wait_for(lambda: _reachable(quick))
 
 
 def test_blackhole_partition_holds_requests_until_healed(

@@ -9,7 +9,8 @@ import threading
 import time
 
 from sim.kubesim.testing import RunningCluster
-from tests.kubesim.conftest import Kubectl, wait_for
+from tests.kubesim.conftest import Kubectl
+from tests.waiting import wait_for
 
 DOCS_SETUP = """
 apiVersion: kueue.x-k8s.io/v1beta2
@@ -165,7 +166,7 @@ def test_job_lifecycle_with_get_watch_describe_and_delete(
         created = kubectl("apply", "-f", "-", stdin=JOB.format(name="train", duration="100s"))
         assert created.stdout.strip() == "job.batch/train created"
         seen: list[str] = []
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 seen.append(lines.get(timeout=0.5))

@@ -16,7 +16,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sim.kubesim.testing import RunningCluster
-from tests.kubesim.conftest import queued_job, status_body, wait_for
+from tests.kubesim.conftest import queued_job, status_body
+from tests.waiting import wait_for
 
 KUEUE = "kueue.x-k8s.io"
 
@@ -241,12 +242,12 @@ def test_queued_job_runs_to_completion_and_frees_its_quota(
     assert "insufficient unused quota for nvidia.com/gpu in flavor a100" in pending
     assert batch.read_namespaced_job("second", QUOTA_NS).spec.suspend is True
 
-    wait_for(lambda: _job_condition(batch, QUOTA_NS, "first", "Complete"), timeout=15)
+    wait_for(lambda: _job_condition(batch, QUOTA_NS, "first", "Complete"))
     done = custom.get_namespaced_custom_object(
         KUEUE, "v1beta2", QUOTA_NS, "workloads", first["metadata"]["name"]
     )
     assert _conditions(done)["Finished"]["reason"] == "Succeeded"
-    wait_for(lambda: _job_condition(batch, QUOTA_NS, "second", "Complete"), timeout=15)
+    wait_for(lambda: _job_condition(batch, QUOTA_NS, "second", "Complete"))
     wait_for(lambda: _gpu_reservation(custom, small_queue) == "0")
     job = batch.read_namespaced_job("second", QUOTA_NS)
     assert job.status.succeeded == 2 and job.spec.suspend is False
@@ -373,7 +374,7 @@ def test_queued_gangs_of_every_kind_are_admitted_whole_and_succeed(
         )
         return _conditions(current).get(success, {}).get("status") == "True"
 
-    wait_for(succeeded, timeout=15)
+    wait_for(succeeded)
     finished = custom.get_namespaced_custom_object(
         KUEUE, "v1beta2", "language", "workloads", workload["metadata"]["name"]
     )

@@ -17,7 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sim.kubesim.testing import RunningCluster, running_cluster
-from tests.kubesim.conftest import DEMO, status_body, wait_for
+from tests.kubesim.conftest import DEMO, status_body
+from tests.waiting import wait_for
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 

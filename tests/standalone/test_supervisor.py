@@ -22,7 +22,7 @@ time.sleep(60)
 """
 
 
-def _wait_for(output: Callable[[], str], text: str, timeout: float = 10.0) -> None:
+def _wait_for(output: Callable[[], str], text: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while text not in output() and time.monotonic() < deadline:
         time.sleep(0.05)

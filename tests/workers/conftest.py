@@ -15,8 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from service.config import Settings
 from service.eventstore.port import EventMetadata, NewEvent
 from service.projections.resources import resource_row, upsert_resources
 from service.projections.schema import resources
+from tests.waiting import LONG_CEILING, wait_for
 from workers.celery_app import make_celery
 from workers.outbox import Send
 from workers.settings import WorkerSettings
@@ -117,7 +117,11 @@ def celery_worker(database_url: str, redis_url: str) -> Iterator[subprocess.Pope
         command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        wait_for(lambda: b"ready." in Path(log.name).read_bytes() or proc.poll() is not None, 30)
+        wait_for(
+            lambda: b"ready." in Path(log.name).read_bytes() or proc.poll() is not None,
+            LONG_CEILING,
+            "the Celery worker ready",
+        )
         if proc.poll() is not None:
             raise RuntimeError(Path(log.name).read_text())
         yield proc
@@ -139,17 +143,6 @@ def celery_worker(database_url: str, redis_url: str) -> Iterator[subprocess.Pope
 
 def _suppress() -> contextlib.suppress:
     return contextlib.suppress(ProcessLookupError, PermissionError)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s")
-        time.sleep(interval)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 What standalone mode runs (service/runtime/standalone.py), started with its
 supervisor (service/runtime/supervisor.py): the API (``python -m service
 api``), Celery workers and the scheduler (``python -m workers.cli worker |
-scheduler``) and stand-in member clusters (``python -m service sim cluster``,
+scheduler``) and stand-in member clusters (``python -m sim.cli cluster``,
 their simulated time scaled so that jobs run for seconds). Quotas and the
 stand-ins' Cluster objects go in through the API, as standalone seeds them.
 
@@ -40,6 +40,8 @@ from kubernetes import watch
 from service.runtime.demo import StandIn, register_clusters, stand_ins
 from service.runtime.embedded import free_port
 from service.runtime.supervisor import Child, Supervisor
+from tests.waiting import LONG_CEILING
+from tests.waiting import wait_for as wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
@@ -47,19 +49,6 @@ ISLAND = "example.com/fabric-block"
 ADMISSION_LABEL = "quartermaster.dev/admission"
 WORKLOAD_LABEL = "quartermaster.dev/workload"
 TOKEN = "e2e-admin-token"
-
-
-def wait_until(
-    condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(interval)
 
 
 # --- private servers ------------------------------------------------------------------------
@@ -163,7 +152,7 @@ class PrivateRedis:
 
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:
-            wait_until(lambda: _pings(client), 10, "redis-server")
+            wait_until(lambda: _pings(client), 60, "redis-server")
         finally:
             client.close()
 
@@ -423,22 +412,22 @@ class Stack:
         child = self.supervisor.start(
             "clusters",
             [
-                *_service(),
-                *("sim", "cluster", "--fleet", str(fleet), "--count", str(count)),
+                *(sys.executable, "-m", "sim.cli"),
+                *("cluster", "--fleet", str(fleet), "--count", str(count)),
                 *("--port", "0", "--time-scale", str(time_scale)),
                 *("--kubeconfig-out", str(self.kubeconfig)),
                 *(() if controllers else ("--no-controllers",)),
             ],
         )
-        self._ready(child, lambda: "kubeconfig written" in child.output(), 60)
-        self.members = stand_ins(self.kubeconfig, {})
+        self._ready(child, lambda: "kubeconfig written" in child.output())
+        self.members = stand_ins(self.kubeconfig)
 
     def start_api(self, processes: int = 1) -> None:
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         argv = [*_service(), "api", "--port", str(port), "--workers", str(processes)]
         self.api = self.supervisor.start("api", argv)
-        self._ready(self.api, lambda: _status(f"{self.api_url}/readyz") == 200, 60)
+        self._ready(self.api, lambda: _status(f"{self.api_url}/readyz") == 200)
 
     def start_worker(self, concurrency: int = 2) -> Child:
         name = f"worker{len(self.workers)}"
@@ -446,7 +435,7 @@ class Stack:
             name,
             [*_workers(), "worker", "--concurrency", str(concurrency), "--loglevel", "WARNING"],
         )
-        self._ready(child, lambda: "ready." in child.output() or _celery_up(child), 60)
+        self._ready(child, lambda: "ready." in child.output() or _celery_up(child))
         self.workers.append(child)
         return child
 
@@ -456,7 +445,7 @@ class Stack:
         self.scheduler = self.supervisor.start(
             "scheduler", [*_workers(), "scheduler", "--metrics-port", str(port)]
         )
-        self._ready(self.scheduler, lambda: self.metric("qm_admission_leader") == 1, 60)
+        self._ready(self.scheduler, lambda: self.metric("qm_admission_leader") == 1)
 
     def start(
         self,
@@ -482,9 +471,11 @@ class Stack:
                 self.create(api, obj)
             registered = register_clusters(api, self.members)
             assert not registered.failed, registered.failed
-        wait_until(self.clusters_ready, 30, "member clusters Ready")
+        wait_until(self.clusters_ready, 60, "member clusters Ready")
 
-    def _ready(self, child: Child, check: Callable[[], bool], timeout: float) -> None:
+    def _ready(
+        self, child: Child, check: Callable[[], bool], timeout: float = LONG_CEILING
+    ) -> None:
         deadline = time.monotonic() + timeout
         while not check():
             if not child.alive:
@@ -645,7 +636,7 @@ class MemberWatch:
                 )
                 thread.start()
                 self._threads.append(thread)
-        wait_until(lambda: len(self._synced) == 2 * len(self.members), 20, "member watches")
+        wait_until(lambda: len(self._synced) == 2 * len(self.members), 60, "member watches")
         return self
 
     def close(self) -> None:

@@ -84,13 +84,13 @@ def test_the_leader_publishes_when_the_ledger_grew_and_each_extends_the_last(
     signer, seed = key
     sizes = []
     with schedulers(engine, database_url, broker, "A", "B", ledger_signing_key=seed) as runners:
-        leader = wait_for(lambda: next((r for r in runners if r.leader.lease.leading), None), 10)
+        leader = wait_for(lambda: next((r for r in runners if r.leader.lease.leading), None), 60)
         time.sleep(3 * INTERVAL)
         assert published(engine, signer) == [], "an empty ledger: nothing to sign"
         for n in (1, 4, 3, 8):
             append(engine, n)
             sizes.append(sum(sizes[-1:]) + n)
-            wait_for(lambda: [c.size for c in published(engine, signer)] == sizes, 10)
+            wait_for(lambda: [c.size for c in published(engine, signer)] == sizes, 60)
         time.sleep(4 * INTERVAL)  # several rounds with nothing new
         checkpoints = published(engine, signer)
         assert [c.size for c in checkpoints] == sizes
@@ -115,7 +115,7 @@ def test_without_a_signing_key_it_says_so_once_and_signs_nothing(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="service.ledger.publisher")
     with schedulers(engine, database_url, broker, "A", ledger_signing_key=None) as (runner,):
-        wait_for(lambda: runner.leader.lease.leading, 10)
+        wait_for(lambda: runner.leader.lease.leading, 60)
         append(engine, 3)
         time.sleep(4 * INTERVAL)
         assert runner.checkpoints.published == 0
@@ -136,7 +136,7 @@ def test_a_ledger_rewritten_after_a_checkpoint_is_not_signed(
     caplog.set_level(logging.ERROR, logger="service.ledger.publisher")
     append(engine, 5)
     with schedulers(engine, database_url, broker, "A", ledger_signing_key=seed) as (runner,):
-        wait_for(lambda: [c.size for c in published(engine, signer)] == [5], 10)
+        wait_for(lambda: [c.size for c in published(engine, signer)] == [5], 60)
         # History rewritten and sealed again, then grown: every hash and link
         # holds, but the first five are no longer what was signed.
         tamper(
@@ -145,7 +145,7 @@ def test_a_ledger_rewritten_after_a_checkpoint_is_not_signed(
             "UPDATE ledger_head SET seq = 0, entry_hash = decode(repeat('00', 32), 'hex')",
         )
         append(engine, 7)
-        wait_for(lambda: any("refused" in r.message for r in caplog.records), 10)
+        wait_for(lambda: any("refused" in r.message for r in caplog.records), 60)
         time.sleep(3 * INTERVAL)
         assert runner.checkpoints.published == 1
     assert [c.size for c in published(engine, signer)] == [5]

@@ -75,10 +75,10 @@ def test_worker_and_scheduler_processes_admit_and_stop_on_sigterm(
             _command(database_url, broker, "scheduler", "--metrics-port", str(port))
         )
         services.submissions.submit(ADMIN, "team-a", workload("a"))
-        wait_for(lambda: workload_status(services.engine, "team-a", "a")["state"] == "Admitted", 30)
+        wait_for(lambda: workload_status(services.engine, "team-a", "a")["state"] == "Admitted", 60)
         # The worker is up and consuming: the admission's reconcile message
         # (wake-ups no longer pass through it: the relay gives them itself).
-        wait_for(lambda: _reconciles_processed(services) >= 1, 30)
+        wait_for(lambda: _reconciles_processed(services) >= 1, 60)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert 'qm_admitted_workloads_total{cluster_queue="cq"} 1.0' in metrics
         assert "qm_admission_leader 1.0" in metrics

@@ -112,7 +112,7 @@ def test_a_finished_job_whose_removal_lingers_does_not_hold_back_the_next_dispat
             services.submissions.submit(ADMIN, "team-a", gang("done", count=1, duration="10s"))
             cycle.run(lambda uow: None)
             assert reconcile_once(engine, "c1", connect, config, now).dispatched
-            wait_for(lambda: member_status(job(c1, "done") or {}, None)["phase"] == "Succeeded", 10)
+            wait_for(lambda: member_status(job(c1, "done") or {}, None)["phase"] == "Succeeded", 60)
             with c1.api_client() as api:
                 kubernetes.client.BatchV1Api(api).patch_namespaced_job(
                     "done", "team-a", held, _preload_content=False

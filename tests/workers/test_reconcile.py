@@ -53,7 +53,7 @@ def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
             # the first sync writes c1's inventory; only then can anything be admitted
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="300s"))
             services.submissions.submit(ADMIN, "team-a", gang("b", duration="300s"))
-            created = wait_for(lambda: job(c1, "a"), 20)
+            created = wait_for(lambda: job(c1, "a"), 60)
             status = workload_status(engine, "team-a", "a")
             assert status["state"] in ("Admitted", "Running")
             island = status["admission"]["island"]
@@ -62,15 +62,15 @@ def test_admitted_gang_runs_pinned_to_its_island_finishes_and_is_collected(
             assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "qm-train"
             assert created["metadata"]["labels"]["quartermaster.dev/managed"] == "true"
             assert workload_status(engine, "team-a", "b")["state"] == "Pending"  # no quota
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 30)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 60)
             # quota released: b is admitted, runs on c1, and a's job is collected
-            wait_for(lambda: job(c1, "b"), 20)
-            wait_for(lambda: job(c1, "a") is None, 20)
-            wait_for(lambda: workload_status(engine, "team-a", "b")["state"] == "Finished", 30)
-            wait_for(lambda: not jobs(c1), 20)
+            wait_for(lambda: job(c1, "b"), 60)
+            wait_for(lambda: job(c1, "a") is None, 60)
+            wait_for(lambda: workload_status(engine, "team-a", "b")["state"] == "Finished", 60)
+            wait_for(lambda: not jobs(c1), 60)
             wait_for(
-                lambda: c1.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "qm-cq") is None, 10
+                lambda: c1.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "qm-cq") is None, 60
             )
             metric = scheduler.metrics.registry.get_sample_value
             assert metric("qm_reconcile_lag_seconds_count", {"cluster": "c1"}) == 2
@@ -105,12 +105,12 @@ def test_preemption_deletes_the_victims_job_before_the_preemptor_is_dispatched(
         samples = watch_jobs(c1, stop)
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", gang("low", duration="100000s"))
-            wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Running", 60)
             services.submissions.submit(
                 ADMIN, "team-a", gang("high", duration="100000s", priorityClassName="urgent")
             )
-            wait_for(lambda: workload_status(engine, "team-a", "high")["state"] == "Running", 20)
-            wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Pending", 10)
+            wait_for(lambda: workload_status(engine, "team-a", "high")["state"] == "Running", 60)
+            wait_for(lambda: workload_status(engine, "team-a", "low")["state"] == "Pending", 60)
             stop.set()
             assert job(c1, "low") is None
             high = job(c1, "high")
@@ -143,9 +143,9 @@ def test_a_gang_of_two_pod_sets_runs_as_a_jobset_and_finishes(
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", body)
             created = wait_for(
-                lambda: c1.get("jobset.x-k8s.io/v1alpha2", "JobSet", "team-a", "js"), 20
+                lambda: c1.get("jobset.x-k8s.io/v1alpha2", "JobSet", "team-a", "js"), 60
             )
-            wait_for(lambda: workload_status(engine, "team-a", "js")["state"] == "Finished", 30)
+            wait_for(lambda: workload_status(engine, "team-a", "js")["state"] == "Finished", 60)
     names = [r["name"] for r in created["spec"]["replicatedJobs"]]
     assert names == ["driver", "workers"]
     (finished,) = ledger(engine, "workload.finished")
@@ -167,7 +167,7 @@ def test_a_converged_cluster_is_left_alone(
         config = settings(database_url, broker)
         with scheduling(engine, config, send):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
         connect = Connector(config)
         try:
             report = reconcile_once(engine, "c1", connect, config, lambda: datetime.now(UTC))
@@ -257,8 +257,8 @@ def test_a_submitted_pytorchjob_runs_on_its_member_as_a_pytorchjob(
         setup_central(services, [c1], gpu_quota=32)
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", manifest)
-            created = wait_for(lambda: c1.get("kubeflow.org/v1", "PyTorchJob", "team-a", "pt"), 20)
-            wait_for(lambda: workload_status(engine, "team-a", "pt")["state"] == "Finished", 30)
+            created = wait_for(lambda: c1.get("kubeflow.org/v1", "PyTorchJob", "team-a", "pt"), 60)
+            wait_for(lambda: workload_status(engine, "team-a", "pt")["state"] == "Finished", 60)
     admission = workload_status(engine, "team-a", "pt")["admission"]
     islands = {p["name"]: p["islands"] for p in admission["podSetAssignments"]}
     for replica_type, replica in created["spec"]["pytorchReplicaSpecs"].items():
@@ -333,7 +333,7 @@ def test_a_mixed_flavor_admission_runs_on_its_member(
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", gang("m", duration="100000s"))
             # Running: the member's Kueue admitted it and its pods are ready
-            wait_for(lambda: workload_status(engine, "team-a", "m")["state"] == "Running", 30)
+            wait_for(lambda: workload_status(engine, "team-a", "m")["state"] == "Running", 60)
             member_queue = c1.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "qm-cq")
             member_job = job(c1, "m")
     admission = workload_status(engine, "team-a", "m")["admission"]

@@ -70,24 +70,24 @@ def test_a_partitioned_cluster_past_its_lease_is_lost_its_gangs_run_elsewhere_an
         config = settings(database_url, broker, cluster_lease=2.0)
         with scheduling(engine, config, send):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
             first = workload_status(engine, "team-a", "a")["admission"]["cluster"]
             other = "c2" if first == "c1" else "c1"
-            wait_for(lambda: _cluster(services, other)["status"].get("inventory"), 10)
+            wait_for(lambda: _cluster(services, other)["status"].get("inventory"), 60)
             by_name[first].partition()
-            wait_for(lambda: _cluster(services, first)["status"]["state"] == "Lost", 15)
+            wait_for(lambda: _cluster(services, first)["status"]["state"] == "Lost", 60)
             wait_for(
                 lambda: (
                     (workload_status(engine, "team-a", "a").get("admission") or {}).get("cluster")
                     == other
                 ),
-                15,
+                60,
             )
-            wait_for(lambda: job(by_name[other], "a"), 10)
+            wait_for(lambda: job(by_name[other], "a"), 60)
             assert job(by_name[first], "a") is not None  # unreachable: still there
             by_name[first].heal()
-            wait_for(lambda: _cluster(services, first)["status"]["state"] == "Ready", 15)
-            wait_for(lambda: job(by_name[first], "a") is None, 15)
+            wait_for(lambda: _cluster(services, first)["status"]["state"] == "Ready", 60)
+            wait_for(lambda: job(by_name[first], "a") is None, 60)
             assert job(by_name[other], "a") is not None
             assert workload_status(engine, "team-a", "a")["admission"]["cluster"] == other
             assert not [j for j in jobs(by_name[first])]
@@ -117,11 +117,11 @@ def test_dispatch_through_the_outbox_and_a_celery_worker_progress_through_watche
         with scheduling(engine, config, send, relay=True) as scheduler:
             assert scheduler.fleet is not None
             fleet = scheduler.fleet
-            wait_for(lambda: fleet.passes >= 1, 10)
+            wait_for(lambda: fleet.passes >= 1, 60)
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100s"))
-            wait_for(lambda: job(c1, "a"), 10)
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 15)
-            wait_for(lambda: job(c1, "a") is None, 10)
+            wait_for(lambda: job(c1, "a"), 60)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Finished", 60)
+            wait_for(lambda: job(c1, "a") is None, 60)
             assert fleet.passes == 1 and fleet.woken >= 1
             streams = fleet.watches["c1"][1].streams
             assert all(s.version for s in streams)
@@ -145,7 +145,7 @@ def test_stray_objects_are_collected_and_a_cancelled_gang_is_removed(
         setup_central(services, [c1], gpu_quota=16)
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
             managed = {"quartermaster.dev/managed": "true"}
             with c1.api_client() as api:
                 custom = kubernetes.client.CustomObjectsApi(api)
@@ -162,16 +162,16 @@ def test_stray_objects_are_collected_and_a_cancelled_gang_is_removed(
                     },
                 )
                 kubernetes.client.BatchV1Api(api).create_namespaced_job("team-a", _stray_job())
-            wait_for(lambda: job(c1, "stray") is None, 10)
+            wait_for(lambda: job(c1, "stray") is None, 60)
             wait_for(
                 lambda: (
                     c1.get("kueue.x-k8s.io/v1beta2", "LocalQueue", "team-a", "qm-stray") is None
                 ),
-                10,
+                60,
             )
             assert job(c1, "a") is not None
             services.submissions.cancel(ADMIN, "team-a", "a")
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Cancelled", 15)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Cancelled", 60)
             assert job(c1, "a") is None
 
 
@@ -214,14 +214,14 @@ def test_a_gang_not_ready_within_its_timeout_is_evicted_whole_and_requeued(
         config = settings(database_url, broker, pods_ready_timeout=1.5)
         with scheduling(engine, config, send):
             services.submissions.submit(ADMIN, "team-a", gang("a"))
-            wait_for(lambda: ledger(engine, "workload.evicted"), 20)
+            wait_for(lambda: ledger(engine, "workload.evicted"), 60)
             wait_for(
                 lambda: (workload_status(engine, "team-a", "a").get("requeueState") or {}).get(
                     "count"
                 ),
-                10,
+                60,
             )
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] != "Evicted", 10)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] != "Evicted", 60)
     (evicted, *_) = ledger(engine, "workload.evicted")
     assert evicted["reason"] == "PodsReadyTimeout" and evicted["requeued"]
     assert ledger(engine, "workload.finished") == []
@@ -244,9 +244,9 @@ def test_pods_we_do_not_manage_are_reserved_in_the_inventory(
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", gang("two-nodes"))
             services.submissions.submit(ADMIN, "team-a", gang("one-node", count=1))
-            wait_for(lambda: job(c1, "one-node"), 20)
+            wait_for(lambda: job(c1, "one-node"), 60)
             wait_for(
-                lambda: workload_status(engine, "team-a", "two-nodes").get("pendingReason"), 10
+                lambda: workload_status(engine, "team-a", "two-nodes").get("pendingReason"), 60
             )
             nodes = _cluster(services, "c1")["status"]["inventory"]["nodes"]
             assert workload_status(engine, "team-a", "two-nodes")["state"] == "Pending"
@@ -269,7 +269,7 @@ def test_a_gang_the_member_evicts_releases_its_quota_and_is_requeued(
         setup_central(services, [c1], gpu_quota=16)
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 20)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
             with c1.api_client() as api:
                 custom = kubernetes.client.CustomObjectsApi(api)
                 (member,) = custom.list_namespaced_custom_object(
@@ -284,8 +284,8 @@ def test_a_gang_the_member_evicts_releases_its_quota_and_is_requeued(
                     {"spec": {"active": False}},
                     _content_type="application/merge-patch+json",
                 )
-            wait_for(lambda: ledger(engine, "workload.evicted"), 15)
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] != "Evicted", 15)
+            wait_for(lambda: ledger(engine, "workload.evicted"), 60)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] != "Evicted", 60)
     (evicted, *_) = ledger(engine, "workload.evicted")
     assert evicted["reason"] == "Deactivated" and evicted["cluster"] == "c1"
     assert evicted["released"]["h100"]["nvidia.com/gpu"] == 16
@@ -320,13 +320,13 @@ def test_a_worker_killed_in_the_middle_of_a_reconcile_leaves_one_job(
             assert sync_once(engine, "c1", connect, config, _now).heartbeat
             c1.set_faults(latencyMs=3000, verbs=["patch"])
             services.submissions.submit(ADMIN, "team-a", gang("a"))
-            wait_for(lambda: _deliveries(engine) == 1, 10)
+            wait_for(lambda: _deliveries(engine) == 1, 60)
             time.sleep(0.5)  # inside the reconcile, waiting for the member
             (pool,) = _pool_processes(worker.pid)
             os.kill(pool, signal.SIGKILL)
             c1.clear_faults()
-            wait_for(lambda: job(c1, "a"), 20)
-            wait_for(lambda: _synced_state(engine, connect, config) == "Finished", 20)
+            wait_for(lambda: job(c1, "a"), 60)
+            wait_for(lambda: _synced_state(engine, connect, config) == "Finished", 60)
         finally:
             scheduler.stop.set()
             thread.join(15)

@@ -39,13 +39,13 @@ def test_a_running_gang_cancelled_is_closed_once_and_billed_no_further(
         setup_central(services, clusters, gpu_quota=16)
         with scheduling(engine, settings(database_url, broker), send, relay=True):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 30)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
             assert audit(entries(engine), running(clusters), resources=[GPU]) == []
             services.submissions.cancel(ADMIN, "team-a", "a")
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Cancelled", 30)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Cancelled", 60)
             assert job(c1, "a") is None
             # Passes go on: none of them closes it again.
-            wait_for(lambda: job(c1, "a") is None and not running(clusters), 10)
+            wait_for(lambda: job(c1, "a") is None and not running(clusters), 60)
     (close,) = closes(engine, "team-a/a")
     assert close[0] == "workload.finished" and close[1]["outcome"] == "cancelled"
     ledger = entries(engine)

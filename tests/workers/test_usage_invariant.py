@@ -118,8 +118,8 @@ def _run(
             services.submissions.cancel(ADMIN, "team-a", names[arg % len(names)])
         elif what == "lose":
             by_name[arg].partition(seconds=3.0)
-            wait_for(lambda c=arg: _cluster_state(engine, c) == "Lost", 30)
-            wait_for(lambda c=arg: _cluster_state(engine, c) == "Ready", 30)
+            wait_for(lambda c=arg: _cluster_state(engine, c) == "Lost", 60)
+            wait_for(lambda c=arg: _cluster_state(engine, c) == "Ready", 60)
         _wait_settled(engine, clusters)
     return names
 
