@@ -145,6 +145,9 @@ def _check(step: Step, stdout: str) -> None:
         assert claim.strip() in printed, f"{step.command}: no line {claim!r} in\n{stdout}"
 
 
+# A hang guard over the fixture's fresh venv and pip install (each bounded by
+# its own subprocess timeout) and the tour: minutes on a busy machine.
+@pytest.mark.timeout(2400)
 def test_the_readme_run_command_and_tour(standalone: Standalone) -> None:
     printed = next(body for language, body in _blocks(_section("Standalone mode")) if not language)
     # Every line the README shows standalone printing, up to the values that vary.
@@ -161,13 +164,13 @@ def test_the_readme_run_command_and_tour(standalone: Standalone) -> None:
             [
                 str(standalone.bin / "qmctl"),
                 *args,
-                *(["--timeout", "150"] if "--wait" in args else []),
+                *(["--timeout", "300"] if "--wait" in args else []),
             ],
             env=standalone.env,
             cwd=standalone.data.parent,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=360,
             check=False,
         )
         assert ran.returncode == 0, f"{step.command}: {ran.stdout}{ran.stderr}"

@@ -1,8 +1,9 @@
 """End to end through the real processes: the API, Postgres, Redis, a Celery
 worker, the scheduler and three stand-in member clusters (tests/workers/stack.py).
 
-* 200 gangs of 1 to 64 GPUs from four teams whose ClusterQueues borrow from
-  one another in a cohort: every one admitted, run and finished; quotas, the
+* Gangs of 1 to 64 GPUs from four teams whose ClusterQueues borrow from one
+  another in a cohort (60 in the suite, 200 with ``-m slow``; either
+  overfills the fleet at once): every one admitted, run and finished; quotas, the
   cohort's lending and the nodes' capacity never exceeded at any sample of
   the read models; no gang's pods straddle an island on the member where they
   ran; every admission, preemption and completion in the ledger.
@@ -25,6 +26,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from tests.waiting import CEILING, LONG_CEILING
 from tests.workers.invariants import Queues, QuotaWatch, ledger_matches_events
 from tests.workers.stack import (
     FAST,
@@ -37,8 +39,6 @@ from tests.workers.stack import (
     wait_until,
     write_fleet,
 )
-
-pytestmark = pytest.mark.timeout(240)
 
 RECLAIM = {"reclaimWithinCohort": "Any"}
 
@@ -90,8 +90,11 @@ def stack(engine: sa.Engine, database_url: str, broker: str, tmp_path: Path) -> 
         yield running
 
 
-def test_200_gangs_from_four_teams_all_run_and_finish_within_quota_and_islands(
-    stack: Stack, engine: sa.Engine, tmp_path: Path
+@pytest.mark.parametrize(
+    "count", [pytest.param(60, id="60"), pytest.param(200, id="200", marks=pytest.mark.slow)]
+)
+def test_gangs_from_four_teams_all_run_and_finish_within_quota_and_islands(
+    stack: Stack, engine: sa.Engine, tmp_path: Path, count: int
 ) -> None:
     # 3 clusters x 2 islands x 8 nodes x 8 GPUs: 384 GPUs in islands of 64.
     fleet = write_fleet(tmp_path / "fleet.yaml", {f"m{i}": (2, 8) for i in (1, 2, 3)})
@@ -111,7 +114,7 @@ def test_200_gangs_from_four_teams_all_run_and_finish_within_quota_and_islands(
     sizes = (1, 2, 4, 8, 8, 16, 16, 24, 32, 48, 64)
     gangs = [
         (f"team-{'abcd'[i % 4]}", f"g{i:03d}", rng.choice(sizes), rng.uniform(30, 120))
-        for i in range(200)
+        for i in range(count)
     ]
     quota = QuotaWatch(engine, Queues.of(manifests))
     for ns, name, gpus, _ in gangs:
@@ -127,12 +130,17 @@ def test_200_gangs_from_four_teams_all_run_and_finish_within_quota_and_islands(
                 )
             )
         try:
-            wait_until(lambda: _states(engine)["Finished"] == 200, 150, "200 gangs finished")
-        except AssertionError:
-            raise AssertionError(f"{_states(engine)}\n{stack.logs()}") from None
+            wait_until(
+                lambda: _states(engine)["Finished"] == count,
+                LONG_CEILING * count / 60,
+                f"{count} gangs finished",
+                seen=lambda: _states(engine),
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{stack.logs()}") from None
         took = time.monotonic() - began
         try:  # finished jobs removed from the members, and their pods
-            wait_until(lambda: not _left(members), 20, "collected")
+            wait_until(lambda: not _left(members), CEILING, "collected")
         except AssertionError:
             raise AssertionError(
                 f"{_left(members)[:5]}\nunseen: {members.unseen()[:10]}\n{stack.logs()}"
@@ -163,15 +171,15 @@ def test_200_gangs_from_four_teams_all_run_and_finish_within_quota_and_islands(
 
     problems, kinds = ledger_matches_events(engine)
     assert problems == [], problems[:10]
-    assert kinds["workload.finished"] == 200
-    assert kinds["workload.admitted"] == 200 + kinds["workload.preempted"]
+    assert kinds["workload.finished"] == count
+    assert kinds["workload.admitted"] == count + kinds["workload.preempted"]
     finished = _ledger(engine, "workload.finished")
     assert sorted(f["workload"] for f in finished) == sorted(g[1] for g in gangs)
     gpus_of = {name: gpus for _, name, gpus, _ in gangs}
     for f in finished:  # GPU-seconds as measured by the member
         seconds = datetime.fromisoformat(f["finished_at"]) - datetime.fromisoformat(f["started_at"])
         assert f["gpu_seconds"] == gpus_of[f["workload"]] * seconds.total_seconds(), f
-    print(f"200 gangs in {took:.1f} s, {quota.samples} samples, peaks {quota.peak}, {kinds}")
+    print(f"{count} gangs in {took:.1f} s, {quota.samples} samples, peaks {quota.peak}, {kinds}")
 
 
 def test_a_lender_reclaims_borrowed_gpus_by_preempting_whole_gangs(
@@ -197,21 +205,21 @@ def test_a_lender_reclaims_borrowed_gpus_by_preempting_whole_gangs(
             _submit(api, "borrower", gang(name, 32, 800))
         wait_until(
             lambda: all(_status(engine, "borrower", b)["state"] == "Running" for b in borrowers),
-            30,
+            CEILING,
             "the borrower's gangs running",
         )
         for name in ("l0", "l1"):
             quota.require_island(f"lender/{name}")
             _submit(api, "lender", gang(name, 32, 200))
-        wait_until(lambda: len(_ledger(engine, "workload.preempted")) >= 2, 20, "preemptions")
+        wait_until(lambda: len(_ledger(engine, "workload.preempted")) >= 2, CEILING, "preemptions")
         wait_until(
             lambda: all(_status(engine, "lender", n)["state"] == "Finished" for n in ("l0", "l1")),
-            30,
+            CEILING,
             "the lender's gangs finished",
         )
         wait_until(
             lambda: all(_status(engine, "borrower", b)["state"] == "Finished" for b in borrowers),
-            60,
+            LONG_CEILING,
             "every borrower gang finished, the victims too",
         )
 
