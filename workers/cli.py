@@ -151,11 +151,14 @@ def fence_agent(
 
 def main() -> None:
     """The whole server CLI: ``quartermaster`` with ``worker`` and ``scheduler``
-    mounted (the entry point may point here; the service cannot import us)."""
+    and the simulator's ``sim`` mounted (the entry point points here; the
+    service imports neither the workers nor sim)."""
     from service.cli import app as server
     from service.cli import main as server_main
+    from sim.cli import app as sim_app
 
     server.add_typer(app)
+    server.add_typer(sim_app, name="sim")
     server_main()
 
 

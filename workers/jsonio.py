@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import psycopg.types.json
 
-from service.runtime.jsonio import dumps, loads
+from service.jsonio import dumps, loads
 
 
 def postgres_json() -> None:

@@ -15,7 +15,7 @@ from service.app.auth import Principal, TokenService
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid, Unauthorized
 from service.app.resources import Actor
-from service.runtime.jsonio import read_fast
+from service.jsonio import read_fast
 
 _PRINCIPAL = "qm.principal"
 JSON_TYPES = ("application/json", "application/merge-patch+json", "")

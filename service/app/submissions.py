@@ -70,11 +70,11 @@ from service.eventstore.port import (
     NewEvent,
     OutboxMessage,
 )
+from service.jsonio import dumps
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 from service.projections.resources import UPSERT_SQL, resource_row, upsert_resources
 from service.projections.schema import resources
-from service.runtime.jsonio import dumps
 
 WORKLOADS = KINDS["workloads"]
 MAX_BULK = 5000

@@ -11,6 +11,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Engine
 
 from service.eventstore.postgres import wait_durable
+from service.jsonio import dumps
 from service.ledger.chain import (
     CHAIN_VERSION,
     LedgerEntry,
@@ -29,7 +30,6 @@ from service.ledger.schema import (
     ENTRY_MATCHES_SOURCE,
 )
 from service.ledger.verify import StoredRow, VerifyReport, verify_ledger, verify_stored
-from service.runtime.jsonio import dumps
 
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same

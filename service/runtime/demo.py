@@ -104,9 +104,21 @@ class StandIn:
     labels: Mapping[str, str]
 
 
-def stand_ins(kubeconfig: Path, labels: Mapping[str, Mapping[str, str]]) -> list[StandIn]:
+#: The kubeconfig cluster extension in which ``quartermaster sim cluster``
+#: writes each cluster's fleet labels.
+LABELS_EXTENSION = "quartermaster.dev/labels"
+
+
+def _labels(cluster: Mapping[str, Any]) -> dict[str, str]:
+    for extension in cluster.get("extensions") or ():
+        if extension.get("name") == LABELS_EXTENSION:
+            return {str(k): str(v) for k, v in (extension.get("extension") or {}).items()}
+    return {}
+
+
+def stand_ins(kubeconfig: Path) -> list[StandIn]:
     """The clusters of a kubeconfig written by ``quartermaster sim cluster``
-    (one context per cluster), with the fleet's labels for each."""
+    (one context per cluster), with the fleet's labels it wrote for each."""
     config = yaml.safe_load(kubeconfig.read_text(encoding="utf-8"))
     clusters = {c["name"]: c["cluster"] for c in config["clusters"]}
     users = {u["name"]: u["user"] for u in config["users"]}
@@ -121,7 +133,7 @@ def stand_ins(kubeconfig: Path, labels: Mapping[str, Mapping[str, str]]) -> list
                 server=cluster["server"],
                 token=users[context["user"]]["token"],
                 ca_data=base64.b64decode(ca).decode() if ca else None,
-                labels=labels.get(entry["name"], {}),
+                labels=_labels(cluster),
             )
         )
     return found

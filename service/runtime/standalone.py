@@ -44,7 +44,6 @@ import yaml
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
-import sim
 from service.config import Settings
 from service.runtime.demo import load_manifests, register_clusters, seed_quotas, stand_ins
 from service.runtime.embedded import (
@@ -58,7 +57,9 @@ from service.runtime.embedded import (
 )
 from service.runtime.supervisor import Child, Event, Part, Program, Supervisor
 
-FLEETS = Path(sim.__file__).resolve().parent / "fleets"
+#: The simulator's fleet files: data beside the service's package, found by
+#: path (the service imports nothing of sim; it runs it as a program).
+FLEETS = Path(__file__).resolve().parents[2] / "sim" / "fleets"
 DEMO_FLEET = FLEETS / "demo.yaml"
 DEMO_QUOTAS = FLEETS / "demo-quotas.yaml"
 DEMO_JOB = FLEETS / "demo-job.yaml"
@@ -274,7 +275,7 @@ class Standalone:
         and CA (its ports are the same); False to try again later."""
         headers = {"Authorization": f"Bearer {self.settings.bootstrap_token}"}
         try:
-            found = stand_ins(self.data / "clusters" / "kubeconfig", self._fleet_labels())
+            found = stand_ins(self.data / "clusters" / "kubeconfig")
             with httpx.Client(base_url=self.api_url, headers=headers, timeout=10) as api:
                 registered = register_clusters(api, found)
         except (OSError, ValueError, KeyError, yaml.YAMLError, httpx.HTTPError):
@@ -364,8 +365,8 @@ class Standalone:
         kubeconfig.unlink(missing_ok=True)
         base = steady_ports(2 * count)
         argv = [
-            *_server_command(),
-            *("sim", "cluster", "--fleet", str(self.options.fleet)),
+            *_sim_command(),
+            *("cluster", "--fleet", str(self.options.fleet)),
             *("--count", str(count), "--port", str(base), "--admin-port", str(base + count)),
             *("--kubeconfig-out", str(kubeconfig)),
         ]
@@ -456,16 +457,10 @@ class Standalone:
                 self._failures(seeded.failed)
             if self.options.clusters > 0:
                 began = time.monotonic()
-                found = stand_ins(self.data / "clusters" / "kubeconfig", self._fleet_labels())
+                found = stand_ins(self.data / "clusters" / "kubeconfig")
                 registered = register_clusters(api, found)
                 self._line("member clusters", f"registered: {registered.summary()}", began)
                 self._failures(registered.failed + registered.skipped)
-
-    def _fleet_labels(self) -> dict[str, dict[str, str]]:
-        from sim.fleet import load_fleet
-
-        fleet = load_fleet(self.options.fleet)
-        return {c.cluster.name: dict(c.cluster.labels) for c in fleet.clusters}
 
     def _failures(self, failed: list[str]) -> None:
         for line in failed:
@@ -542,6 +537,11 @@ def _redacted(url: str) -> str:
 
 def _server_command() -> list[str]:
     return [sys.executable, "-m", "service"]
+
+
+def _sim_command() -> list[str]:
+    # A program, not an import: the service imports nothing of sim.
+    return [sys.executable, "-m", "sim.cli"]
 
 
 def _workers_command() -> list[str]:

@@ -23,10 +23,14 @@ from sim.kubesim.server import (
 __all__ = ["register"]
 
 
-def _cluster_names(fleet: Path, names: list[str], count: int | None) -> list[str]:
+def _fleet_labels(fleet: Path) -> dict[str, dict[str, str]]:
     from sim.fleet import load_fleet
 
-    available = [spec.cluster.name for spec in load_fleet(fleet).clusters]
+    return {spec.cluster.name: dict(spec.cluster.labels) for spec in load_fleet(fleet).clusters}
+
+
+def _cluster_names(fleet: Path, names: list[str], count: int | None) -> list[str]:
+    available = list(_fleet_labels(fleet))
     if names:
         unknown = [n for n in names if n not in available]
         if unknown:
@@ -50,6 +54,7 @@ async def _serve(
     admin_port: int,
     tls: bool,
     kubeconfig_out: Path,
+    labels: dict[str, dict[str, str]],
 ) -> None:
     material = make_tls((host, "localhost", "127.0.0.1")) if tls else None
     stop = asyncio.Event()
@@ -87,7 +92,8 @@ async def _serve(
             )
         settle_heap()
         ca = material.ca_pem if material else None
-        write_kubeconfig(kubeconfig_out, kubeconfig((n, s.url, t, ca) for n, s, t, _ in servers))
+        entries = ((n, s.url, t, ca) for n, s, t, _ in servers)
+        write_kubeconfig(kubeconfig_out, kubeconfig(entries, labels=labels))
         typer.echo(f"kubeconfig written to {kubeconfig_out}")
         await stop.wait()
     finally:
@@ -140,7 +146,8 @@ def cluster(
         event_ttl=event_ttl,
     )
     try:
-        asyncio.run(_serve(names, options, host, port, admin_port, tls, kubeconfig_out))
+        labels = _fleet_labels(fleet)
+        asyncio.run(_serve(names, options, host, port, admin_port, tls, kubeconfig_out, labels))
     except _Unservable as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None

@@ -21,7 +21,7 @@ import socket
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -292,10 +292,18 @@ def _drop_connections(server: uvicorn.Server) -> None:
             transport.abort()
 
 
+#: The kubeconfig cluster extension that carries a fleet cluster's labels, so
+#: that whoever registers the stand-ins needs only the kubeconfig.
+LABELS_EXTENSION = "quartermaster.dev/labels"
+
+
 def kubeconfig(
-    entries: Iterable[tuple[str, str, str, bytes | None]], current: str | None = None
+    entries: Iterable[tuple[str, str, str, bytes | None]],
+    current: str | None = None,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """A kubeconfig with one context per ``(name, server_url, token, ca_pem)``."""
+    """A kubeconfig with one context per ``(name, server_url, token, ca_pem)``,
+    each cluster's fleet ``labels`` in its ``LABELS_EXTENSION`` extension."""
     clusters, users, contexts = [], [], []
     names = []
     for name, server, token, ca_pem in entries:
@@ -303,6 +311,9 @@ def kubeconfig(
         cluster: dict[str, Any] = {"server": server}
         if ca_pem:
             cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+        if labels and labels.get(name):
+            extension = {"name": LABELS_EXTENSION, "extension": dict(labels[name])}
+            cluster["extensions"] = [extension]
         clusters.append({"name": name, "cluster": cluster})
         users.append({"name": f"{name}-admin", "user": {"token": token}})
         contexts.append(

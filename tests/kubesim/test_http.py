@@ -7,7 +7,7 @@ import uuid
 
 from kubernetes import client
 
-from service.runtime.jsonio import dumps
+from service.jsonio import dumps
 from sim.kubesim.testing import RunningCluster
 
 

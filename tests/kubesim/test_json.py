@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from service.runtime.jsonio import dumps as _dumps
-from service.runtime.jsonio import loads as _loads
+from service.jsonio import dumps as _dumps
+from service.jsonio import loads as _loads
 
 
 @pytest.mark.parametrize(

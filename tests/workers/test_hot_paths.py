@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
 from service.app.uow import SqlUnitOfWork
-from service.runtime.jsonio import read_fast
+from service.jsonio import read_fast
 from tests.workers.conftest import ADMIN, set_cluster_status, setup_fleet, workload
 from workers import jsonio
 from workers.cli import GC_THRESHOLD, quiet_gc

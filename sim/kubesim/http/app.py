@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from service.runtime.jsonio import dumps, loads
+from service.jsonio import dumps, loads
 from sim.kubesim import errors
 from sim.kubesim.api import APPLY_PATCH, APPLY_PATCH_CBOR, Context, Resource
 from sim.kubesim.auth import AuditRecord, User, forbidden_reason

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs
 
 import yaml
 
-from service.runtime.jsonio import loads
+from service.jsonio import loads
 from sim.kubesim import errors
 from sim.kubesim.api import APPLY_PATCH, APPLY_PATCH_CBOR, Context, Resource
 from sim.kubesim.auth import User

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from service.runtime.jsonio import dumps
+from service.jsonio import dumps
 from sim.kubesim.api.paging import matches
 from sim.kubesim.errors import ApiError
 from sim.kubesim.http.request import Receive, Request, Send, Target, selectable_fields, wants_table
