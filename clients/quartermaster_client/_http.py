@@ -5,6 +5,7 @@ server-sent events decoder. The clients only send calls."""
 from __future__ import annotations
 
 import random
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,7 +150,26 @@ def _kind_of(body: Mapping[str, Any], kind: KindLike | None) -> Kind:
 
 
 def _object(kind: Kind) -> Callable[[httpx.Response], Resource]:
-    return lambda response: kind.model.model_validate(response.json())
+    def decode(response: httpx.Response) -> Resource:
+        obj = kind.model.model_validate(response.json())
+        obj._warnings = server_warnings(response)
+        return obj
+
+    return decode
+
+
+_WARNING = re.compile(r'^\s*\d{3}\s+\S+\s+"((?:[^"\\]|\\.)*)"')
+
+
+def server_warnings(response: httpx.Response) -> list[str]:
+    """The texts of a response's ``Warning`` headers (RFC 7234: ``299 - "text"``),
+    as Kubernetes sends them and ``kubectl`` prints them."""
+    found = []
+    for value in response.headers.get_list("warning"):
+        match = _WARNING.match(value)
+        if match:
+            found.append(re.sub(r"\\(.)", r"\1", match.group(1)))
+    return found
 
 
 def _page(kind: Kind) -> Callable[[httpx.Response], Page[Resource]]:

@@ -40,6 +40,10 @@ class Applied:
     """created, configured or unchanged"""
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # What the server warned of on the write (e.g. quota no node can use).
+        self.notes.extend(w for w in self.object.warnings if w not in self.notes)
+
 
 def kueue_to_quartermaster(body: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The Quartermaster form of a Kueue object (any other object is

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "quartermaster.dev/v1"
@@ -53,12 +53,18 @@ class Resource(Model):
     api_version: str = API_VERSION
     kind: str = ""
     metadata: ObjectMeta
+    #: What the server warned of when it answered with this object (``Warning: 299``).
+    _warnings: list[str] = PrivateAttr(default_factory=list)
 
     def model_post_init(self, context: Any) -> None:
         if not self.kind and self.KIND:
             self.kind = self.KIND
             self.model_fields_set.add("kind")
         self.model_fields_set.add("api_version")
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._warnings
 
     @property
     def name(self) -> str:
