@@ -291,13 +291,13 @@ def test_async_client_crud_paging_and_watch(qm: Client, api_url: str) -> None:
                 await aqm.submit(workload(f"a{i}"))
             names = [w.name async for w in aqm.workloads.list(page_size=2)]
             watched = []
-            async for event in aqm.watch(start, server_timeout=0.3, timeout=10):
+            async for event in aqm.watch(start, server_timeout=0.3, timeout=60):
                 watched.append(event.data["name"])
                 if len(watched) == 5:
                     break
             explained = await aqm.explain("a4")
             await aqm.cancel("a0")
-            ended = await aqm.wait("a0", timeout=5)
+            ended = await aqm.wait("a0", timeout=60)
             return names, watched, ended.status.state, explained.position_in_queue or 0
 
     names, watched, state, position = asyncio.run(scenario())
@@ -319,7 +319,7 @@ def test_explain_wait_and_cancel(qm: Client) -> None:
     cancelled = qm.cancel("second", namespace="team-a")
     assert cancelled.status.state == "Cancelled"
     assert cancelled.status.condition("Cancelled") is not None
-    done = qm.wait("second", namespace="team-a", timeout=5)
+    done = qm.wait("second", namespace="team-a", timeout=60)
     assert done.status.state == "Cancelled"
 
 
