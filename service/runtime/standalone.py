@@ -163,6 +163,8 @@ class Standalone:
         self.settings = credentials(settings, self.data)
         self.console = console
         self.api_url = f"http://{_loopback(options.host)}:{options.port}"
+        #: The scheduler's /metrics: the port after the API's, the same every start.
+        self.metrics_port = options.port + 1
         self._signals = 0
 
     # -- the whole run ---------------------------------------------------------------
@@ -170,12 +172,13 @@ class Standalone:
     def run(self) -> int:
         """Start everything, then supervise it until a signal; stop everything."""
         began = time.monotonic()
-        if reachable(_loopback(self.options.host), self.options.port):
-            self.console.print(
-                f"[red]✗ something already listens on port {self.options.port}[/red] "
-                "(--port chooses another)"
-            )
-            return 1
+        for port, what in ((self.options.port, "the API"), (self.metrics_port, "metrics")):
+            if reachable(_loopback(self.options.host), port):
+                self.console.print(
+                    f"[red]✗ something already listens on port {port}[/red], {what}'s "
+                    "(--port chooses another; the scheduler's metrics take the next one)"
+                )
+                return 1
         previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             with _exclusive(self.data):
@@ -382,7 +385,7 @@ class Standalone:
 
     def _start_processes(self, supervisor: Supervisor, env: dict[str, str]) -> list[Part]:
         host, port = self.options.host, self.options.port
-        metrics = steady_ports()
+        metrics = self.metrics_port
 
         def api_ready(child: Child) -> str | None:
             response = _get(f"{self.api_url}/readyz")
@@ -471,13 +474,22 @@ class Standalone:
         out = Console(highlight=False, soft_wrap=True)
         out.print(f"[bold green]Quartermaster is ready[/bold green] in {seconds:.1f} s")
         out.print(f"  API            {self.api_url}  (OpenAPI at {self.api_url}/docs)")
-        out.print(f"  admin token    {self.settings.bootstrap_token}")
+        out.print(f"  admin token    {self._token_shown()}")
         if context:
             out.print(f"  qmctl context  {context}")
         out.print(f"  data and logs  {self.data}  (logs in {self.data / 'logs'})")
         out.print("Try:  qmctl get clusterqueues   qmctl get clusters   qmctl get workloads -A")
         out.print(f"      qmctl submit -n vision -f {_shown(DEMO_JOB)} --wait")
         out.print("Ctrl-C stops everything.")
+
+    def _token_shown(self) -> str:
+        """The admin token's first characters and where the whole one is: a
+        terminal's scrollback and a shared screen are no place for it."""
+        token = self.settings.bootstrap_token or ""
+        kept = self.data / "admin-token"
+        stored = kept.is_file() and kept.read_text(encoding="utf-8").strip() == token
+        where = f"whole in {_shown(kept)}" if stored else "as QM_BOOTSTRAP_TOKEN gave it"
+        return f"{token[:11]}…  ({where})"
 
     def _write_context(self) -> str | None:
         if not self.options.write_qmctl_context:

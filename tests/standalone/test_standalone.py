@@ -98,7 +98,7 @@ class Standalone:
         raise AssertionError(f"no {label!r} line in:\n{self.transcript()}")
 
     def api(self) -> httpx.Client:
-        token = self.printed("admin token")
+        token = (self.data / "admin-token").read_text().strip()
         return httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
         )
@@ -243,8 +243,14 @@ def test_embedded_start_use_stop_and_resume(
     print(f"\nstandalone (embedded Postgres and Redis, fresh data) ready in {first.startup:.1f} s")
     for part in ("postgres", "redis", "migrations", "api", "worker", "scheduler", "clusters"):
         assert any(line.startswith(f"✓ {part} ") for line in first.err), first.transcript()
-    token = first.printed("admin token")
-    assert token == (data / "admin-token").read_text().strip()
+    # The scheduler's metrics are at a place that stays: the port after the API's.
+    metrics = f"http://127.0.0.1:{port + 1}/metrics"
+    assert f"metrics at {metrics}" in first.transcript()
+    assert "qm_admission_leader 1.0" in httpx.get(metrics, timeout=30).text
+    # The banner shows the token's first characters only, and where it is.
+    token = (data / "admin-token").read_text().strip()
+    assert first.printed("admin token") == token[:11] + "…"
+    assert token not in first.transcript()
 
     with first.api() as api:
         seeded = _inventory(api)
@@ -281,7 +287,8 @@ def test_embedded_start_use_stop_and_resume(
     second = Standalone(data, port, environment)
     runs.append(second)
     print(f"standalone restarted on the same data in {second.startup:.1f} s")
-    assert second.printed("admin token") == token
+    assert second.printed("admin token") == token[:11] + "…"
+    assert (data / "admin-token").read_text().strip() == token
     with second.api() as api:
         resumed = _inventory(api)
         assert resumed == {**seeded, "/v1/workloads": ["vision/resnet-4x8"]}
