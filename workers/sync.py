@@ -250,12 +250,12 @@ def sync(
         # no row here, and sync would pass it over.
         jobs = managed(member, job_kinds(r.spec for r in rows))
         owners = _owners(member.list_objects("Workload"))
-        agent = fence.agent_lease(member) if fencing.seconds > 0 else None
     except MemberError as error:
         report.reachable = False
         log.info("%s unreachable: %s", cluster, error)
         _check_lease(unit_of_work, row, rows, lease, clock(), report, fencing)
         return report
+    agent = _agent(member, fencing)
     now = clock()
     nodes_now = inventory(cluster, nodes, view, reserved(foreign))
     fenced = fence.status(row.status.get("fence"), agent, fencing, now)
@@ -334,6 +334,18 @@ def _heartbeat(
     report.heartbeat = True
     report.returned = bool(entries)
     return True
+
+
+def _agent(member: Member, fencing: fence.FencePolicy) -> Mapping[str, Any] | None:
+    """The fence agent's report; one we cannot read (say, our role may not
+    list Leases) is no agent, never an unreachable member."""
+    if fencing.seconds <= 0:
+        return None
+    try:
+        return fence.agent_lease(member)
+    except MemberError as error:
+        log.warning("%s: fence agent's lease unreadable: %s", member.name, error)
+        return None
 
 
 def _renew(
