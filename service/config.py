@@ -49,9 +49,38 @@ class Settings(BaseSettings):
     )
     max_bulk_body_bytes: int = Field(default=64 << 20, description="Largest bulk submission body.")
     rate_limit_per_second: float = Field(
-        default=500.0, description="Sustained requests per second per principal (per API process)."
+        default=500.0,
+        gt=0,
+        description="Sustained requests per second per principal, shared by every API process "
+        "through Redis (per process while Redis cannot be reached).",
     )
-    rate_limit_burst: int = Field(default=1000, description="Burst size per principal.")
+    rate_limit_burst: int = Field(default=1000, ge=1, description="Burst size per principal.")
+    rate_limit_anonymous_per_second: float = Field(
+        default=100.0,
+        gt=0,
+        description="Sustained requests per second per client address, for requests whose "
+        "principal is not known yet (a token not seen before, a made-up one, none).",
+    )
+    rate_limit_anonymous_burst: int = Field(
+        default=200, ge=1, description="Burst size per client address."
+    )
+    rate_limit_redis_url: str | None = Field(
+        default=None,
+        description="Redis URL of the shared rate limits. Unset: the broker's, when it is Redis; "
+        "else per API process.",
+    )
+    max_in_flight: int = Field(
+        default=256,
+        ge=1,
+        description="Requests in flight per API process beyond which new ones are answered 503 "
+        "at once (they would queue for its threads and database connections).",
+    )
+    max_submission_backlog: int = Field(
+        default=2048,
+        ge=1,
+        description="Submissions waiting for the group commit beyond which new requests are "
+        "answered 503 at once.",
+    )
     idempotency_ttl_seconds: int = Field(
         default=24 * 3600, description="How long an Idempotency-Key's response is kept."
     )

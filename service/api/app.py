@@ -30,14 +30,16 @@ from service.api.middleware import (
     Metrics,
     MetricsMiddleware,
     RateLimitMiddleware,
+    Shedding,
     TextGuardMiddleware,
-    TokenBuckets,
 )
 from service.api.outage import Outage
 from service.api.problems import problem
+from service.api.ratelimit import Buckets, LocalBuckets, RedisBuckets
 from service.api.routes import admin_router, token_router, workload_router
 from service.app.bootstrap import Services
 from service.app.migrate import head_revision
+from service.config import Settings
 from service.projections.schema import resources
 
 
@@ -68,6 +70,14 @@ class QueueDepths(Collector):
         for queue, current, count in rows:
             family.add_metric([queue or "", current or "Pending"], count)
         yield family
+
+
+def _buckets(settings: Settings, rate: float, burst: int) -> Buckets:
+    """Shared by every API process through Redis when there is one."""
+    url = settings.rate_limit_redis_url or settings.broker_url
+    if url and url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisBuckets(url, rate, burst)
+    return LocalBuckets(rate, burst)
 
 
 def create_app(services: Services) -> FastAPI:
@@ -161,9 +171,18 @@ def create_app(services: Services) -> FastAPI:
     # Outside the Idempotency-Key's claim: a caller is known before any of
     # its body is read.
     app.add_middleware(AuthenticateMiddleware)
+    committer: GroupCommit[Any, Any] = app.state.group_commit
     app.add_middleware(
         RateLimitMiddleware,
-        buckets=TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst),
+        buckets=_buckets(settings, settings.rate_limit_per_second, settings.rate_limit_burst),
+        anonymous=_buckets(
+            settings, settings.rate_limit_anonymous_per_second, settings.rate_limit_anonymous_burst
+        ),
+        shedding=Shedding(
+            settings.max_in_flight,
+            settings.max_submission_backlog,
+            lambda: committer.waiting,
+        ),
     )
     app.add_middleware(TextGuardMiddleware)
     app.add_middleware(DatabaseDownMiddleware, outage=outage)

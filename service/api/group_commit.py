@@ -76,6 +76,11 @@ class GroupCommit(Generic[Item, Result]):
         self._running = 0
         self._waiting: deque[tuple[Item, asyncio.Future[Result]]] = deque()
 
+    @property
+    def waiting(self) -> int:
+        """Items queued for a unit of work that has not started."""
+        return len(self._waiting)
+
     async def submit(self, item: Item) -> Result:
         """The item's result, once the unit of work it rode in committed."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()

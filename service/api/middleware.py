@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import json
 import math
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from service.api.group_commit import DATABASE_DOWN, GroupCommit
 from service.api.indoubt import PENDING, OutcomeUnknown
 from service.api.outage import RETRY_AFTER_SECONDS, Outage
 from service.api.problems import PROBLEM_JSON, TYPE_BASE
+from service.api.ratelimit import Buckets, retry_after
 from service.app.errors import AppError
 from service.app.idempotency import (
     IN_FLIGHT_LEASE,
@@ -206,74 +206,81 @@ class MetricsMiddleware:
             )
 
 
-# -- rate limits -------------------------------------------------------------------------
+# -- rate limits and load shedding -----------------------------------------------------
+
+
+def _credential(scope: Scope) -> str | None:
+    """The bearer token, whatever the scheme's case and the spaces around."""
+    scheme, _, credential = (_header(scope, b"authorization") or "").strip().partition(" ")
+    credential = credential.strip()
+    return credential if scheme.lower() == "bearer" and credential else None
+
+
+#: Paths of event streams, which stay open and are not counted in flight.
+_STREAMS = frozenset({"/v1/events"})
 
 
 @dataclass
-class _Bucket:
-    tokens: float
-    updated: float
+class Shedding:
+    """When to answer 503 before doing any work: more requests in flight in
+    this process than ``max_in_flight`` (they queue for its threads and its
+    pool's connections), or more submissions waiting for the group commit
+    than ``max_backlog`` (``backlog()``)."""
 
-
-class TokenBuckets:
-    """A token bucket per principal: ``rate`` per second, ``burst`` at most.
-
-    Per API process; with N processes the fleet-wide limit is N times this.
-    """
-
-    def __init__(
-        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._buckets: dict[str, _Bucket] = {}
-        self._lock = threading.Lock()
-
-    def take(self, key: str) -> tuple[bool, float, float]:
-        """(allowed, tokens left, seconds until one more token)."""
-        now = self._clock()
-        with self._lock:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                if len(self._buckets) > 100_000:
-                    self._buckets.clear()
-                bucket = self._buckets[key] = _Bucket(float(self.burst), now)
-            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
-            bucket.updated = now
-            if bucket.tokens >= 1:
-                bucket.tokens -= 1
-                return True, bucket.tokens, 0.0
-            return False, bucket.tokens, (1 - bucket.tokens) / self.rate
+    max_in_flight: int
+    max_backlog: int
+    backlog: Callable[[], int]
+    in_flight: int = 0
 
 
 class RateLimitMiddleware:
-    def __init__(self, app: ASGIApp, buckets: TokenBuckets) -> None:
+    """Limits every request to a token bucket of its principal's, or of its
+    client address while its principal is not known without I/O (a token
+    not seen yet, a made-up one, none); sheds load past ``shedding``'s
+    bounds. Both answer before any body is read or database asked."""
+
+    def __init__(
+        self, app: ASGIApp, buckets: Buckets, anonymous: Buckets, shedding: Shedding
+    ) -> None:
         self.app = app
         self.buckets = buckets
+        self.anonymous = anonymous
+        self.shedding = shedding
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        allowed, left, wait = self.buckets.take(principal_key(scope))
-        reset = max(1, math.ceil((self.buckets.burst - left) / self.buckets.rate))
-        window = max(1, round(self.buckets.burst / self.buckets.rate))
+        shed = self.shedding
+        if shed.in_flight >= shed.max_in_flight or shed.backlog() >= shed.max_backlog:
+            await _send_problem(
+                send,
+                503,
+                "overloaded",
+                "Overloaded",
+                "the API has more work queued than it can do soon; retry shortly",
+                {"Retry-After": "1"},
+            )
+            return
+        buckets, key, who = self._bucket(scope)
+        allowed, left, wait = await buckets.take(key)
+        reset = max(1, math.ceil((buckets.burst - left) / buckets.rate))
+        window = max(1, round(buckets.burst / buckets.rate))
         headers = {
-            "RateLimit-Limit": str(self.buckets.burst),
+            "RateLimit-Limit": str(buckets.burst),
             "RateLimit-Remaining": str(int(left)),
             "RateLimit-Reset": str(reset),
-            "RateLimit-Policy": f"{self.buckets.burst};w={window}",
+            "RateLimit-Policy": f"{buckets.burst};w={window}",
         }
         if not allowed:
-            retry = max(1, math.ceil(wait))
+            retry = retry_after(wait)
             await _send_problem(
                 send,
                 429,
                 "rate-limited",
                 "Too many requests",
-                f"this principal is limited to {self.buckets.rate:g} requests/s "
-                f"(burst {self.buckets.burst}); retry after {retry} s",
+                f"{who} is limited to {buckets.rate:g} requests/s "
+                f"(burst {buckets.burst}); retry after {retry} s",
                 {**headers, "Retry-After": str(retry)},
             )
             return
@@ -284,7 +291,25 @@ class RateLimitMiddleware:
                 message = {**message, "headers": [*message.get("headers", []), *raw]}
             await send(message)
 
-        await self.app(scope, receive, wrapped)
+        if scope["path"] in _STREAMS:  # open for as long as its client watches
+            await self.app(scope, receive, wrapped)
+            return
+        shed.in_flight += 1
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            shed.in_flight -= 1
+
+    def _bucket(self, scope: Scope) -> tuple[Buckets, str, str]:
+        credential = _credential(scope)
+        if credential is not None:
+            authenticator = scope["app"].state.container.authenticator
+            principal = authenticator.cached(credential)
+            if principal is not None:
+                return self.buckets, "principal:" + principal.key, "this principal"
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        return self.anonymous, "address:" + address, "an unauthenticated client address"
 
 
 # -- authentication --------------------------------------------------------------------

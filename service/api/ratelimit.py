@@ -1,0 +1,141 @@
+"""Rate limits shared by every API process, and load shed early (issue 18,
+finding 9).
+
+Buckets are keyed on who is asking: the authenticated principal when its
+token is known without I/O (every request after its first), else the
+client's address, so that made-up tokens and spellings of the scheme share
+one bucket. They live in Redis, one script call (one round trip) per
+request: a token bucket, refilled from Redis's own clock so that API
+processes' clocks need not agree. When Redis cannot be reached, each
+process falls back to its own buckets (the limit is then per process) and
+says so once; it tries Redis again every ``RETRY_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Buckets(Protocol):
+    rate: float
+    burst: int
+
+    async def take(self, key: str) -> tuple[bool, float, float]:
+        """(allowed, tokens left, seconds until one more token)."""
+        ...
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class LocalBuckets:
+    """A token bucket per key in this process: ``rate`` per second,
+    ``burst`` at most."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def take_now(self, key: str) -> tuple[bool, float, float]:
+        now = self._clock()
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) > 100_000:
+                    self._buckets.clear()
+                bucket = self._buckets[key] = _Bucket(float(self.burst), now)
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+            if bucket.tokens >= 1:
+                bucket.tokens -= 1
+                return True, bucket.tokens, 0.0
+            return False, bucket.tokens, (1 - bucket.tokens) / self.rate
+
+    async def take(self, key: str) -> tuple[bool, float, float]:
+        return self.take_now(key)
+
+
+# KEYS[1]: the bucket; ARGV: rate per second, burst. A hash of tokens and
+# the time they were counted, expiring once it would be full again.
+_TOKEN_BUCKET = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local held = redis.call('HMGET', KEYS[1], 't', 'at')
+local tokens = tonumber(held[1]) or burst
+local at = tonumber(held[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local allowed = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 't', tokens, 'at', now)
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
+return {allowed, tostring(tokens)}
+"""
+
+
+class RedisBuckets:
+    """Token buckets in Redis, shared by every API process; this process's
+    own (``LocalBuckets``) while Redis cannot be reached."""
+
+    RETRY_SECONDS = 5.0
+    PREFIX = "qm:ratelimit:"
+
+    def __init__(self, url: str, rate: float, burst: int, timeout: float = 0.25) -> None:
+        import redis.asyncio as redis
+
+        self.rate = rate
+        self.burst = burst
+        self._client: Any = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        self._script = self._client.register_script(_TOKEN_BUCKET)
+        self._local = LocalBuckets(rate, burst)
+        self._retry_at = 0.0
+        self._falling_back = False
+
+    async def take(self, key: str) -> tuple[bool, float, float]:
+        if self._falling_back and time.monotonic() < self._retry_at:
+            return self._local.take_now(key)
+        try:
+            allowed, left = await self._script(
+                keys=[self.PREFIX + key], args=[self.rate, self.burst]
+            )
+        except Exception as error:  # any failure of Redis's: limit here instead
+            self._retry_at = time.monotonic() + self.RETRY_SECONDS
+            if not self._falling_back:
+                self._falling_back = True
+                log.warning(
+                    "rate limits: Redis unreachable (%s: %s); limiting per API process "
+                    "until it answers",
+                    type(error).__name__,
+                    error,
+                )
+            return self._local.take_now(key)
+        if self._falling_back:
+            self._falling_back = False
+            log.warning("rate limits: Redis answers again; limits are shared by every process")
+        tokens = float(left)
+        return bool(allowed), tokens, 0.0 if allowed else (1 - tokens) / self.rate
+
+
+def retry_after(wait: float) -> int:
+    return max(1, math.ceil(wait))
