@@ -67,7 +67,7 @@ from service.engine import (
 from sim.fleet import Fleet, fleet_from_mapping
 
 SCENARIOS = Path(__file__).parent / "scenarios"
-HUGE = "1E"
+HUGE = "1P"  # effectively unbounded; within the int64 milli-units Kubernetes can count
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from service.runtime.embedded import free_port
+from service.runtime.embedded import steady_ports
 from tests.standalone.test_standalone import OURS, REPO, Standalone, _stop_and_check_clean
 
 README = REPO / "README.md"
@@ -124,7 +124,7 @@ def standalone() -> Iterator[Standalone]:
         env = {k: v for k, v in os.environ.items() if k not in OURS and k != "VIRTUAL_ENV"}
         env["QMCTL_CONFIG"] = str(root / "qmctl-config")
         bin = _fresh_venv(root, env)
-        run = Standalone(root / "data", free_port(), env, bin)
+        run = Standalone(root / "data", steady_ports(2), env, bin)
         try:
             yield run
         finally:

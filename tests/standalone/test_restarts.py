@@ -21,7 +21,7 @@ import psutil
 import pytest
 import yaml
 
-from service.runtime.embedded import free_port
+from service.runtime.embedded import steady_ports
 from tests.standalone.test_standalone import (
     DEMO_JOB,
     OURS,
@@ -42,7 +42,7 @@ def run() -> Iterator[Standalone]:
     with tempfile.TemporaryDirectory(prefix="qm-restarts-") as where:
         env = {k: v for k, v in os.environ.items() if k not in OURS}
         env["QMCTL_CONFIG"] = str(Path(where) / "qmctl-config")
-        started = Standalone(Path(where) / "data", free_port(), env)
+        started = Standalone(Path(where) / "data", steady_ports(2), env)
         try:
             yield started
         finally:

@@ -26,7 +26,7 @@ import psutil
 import pytest
 import yaml
 
-from service.runtime.embedded import free_port, reachable
+from service.runtime.embedded import reachable, steady_ports
 from tests.harness import scratch_database
 from tests.waiting import LONG_CEILING
 
@@ -237,7 +237,7 @@ def runs() -> Iterator[list[Standalone]]:
 def test_embedded_start_use_stop_and_resume(
     scratch: Path, environment: dict[str, str], runs: list[Standalone]
 ) -> None:
-    data, port = scratch / "data", free_port()
+    data, port = scratch / "data", steady_ports(2)
     first = Standalone(data, port, environment)
     runs.append(first)
     print(f"\nstandalone (embedded Postgres and Redis, fresh data) ready in {first.startup:.1f} s")
@@ -311,7 +311,7 @@ def test_configured_database_and_broker(
     with ExitStack() as stack:
         database = stack.enter_context(scratch_database(postgres_server_url, "standalone"))
         env = {**environment, "QM_DATABASE_URL": database, "QM_BROKER_URL": redis_url}
-        run = Standalone(scratch / "data", free_port(), env)
+        run = Standalone(scratch / "data", steady_ports(2), env)
         runs.append(run)
         print(f"\nstandalone (configured Postgres and Redis) ready in {run.startup:.1f} s")
         assert not (scratch / "data" / "postgres").exists()
@@ -324,7 +324,7 @@ def test_configured_database_and_broker(
 
 
 def test_ctrl_c_while_starting_leaves_nothing(scratch: Path, environment: dict[str, str]) -> None:
-    data, port, err = scratch / "data", free_port(), scratch / "stderr"
+    data, port, err = scratch / "data", steady_ports(2), scratch / "stderr"
     command = [str(BIN / "quartermaster"), "standalone", "--data-dir", str(data)]
     with err.open("w") as stderr:
         process = subprocess.Popen(
