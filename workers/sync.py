@@ -415,6 +415,7 @@ def _job(
             reason=str(seen["reason"]),
             finished_at=parse_time(seen.get("at")) or now,
             now=now,
+            kind=str(job.get("kind") or "Job"),
         )
         _change(change, key, row, finished, now)
     elif phase == "Evicted":

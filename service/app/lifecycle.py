@@ -303,8 +303,10 @@ def finish(
     reason: str,
     finished_at: datetime,
     now: datetime,
+    kind: str = "Job",
 ) -> Transition:
-    """Admitted or Running → Finished (succeeded or failed) on its member."""
+    """Admitted or Running → Finished (succeeded or failed) on its member;
+    ``kind``: what ran there (a JobSet's end is not a Job's)."""
     admission = status.admission
     cluster = str(admission.get("cluster"))
     started = parse_time(status.raw.get("startedAt")) or parse_time(admission.get("admittedAt"))
@@ -321,7 +323,7 @@ def finish(
             "Finished",
             "True",
             reason,
-            f"Job {outcome} on cluster {cluster}",
+            f"{kind} {outcome} on cluster {cluster}",
             now,
         ),
     )

@@ -150,6 +150,9 @@ def test_a_gang_of_two_pod_sets_runs_as_a_jobset_and_finishes(
     assert names == ["driver", "workers"]
     (finished,) = ledger(engine, "workload.finished")
     assert finished["workload"] == "js" and finished["outcome"] == "succeeded"
+    conditions = workload_status(engine, "team-a", "js")["conditions"]
+    (done,) = [c for c in conditions if c["type"] == "Finished"]
+    assert done["message"] == "JobSet succeeded on cluster c1"  # what ran, not "Job"
 
 
 def test_a_converged_cluster_is_left_alone(
