@@ -3,9 +3,8 @@
 Each event type names the stream categories it may be appended to (the
 ``<category>`` of ``<category>-<id>``) and the read models that must apply
 it; the projections derive what they apply from here, and the unit of work
-refuses an append this registry does not declare. The ``stream_index``
-projection applies every event and is not listed per type. docs/events.md
-says what each event's data holds.
+refuses an append this registry does not declare. docs/events.md says what
+each event's data holds.
 """
 
 from __future__ import annotations

@@ -2,12 +2,11 @@
 
 from service.projections.resources import Resources
 from service.projections.runner import CatchUp, Projection, ProjectionRunner, UnknownProjection
-from service.projections.streams import StreamIndex
 
 
 def all_projections() -> list[Projection]:
     """Every projection the service maintains; later modules add theirs here."""
-    return [StreamIndex(), Resources()]
+    return [Resources()]
 
 
 __all__ = [
@@ -15,7 +14,6 @@ __all__ = [
     "Projection",
     "ProjectionRunner",
     "Resources",
-    "StreamIndex",
     "UnknownProjection",
     "all_projections",
 ]

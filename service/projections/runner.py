@@ -1,10 +1,9 @@
-"""Tracking processors: read models kept up to date from the event log.
+"""Projections: a read model's apply function replayed over the event log.
 
-A projection applies a batch of events to its read model and moves its
-tracking row in the same transaction, so a crash between the two is
-impossible: each event is applied exactly once. Rebuilding clears the read
-model and replays from position 0 in one transaction, so readers see the old
-model or the new one, never half of one.
+The commands keep the read models inline (service/projections/resources.py);
+a rebuild clears a projection's tables and replays the log from position 0
+through the same function in one transaction, moving its tracking row with
+it, so readers see the old model or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ _ENSURE = (
     "INSERT INTO projection_tracking (name, position) VALUES (%(name)s, 0) "
     "ON CONFLICT (name) DO NOTHING"
 )
-# FOR UPDATE: two runners of one projection take turns instead of both
-# applying the same batch.
+# FOR UPDATE: two rebuilds of one projection take turns instead of both
+# clearing and filling its tables.
 _LOCK = "SELECT position FROM projection_tracking WHERE name = %(name)s FOR UPDATE"
 _MOVE = "UPDATE projection_tracking SET position = %(position)s WHERE name = %(name)s"
 
@@ -68,22 +67,6 @@ class ProjectionRunner:
             return self._projections[name]
         except KeyError:
             raise UnknownProjection(name) from None
-
-    def catch_up(self, name: str) -> CatchUp:
-        """Apply every committed event the projection has not seen, batch by
-        batch, each batch in its own transaction."""
-        projection, total = self._get(name), 0
-        while True:
-            with self._engine.begin() as conn:
-                applied, position = self._step(conn, projection)
-            total += applied
-            if self._progress and applied:
-                self._progress(CatchUp(name, total, position))
-            if applied < self._batch:
-                return CatchUp(name, total, position)
-
-    def catch_up_all(self) -> list[CatchUp]:
-        return [self.catch_up(name) for name in self.names]
 
     def rebuild(self, name: str) -> CatchUp:
         """Clear the read model and replay the whole log into it, atomically."""

@@ -31,6 +31,8 @@ projection_tracking = Table(
     Column("position", BigInteger, nullable=False),
 )
 
+# Written by no projection since the stream index went; declared until a
+# migration drops the table (tests/foundation/test_migrations.py checks drift).
 stream_index = Table(
     "stream_index",
     metadata,

@@ -9,18 +9,9 @@ import sqlalchemy as sa
 
 from service.projections import ProjectionRunner, all_projections
 
-#: Kept inline by the commands themselves: a catch-up would hide a row a
-#: command forgot to write, so the live model is read as the commands left it.
-INLINE = frozenset({"resources"})
-
 
 def read_models(engine: sa.Engine) -> dict[str, list[tuple[Any, ...]]]:
-    """The read models as a reader sees them live (the tracking projections
-    caught up first)."""
-    runner = ProjectionRunner(engine, all_projections())
-    for name in runner.names:
-        if name not in INLINE:
-            runner.catch_up(name)
+    """The read models as the commands left them (they keep them inline)."""
     tables = [table for p in all_projections() for table in p.tables]
     with engine.connect() as conn:
         return {
