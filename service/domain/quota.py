@@ -78,10 +78,6 @@ class Topology:
     name: str
     levels: tuple[str, ...]
 
-    @property
-    def island_level(self) -> str:
-        return self.levels[0]
-
 
 @dataclass(frozen=True, slots=True)
 class ResourceFlavor:

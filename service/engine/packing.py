@@ -63,12 +63,6 @@ class GangPlacement:
     cluster: str
     pod_sets: tuple[PodSetPlacement, ...]
 
-    def node_pods(self) -> Iterable[tuple[int, NodeState, int]]:
-        """``(pod set index, node, pods)`` for every placed pod group."""
-        for index, placement in enumerate(self.pod_sets):
-            for node, pods in placement.nodes:
-                yield index, node, pods
-
 
 def _primary_need(island: Island, request: PodSetRequest) -> int:
     primary = island.primary

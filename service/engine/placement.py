@@ -151,14 +151,6 @@ class Island:
             bisect.insort(self.levels, key)
         bucket[node] = None
 
-    def bucket_remove(self, node: NodeState, free: int) -> None:
-        key = max(0, free)
-        bucket = self.buckets[key]
-        del bucket[node]
-        if not bucket:
-            del self.buckets[key]
-            del self.levels[bisect.bisect_left(self.levels, key)]
-
 
 @dataclass(slots=True)
 class PodSetPlacement:
@@ -294,7 +286,7 @@ class Inventory:
         old_level = old_primary if old_primary > 0 else 0
         new_level = new_primary if new_primary > 0 else 0
         if old_level != new_level:
-            # ``Island.bucket_remove`` then ``bucket_add``, inlined: the hottest path.
+            # The node moves between buckets, inlined: the hottest path.
             buckets = island.buckets
             bucket = buckets[old_level]
             del bucket[node]

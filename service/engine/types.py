@@ -234,6 +234,3 @@ class CycleResult:
     pending: Mapping[str, PendingReason] = field(default_factory=dict)
     #: Admission fair-sharing history sampled at ``now``; persist and feed back.
     local_queue_usage: Mapping[str, LocalQueueUsage] = field(default_factory=dict)
-
-    def admitted_keys(self) -> tuple[str, ...]:
-        return tuple(decision.workload for decision in self.admissions)

@@ -537,10 +537,6 @@ class PostgresEventRecorder:
             return _explain(raw, error, pending)
         return results
 
-    def _find_ids(self, events: Sequence[NewEvent]) -> Mapping[UUID, tuple[str, int, int]]:
-        rows = self._conn.exec_driver_sql(_FIND_IDS, {"ids": [e.event_id for e in events]})
-        return {r[0]: (r[1], int(r[2]), int(r[3])) for r in rows}
-
     def _scalar(self, sql: str, params: Mapping[str, Any]) -> int:
         value = self._conn.exec_driver_sql(sql, dict(params)).scalar_one()
         return int(value)

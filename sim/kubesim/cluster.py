@@ -111,9 +111,6 @@ class SimCluster:
         for obj in self.options.extra_objects:
             self.apply_object(obj)
 
-    def resource_for(self, api_version: str, kind: str) -> Any:
-        return self.core.for_kind(api_version, kind)
-
     def apply_object(self, obj: dict[str, Any], ctx: Context | None = None) -> dict[str, Any]:
         """Create ``obj`` (or return the existing one of that name) as the system."""
         resource = self.core.for_kind(obj["apiVersion"], obj["kind"])

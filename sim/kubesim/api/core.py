@@ -437,11 +437,6 @@ class ApiCore:
                     updated["metadata"].pop("ownerReferences", None)
                 self.store.write(resource.rtype, updated)
 
-    def remove_now(self, resource: Resource, obj: Obj) -> None:
-        """Drop an object whose deletion finished (finalizers gone)."""
-        if self.store.get(resource.rtype, *key_of(obj)) is not None:
-            self.store.remove(resource.rtype, self.store.get(resource.rtype, *key_of(obj)) or obj)
-
     # -- write helpers ---------------------------------------------------------------------
 
     def _strict_unknown(
