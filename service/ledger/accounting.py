@@ -13,9 +13,8 @@ entry's if that is later (appenders' clocks may disagree a little; ledger
 time never runs backwards, so every interval is well formed).
 
 Sums are kept exactly, as integers of amount * microseconds per UTC hour, so
-that rolling up incrementally (entry by entry, across restarts through
-:meth:`UsageRollup.state`) equals recomputing from scratch to the last digit;
-days and months are sums of hours.
+that rolling up incrementally (entry by entry) equals recomputing from
+scratch to the last digit; days and months are sums of hours.
 
 Decayed usage: with ``λ = ln 2 / half_life``, a LocalQueue's decayed usage at
 ``t`` is ``λ ∫ u(s) e^(-λ(t-s)) ds`` over its allocations ``u`` — the
@@ -59,7 +58,7 @@ class Allocation:
     reserved: tuple[tuple[str, str, int], ...]  # (flavor, resource, amount)
     start_us: int
     workload: str = ""
-    """``namespace/workload``: who holds it (not persisted in a roll-up's state)."""
+    """``namespace/workload``: who holds it."""
 
     @property
     def queue_key(self) -> str:
@@ -82,16 +81,6 @@ class Allocation:
             start_us,
             _workload_key(body),
         )
-
-    def to_json(self) -> list[Any]:
-        fields = [self.namespace, self.local_queue, self.cluster_queue, self.cluster]
-        return [*fields, [list(r) for r in self.reserved], self.start_us]
-
-    @classmethod
-    def from_json(cls, data: Sequence[Any], workload: str = "") -> Allocation:
-        ns, lq, cq, cluster, reserved, start = data
-        amounts = tuple((f, r, int(a)) for f, r, a in reserved)
-        return cls(ns, lq, cq, cluster, amounts, int(start), workload)
 
     def per_resource(self) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)
@@ -204,33 +193,6 @@ class UsageRollup:
             queue: LocalQueueUsage(consumed=usage, last_update=end / 1e6)
             for queue, usage in consumed.items()
         }
-
-    # --- persisting --------------------------------------------------------------------
-
-    def state(self) -> dict[str, Any]:
-        """A JSON-able snapshot to resume from (store it with ``seq``)."""
-        return {
-            "half_life_seconds": self.half_life_seconds,
-            "seq": self.seq,
-            "clock_us": self.clock_us,
-            "open": {k: a.to_json() for k, a in sorted(self._open.items())},
-            "hours": [[*k, v] for k, v in sorted(self._hours.items())],
-            "decayed": [
-                [q, r, s.value, s.at_us, s.running] for (q, r), s in sorted(self._decayed.items())
-            ],
-        }
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> UsageRollup:
-        rollup = cls(float(state["half_life_seconds"]))
-        rollup.seq, rollup.clock_us = int(state["seq"]), int(state["clock_us"])
-        rollup._open = {k: Allocation.from_json(v, k) for k, v in state["open"].items()}
-        for *key, value in state["hours"]:
-            hour, ns, lq, cq, cluster, flavor, resource = key
-            rollup._hours[(int(hour), ns, lq, cq, cluster, flavor, resource)] = int(value)
-        for queue, resource, value, at_us, running in state["decayed"]:
-            rollup._decayed[(queue, resource)] = _Decayed(float(value), int(at_us), int(running))
-        return rollup
 
 
 def _advance(state: _Decayed, now: int, half_life_seconds: float) -> float:
