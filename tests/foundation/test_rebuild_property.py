@@ -276,7 +276,9 @@ class ServiceHistory(RuleBasedStateMachine):
     @rule(role=st.sampled_from([Role.ADMIN, Role.SUBMITTER, Role.AUDITOR]))
     def issue_token(self, role: Role) -> None:
         namespaces = ["team-a"] if role is Role.SUBMITTER else []
-        issued = self.services.authenticator.issue("test", role.value, role, namespaces, None)
+        # Token names are never reused: one per issue.
+        name = f"{role.value}-{len(self.tokens)}"
+        issued = self.services.authenticator.issue("test", name, role, namespaces, None)
         self.tokens.append(issued.id)
 
     @precondition(lambda self: bool(self.tokens))
