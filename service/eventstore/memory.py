@@ -1,7 +1,9 @@
-"""In-memory event store: the fake for unit tests and the simulator.
+"""In-memory event store: the port's reference adapter.
 
 One lock serialises appends, so positions are gap-free and readers see them in
-order trivially. It passes the same contract suite as the Postgres adapter.
+order trivially. It passes the contract suite (tests/eventstore/contract.py)
+beside the Postgres adapter, which keeps that suite about the port and not
+about Postgres.
 """
 
 from __future__ import annotations

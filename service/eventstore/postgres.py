@@ -1,81 +1,11 @@
 """Postgres adapter of the event store.
 
-Global order without skipped events
------------------------------------
-A ``BIGSERIAL`` position is handed out when a row is inserted, but becomes
-visible when its transaction commits; a writer that took position 11 may commit
-after another that took 12, and a reader that already read 12 would skip 11 for
-ever (the "sequence gap" problem). Reading below the transaction-id horizon
-(``pg_snapshot_xmin``) avoids that only if readers order by commit, not by
-position, and it still leaves holes from rollbacks.
-
-We serialise writers instead: the INSERT that numbers a transaction's events
-updates the single row of ``event_head`` and holds that row lock until commit.
-Postgres marks a transaction committed (ProcArrayEndTransaction) *before* it
-releases its locks, so the next writer can only take position p+1 after p is
-visible. Positions are therefore gap-free (a rollback also undoes the counter)
-and become visible strictly in order: a tailing reader simply asks for
-``position > last``.
-
-Keeping the critical section short
-----------------------------------
-The lock must not be held across a client round trip: on a busy two-core
-machine the holder then waits to be scheduled while every other writer waits
-for it (bench/eventstore.py measured a quarter of raw INSERT throughput so).
-So the checks (idempotency, expected version) run first without the lock, the
-numbered INSERTs are queued, and ``commit`` sends them and COMMIT together in
-one psycopg pipeline: the server runs INSERT and COMMIT back to back, and the
-lock lives for one statement plus the WAL flush. The unique key (stream,
-version) catches a writer that raced us between our check and our commit; the
-positions are known once committed (``commit`` returns them).
-
-Large batches
--------------
-Parsing a JSON array server-side costs more per event than the insert itself,
-and COPY is the fastest way into Postgres. A unit with at least
-``STAGE_THRESHOLD`` events encodes its rows as COPY text — all but their
-positions — before it takes the lock; then one pipelined round trip reads the
-streams' versions and takes the sequencer lock (moving the head by the
-batch's size), the expected versions are checked here, the positions are
-written in, the rows are COPYed straight into ``events``, and COMMIT follows.
-The lock lives for a round trip and the COPY: more than for small units, but
-each event is written once (bench/eventstore.py, batches of 100: a staging table
-numbered by INSERT … SELECT, which held the lock for one statement, wrote
-every event twice and was slower, alone and with 8 writers).
-
-We also tried numbering at commit time from a deferred trigger (rows inserted
-with a NULL position, updated at COMMIT): every event is then written twice and
-the partial index of unnumbered rows fills with dead entries between vacuums,
-which made it slower still.
-
-The WAL flush outside the lock
-------------------------------
-A synchronous COMMIT flushes the WAL (fdatasync, 1-2 ms here) *before* the
-transaction becomes visible and releases its locks, so every writer used to
-wait for every earlier writer's flush, one at a time. A unit that appends to
-several streams or COPYs a large batch (the API's group commits, admission
-cycles, bulk submissions) therefore commits asynchronously (``SET LOCAL
-synchronous_commit = off``): it becomes visible and releases the sequencer
-lock as soon as its commit record is in the WAL buffers — still strictly in
-position order. Then, in the same pipeline, a second transaction that writes a
-few bytes of WAL (a logical message) commits synchronously; its commit flushes
-the WAL through its own commit record, which lies after ours. So ``commit``
-returns (the caller acknowledges) only once the append is on disk, as before,
-but the flushes of concurrent writers now overlap and are grouped by Postgres
-instead of queueing behind the lock. (A unit of a single append of a few
-events commits synchronously: for it the second transaction costs more than it
-saves.) A crash before that flush loses only appends that nobody was told of;
-their client retries with the same event ids.
-
-What changes is that an append is visible to other readers for the moment
-between the two commits before it is durable. A reader whose own writes go to
-this database is safe: its synchronous commit flushes everything before it. A
-reader that hands positions or ledger entries *outside* (the events listing
-and its watch, the auditors' ledger queries) calls :func:`wait_durable` after
-reading and before answering, so that nothing it shows can vanish in a crash
-and its position be reused. The outbox's Celery tasks are only hints, and an
-object reconciled to a member cluster for a decision lost that way is
-collected as undesired.
+Writers serialise on the row of ``event_head`` while they number their
+events, so positions are gap-free and become visible in order; the checks run
+before the lock, and a commit sends its INSERTs (or COPY) and COMMIT in one
+pipeline. Units of several appends commit asynchronously and then wait for a
+synchronous flush, so that concurrent writers' WAL flushes overlap.
+docs/eventstore.md says why, with its sources.
 """
 
 from __future__ import annotations
@@ -174,7 +104,7 @@ _VERSIONS = (
 )
 _COPY_EVENTS = "COPY events (position, stream, version, event_id, type, data, metadata) FROM STDIN"
 
-# See "The WAL flush outside the lock" above.
+# See "The WAL flush outside the lock" in docs/eventstore.md.
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 # A commit flushes the WAL only if its transaction wrote some (an xid alone
 # does not do): a transactional logical message is the smallest such write,
@@ -197,9 +127,8 @@ def wait_durable(conn: Connection) -> None:
 def _json(value: Any) -> str:
     """Compact JSON of an event's data or metadata.
 
-    orjson is an order of magnitude faster than ``json.dumps`` (which took a
-    third of a writer's CPU on batches), but writes NaN and infinities as
-    ``null`` where the standard encoder refuses them, and refuses what the
+    orjson is much faster than ``json.dumps`` but writes NaN and infinities
+    as ``null`` where the standard encoder refuses them, and refuses what the
     standard one accepts (non-string keys, integers past 64 bits). So output
     that holds a ``null`` (it may be a NaN) or that orjson refuses goes to the
     standard encoder, whose verdict stands.
@@ -424,10 +353,8 @@ class PostgresEventRecorder:
         together = len(pending) > 1 and len(set(streams)) == len(streams)
         # A unit of one append of a few events commits synchronously: the
         # second transaction would cost it more than the flush outside the
-        # lock gains (bench/eventstore.py, single events: 1 writer a quarter
-        # slower, 8 writers no faster; bench/api.py at 16 clients, where most
-        # groups hold one submission: no faster either). Under load, units
-        # grow (the API's group commit) and flush apart.
+        # lock gains (docs/eventstore.md). Under load, units grow (the API's
+        # group commit) and flush apart.
         flush_apart = len(pending) > 1
         cursors = []
         try:
@@ -476,7 +403,7 @@ class PostgresEventRecorder:
         commit_transaction: Callable[[], None],
     ) -> list[AppendResult]:
         """Read the versions, take the lock, COPY the numbered rows, COMMIT
-        (see "Large batches" above)."""
+        (docs/eventstore.md, "Large batches")."""
         metas: dict[int, str] = {}
         tails = [_copy_tails(item.events, metas) for item in pending]
         # Rows of appends with an expected version are known but for their

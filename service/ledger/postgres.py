@@ -33,7 +33,7 @@ from service.ledger.verify import StoredRow, VerifyReport, verify_ledger, verify
 
 _COLUMNS = "seq, entry_id, kind, recorded_at, body, prev_hash, entry_hash"
 # Taking the tip's row lock serialises appenders until commit, for the same
-# reason as event_head (see service/eventstore/postgres.py): seq stays
+# reason as event_head (see docs/eventstore.md): seq stays
 # gap-free and every appender chains onto the committed tip. Unlike events,
 # an entry's hash needs its predecessor's, so the lock must be taken before
 # sealing and is held across round trips; we keep them to two (lock + look-up

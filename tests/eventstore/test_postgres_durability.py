@@ -1,7 +1,7 @@
 """A unit of several appends or a large batch commits asynchronously (the
 sequencer lock is not held through the WAL flush) yet is on disk before it
 returns; readers that hand events or ledger entries (or proofs naming them)
-outside wait for the same (service/eventstore/postgres.py,
+outside wait for the same (docs/eventstore.md,
 "The WAL flush outside the lock").
 
 The WAL is read with pg_walinspect: the commit record of the transaction that
