@@ -5,7 +5,7 @@ for a cluster (a ``reconcile.cluster`` message, taken by any Celery worker),
 by the fleet loop's resync and by watch events — and a pass costs what runs
 on the cluster (list it, read the centre, plan). Two at once on one cluster
 do the same work twice and apply the same jobs twice (seen in bench/e2e.py:
-two workers dispatching the same 600 jobs side by side).
+two workers dispatching the same jobs side by side).
 
 So a pass runs under a Postgres advisory lock per cluster, held by a session
 of its own (so that a worker killed in the middle frees it at once), and a

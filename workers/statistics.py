@@ -9,8 +9,7 @@ alone (cheapest for an empty table), and they stay cached while the tables
 grow by thousands of rows a minute. Autovacuum analyzes a database at most
 once a ``autovacuum_naptime`` (a minute by default): in a fresh fleet's first
 busy minute, a submission's queue lookup scanned every workload and a ledger
-append every entry (5-10 ms each, a quarter of Postgres's CPU in
-bench/e2e.py at 200 workloads/s).
+append every entry (a large share of Postgres's CPU under bench/e2e.py).
 
 An ANALYZE updates the statistics and invalidates the cached plans that read
 the table, so every connection plans again. The admission leader looks every

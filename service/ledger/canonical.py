@@ -1,8 +1,8 @@
 """RFC 8785 (JCS) canonical JSON, with a fast path for the documents we hash.
 
 The ``rfc8785`` package is the reference and is what any outside verifier
-would use, but it is pure Python (about 20 µs for one ledger entry), which
-alone would spend 20 s of a 10 s budget on verifying a million entries.
+would use, but it is pure Python: too slow alone for verifying a large ledger
+within the budget bench/ledger.py checks.
 
 For documents made only of objects with ASCII keys, arrays, strings, ``true``,
 ``false``, ``null``, integers within ±(2**53 - 1) and non-integral floats

@@ -139,7 +139,7 @@ def settle_heap() -> None:
     Every write allocates a few hundred containers (the new object, its managedFields)
     that then live on in the watch history, so with the default thresholds a collection
     ran every few requests and a full one kept re-scanning the CRD schemas and the
-    history: 16% of the CPU under e2e-like load. Objects alive once the clusters are
+    history: a large share of the CPU under e2e-like load. Objects alive once the clusters are
     up (schemas, modules) are frozen out of every later collection, and young
     collections run less often; JSON data holds no reference cycles, so this only
     delays the reclaiming of the few cycles the event loop makes.

@@ -116,7 +116,7 @@ def _parse(raw: bytes, content_type: str) -> Any:
         raise errors.bad_request("the request body is empty")
     try:
         if "yaml" in content_type:
-            # Clients mostly send JSON, which is YAML too; the JSON parser is 50x faster.
+            # Clients mostly send JSON, which is YAML too, and the JSON parser is far faster.
             if raw.lstrip()[:1] in (b"{", b"["):
                 try:
                     return loads(raw)
