@@ -131,7 +131,7 @@ class SchedulerMetrics:
         _set_all(self.pending, {k: float(n) for k, n in pending.items()}, self._pending_seen)
         for decision in report.result.admissions:
             self.admitted.labels(decision.cluster_queue).inc()
-        for cq, seconds in report.plan.waits:
+        for cq, seconds in report.writes.waits:
             self.wait.labels(cq).observe(seconds)
         for preemption in report.result.preemptions:
             self.preempted.labels(preemption.preemptor_cluster_queue, preemption.reason).inc()

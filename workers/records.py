@@ -17,12 +17,12 @@ from uuid import uuid4
 
 from sqlalchemy import Connection, Engine, text
 
-from service.app.admission import WORKLOAD_ROWS, WorkloadRow
+from service.app.admission import WorkloadRow, workloads_by_key
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from service.eventstore.port import EventMetadata, NewEvent, OutboxMessage
 from service.ledger.chain import NewLedgerEntry
-from service.projections.resources import UPSERT_SQL, resource_row, upsert_params
+from service.projections.resources import defer_resources, resource_row
 from workers.plan import ClusterView, WorkloadView
 
 Obj = dict[str, Any]
@@ -172,8 +172,7 @@ class RowCache:
             if (hit := known.get(key)) is None or hit[0] != stamp
         ]
         if missing:
-            params = {"namespaces": [m[0] for m in missing], "names": [m[1] for m in missing]}
-            for row in map(WorkloadRow.packed, conn.execute(WORKLOAD_ROWS, params)):
+            for row in workloads_by_key(conn, missing):
                 known[row.key] = ((row.uid, row.version), row)
         # Read in the caller's transaction, so each row is the one stamped;
         # one that moved on between the two reads (not possible in a
@@ -287,7 +286,7 @@ def append(
     ``uow``; a stream changed since ``version`` was read fails the commit."""
     meta = EventMetadata(actor=actor, occurred_at=now)
     uow.events.append(stream, version, [NewEvent(uuid4(), kind, dict(data), meta)])
-    uow.events.defer(UPSERT_SQL, [upsert_params(resource_row(data, version + 1, now))])
+    defer_resources(uow.events.defer, [resource_row(data, version + 1, now)])
     if ledger:
         batch = _BATCHES.get(uow)
         if batch is None:

@@ -294,12 +294,12 @@ class Scheduler:
         self.cycles += 1
         self.last = report
         self.metrics.observe(report)
-        if report.plan.admitted or report.plan.preempted or report.plan.evicted:
+        if report.writes.admitted or report.writes.preempted or report.writes.evicted:
             log.info(
                 "cycle: %d admitted, %d preempted, %d evicted, %d pending, %.3fs",
-                report.plan.admitted,
-                report.plan.preempted,
-                report.plan.evicted,
+                report.writes.admitted,
+                report.writes.preempted,
+                report.writes.evicted,
                 len(report.result.pending),
                 report.seconds,
             )

@@ -36,7 +36,7 @@ def test_admits_within_quota_and_explains_the_rest(services: Services) -> None:
     for name in ("a", "b", "c"):
         services.submissions.submit(ADMIN, "team-a", workload(name, count=1, gpus=8))
     report = _cycle(services).run(_no_guard)
-    assert report.plan.admitted == 2
+    assert report.writes.admitted == 2
     admitted = [workload_status(services.engine, "team-a", n) for n in ("a", "b")]
     for status in admitted:
         assert status["state"] == "Admitted"
@@ -55,7 +55,7 @@ def test_admits_within_quota_and_explains_the_rest(services: Services) -> None:
     assert ledger_kinds(services.engine) == ["workload.admitted"] * 2
     # An unchanged world: the next cycle writes nothing at all.
     again = _cycle(services).run(_no_guard)
-    assert again.plan.appends == [] and again.plan.ledger == []
+    assert again.writes.appends == [] and again.writes.ledger == []
 
 
 def test_a_gang_that_asks_for_an_island_lands_in_one(services: Services) -> None:
@@ -88,7 +88,7 @@ def test_preemption_evicts_the_whole_victim_with_reason_and_preemptor(
         ADMIN, "team-a", workload("high", count=2, gpus=8, priorityClassName="urgent")
     )
     report = _cycle(services).run(_no_guard)
-    assert (report.plan.preempted, report.plan.admitted) == (1, 1)
+    assert (report.writes.preempted, report.writes.admitted) == (1, 1)
     victim = workload_status(services.engine, "team-a", "low")
     assert victim["state"] == "Evicted"
     assert "admission" not in victim
@@ -166,7 +166,7 @@ def test_an_unreadable_workload_is_left_out_not_fatal(services: Services) -> Non
         upsert_resources(conn, [resource_row(broken, 1, datetime.now(UTC))])
     cycle = _cycle(services)
     report = cycle.run(_no_guard)
-    assert report.plan.admitted == 1
+    assert report.writes.admitted == 1
     assert workload_status(services.engine, "team-a", "good")["state"] == "Admitted"
     assert cycle.run(_no_guard).pending == 0
 
@@ -183,9 +183,9 @@ def test_the_same_pending_reason_in_other_numbers_is_rewritten_at_most_every_30_
     cycle = AdmissionCycle(services.engine, services.unit_of_work, clock=lambda: clock[0])
     for name, gpus in (("a", 8), ("b", 4)):
         services.submissions.submit(ADMIN, "team-a", workload(name, count=1, gpus=gpus))
-    assert cycle.run(_no_guard).plan.admitted == 2
+    assert cycle.run(_no_guard).writes.admitted == 2
     services.submissions.submit(ADMIN, "team-a", workload("c", count=2, gpus=8))
-    assert cycle.run(_no_guard).plan.pending_changed == 1
+    assert cycle.run(_no_guard).writes.pending_changed == 1
     first = workload_status(services.engine, "team-a", "c")
     assert first["pendingReasonAt"] == "2026-11-30T12:00:00Z"
     with services.engine.begin() as conn:  # b finishes: 4 more GPUs free, the same reason
@@ -196,12 +196,12 @@ def test_the_same_pending_reason_in_other_numbers_is_rewritten_at_most_every_30_
             )
         )
     clock[0] = t0 + timedelta(seconds=5)
-    assert cycle.run(_no_guard).plan.pending_changed == 0
+    assert cycle.run(_no_guard).writes.pending_changed == 0
     assert (
         workload_status(services.engine, "team-a", "c")["pendingReason"] == first["pendingReason"]
     )
     clock[0] = t0 + timedelta(seconds=PENDING_MESSAGE_REFRESH + 1)
-    assert cycle.run(_no_guard).plan.pending_changed == 1
+    assert cycle.run(_no_guard).writes.pending_changed == 1
     later = workload_status(services.engine, "team-a", "c")
     assert later["pendingReasonCode"] == first["pendingReasonCode"]
     assert later["pendingReason"] != first["pendingReason"]

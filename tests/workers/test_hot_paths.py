@@ -39,16 +39,16 @@ def test_the_cycle_parses_a_cluster_once_per_version_and_sees_each_change(
     setup_fleet(services, gpu_quota=64, islands=1, nodes_per_island=2)
     cycle = AdmissionCycle(services.engine, services.unit_of_work)
     services.submissions.submit(ADMIN, "team-a", workload("a", count=1, gpus=8))
-    assert cycle.run(_no_guard).plan.admitted == 1
+    assert cycle.run(_no_guard).writes.admitted == 1
     first = _cluster_value(cycle)
     services.submissions.submit(ADMIN, "team-a", workload("b", count=1, gpus=8))
-    assert cycle.run(_no_guard).plan.admitted == 1
+    assert cycle.run(_no_guard).writes.admitted == 1
     assert _cluster_value(cycle) is first, "an unchanged Cluster is not parsed again"
     # The cluster is lost: the same cycle object must see it at once.
     set_cluster_status(services, "c1", {"state": "Lost", "inventory": {"nodes": []}})
     services.submissions.submit(ADMIN, "team-a", workload("c", count=1, gpus=8))
     report = cycle.run(_no_guard)
-    assert report.plan.admitted == 0
+    assert report.writes.admitted == 0
     cluster, nodes = _cluster_value(cycle)
     assert cluster is not first[0] and not cluster.healthy and nodes == []
 
@@ -68,7 +68,7 @@ def test_a_deleted_queue_leaves_the_cycle_cache(services: Services) -> None:
     services.submissions.submit(ADMIN, "team-a", workload("a", count=1, gpus=8))
     report = cycle.run(_no_guard)
     assert ("LocalQueue", "team-a", "other") not in cycle._configuration._items
-    assert report.plan.admitted == 1
+    assert report.writes.admitted == 1
 
 
 def test_the_cycle_keeps_the_rows_it_wrote_and_reads_them_as_a_fetch_would(
@@ -80,10 +80,10 @@ def test_the_cycle_keeps_the_rows_it_wrote_and_reads_them_as_a_fetch_would(
     cycle = AdmissionCycle(services.engine, services.unit_of_work)
     services.submissions.submit(ADMIN, "team-a", workload("a", count=1, gpus=8))
     services.submissions.submit(ADMIN, "team-a", workload("b", count=1, gpus=8))
-    assert cycle.run(_no_guard).plan.admitted == 1  # b waits: no quota left
+    assert cycle.run(_no_guard).writes.admitted == 1  # b waits: no quota left
     kept = dict(cycle._cache._items)
     report = cycle.run(_no_guard)
-    assert report.plan.admitted == 0 and report.admitted_before == 1
+    assert report.writes.admitted == 0 and report.admitted_before == 1
     for key in ("team-a/a", "team-a/b"):
         assert cycle._cache._items[key][1] is kept[key][1], f"{key} was fetched again"
     with services.engine.connect() as conn:

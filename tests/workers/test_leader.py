@@ -57,7 +57,7 @@ def test_one_leader_and_a_deposed_leader_cannot_commit(
     b = _leader(services, database_url, broker, "B")
     try:
         report = a.step()
-        assert report is not None and report.plan.admitted == 1
+        assert report is not None and report.writes.admitted == 1
         assert b.step() is None  # the lock is A's
         # A's session dies (partition, restart) but A does not notice yet.
         _terminate_lock_session(services.engine, a)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.app.admission import CycleReport, Plan
+from service.app.admission import CycleReport, CycleWrites
 from service.app.bootstrap import Services
 from service.engine import CycleResult, PendingReason
 from service.runtime.embedded import free_port
@@ -129,7 +129,7 @@ def test_pending_workloads_are_split_by_kueue_status() -> None:
             for i, (reason, cq) in enumerate(reasons)
         }
         result = CycleResult(pending=pending)
-        metrics.observe(CycleReport(result, Plan(), len(pending), 0, 0.01, {}))
+        metrics.observe(CycleReport(result, CycleWrites(), len(pending), 0, 0.01, {}))
 
     def value(cq: str, status: str) -> float | None:
         return metrics.registry.get_sample_value(

@@ -1,0 +1,134 @@
+"""The submit path's queries of the read models: what a submission names,
+a workload to cancel, and where a pending one stands in its queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, ColumnElement, Connection, and_, func, or_, select
+from sqlalchemy.engine import Row
+
+from service.projections.schema import resources
+
+Obj = dict[str, Any]
+
+_PREFETCH = """
+SELECT kind, name, spec, resource_version, deleted FROM resources
+WHERE (kind = 'LocalQueue' AND namespace = %(ns)s AND name = ANY(%(queues)s) AND NOT deleted)
+   OR (kind = 'ClusterQueue' AND namespace = '' AND NOT deleted AND name IN (
+         SELECT spec->>'clusterQueue' FROM resources
+         WHERE kind = 'LocalQueue' AND namespace = %(ns)s AND name = ANY(%(queues)s)
+           AND NOT deleted))
+   OR (kind = 'WorkloadPriorityClass' AND namespace = '' AND name = ANY(%(classes)s)
+       AND NOT deleted)
+   OR (kind = 'Workload' AND namespace = %(ns)s AND name = ANY(%(names)s))
+"""
+
+
+def named_by(
+    conn: Connection,
+    namespace: str,
+    queues: Sequence[str],
+    classes: Sequence[str],
+    names: Sequence[str],
+) -> list[Row[Any]]:
+    """In one query: the live LocalQueues of ``namespace`` among ``queues``,
+    the ClusterQueues they point to, the priority classes among ``classes``,
+    and the Workload rows of ``names`` (tombstones included)."""
+    params = {"ns": namespace, "queues": queues, "classes": classes, "names": names}
+    return list(conn.exec_driver_sql(_PREFETCH, params).all())
+
+
+def workload_for_update(conn: Connection, namespace: str, name: str) -> Row[Any] | None:
+    """A live Workload's row, locked until commit."""
+    return conn.execute(
+        select(resources)
+        .where(
+            resources.c.kind == "Workload",
+            resources.c.namespace == namespace,
+            resources.c.name == name,
+            resources.c.deleted.is_(False),
+        )
+        .with_for_update()
+    ).first()
+
+
+def _priority() -> ColumnElement[Any]:
+    return func.coalesce(resources.c.spec["priority"].astext.cast(BigInteger()), 0)
+
+
+@dataclass(frozen=True)
+class QueueOrder:
+    """SQL conditions for a workload's ClusterQueue's pending workloads
+    (``pending``), and for those before it in admission order (``ahead``:
+    priority, then age, then name)."""
+
+    pending: ColumnElement[bool]
+    ahead: ColumnElement[bool]
+
+
+def queue_order(conn: Connection, obj: Obj) -> QueueOrder:
+    status, spec, meta = obj["status"], obj["spec"], obj["metadata"]
+    cq = status.get("clusterQueue")
+    priority = int(spec.get("priority", 0))
+    prio = _priority()
+    created = conn.execute(
+        select(resources.c.created_at).where(
+            resources.c.kind == "Workload",
+            resources.c.namespace == meta.get("namespace", ""),
+            resources.c.name == meta["name"],
+        )
+    ).scalar_one()
+    pending = and_(
+        resources.c.kind == "Workload",
+        resources.c.deleted.is_(False),
+        resources.c.status["clusterQueue"].astext == cq,
+        resources.c.status["state"].astext == "Pending",
+    )
+    ahead = or_(
+        prio > priority,
+        and_(prio == priority, resources.c.created_at < created),
+        and_(
+            prio == priority,
+            resources.c.created_at == created,
+            resources.c.namespace + "/" + resources.c.name
+            < meta.get("namespace", "") + "/" + meta["name"],
+        ),
+    )
+    return QueueOrder(pending, ahead)
+
+
+def queue_position(conn: Connection, order: QueueOrder) -> tuple[int, int]:
+    """1-based position among the ClusterQueue's pending workloads, in
+    admission order, and how many are pending."""
+    before = conn.execute(select(func.count()).where(order.pending, order.ahead)).scalar_one()
+    total = conn.execute(select(func.count()).where(order.pending)).scalar_one()
+    return int(before) + 1, int(total)
+
+
+def ahead_by_namespace(conn: Connection, order: QueueOrder) -> list[tuple[str, int]]:
+    """How many pending workloads are ahead, per namespace."""
+    counts = conn.execute(
+        select(resources.c.namespace, func.count())
+        .where(order.pending, order.ahead)
+        .group_by(resources.c.namespace)
+    ).all()
+    return [(str(ns), int(n)) for ns, n in counts]
+
+
+def ahead_names(
+    conn: Connection, order: QueueOrder, namespaces: Sequence[str], limit: int
+) -> list[str]:
+    """The first ``limit`` pending workloads ahead in ``namespaces``, in
+    admission order, as ``namespace/name``."""
+    rows = conn.execute(
+        select(resources.c.namespace, resources.c.name)
+        .where(order.pending, order.ahead, resources.c.namespace.in_(namespaces))
+        .order_by(
+            _priority().desc(), resources.c.created_at, resources.c.namespace, resources.c.name
+        )
+        .limit(limit)
+    ).all()
+    return [f"{ns}/{n}" for ns, n in rows]
