@@ -52,7 +52,10 @@ def may_exceed(raw: bytes) -> bool:
 
 def document_problem(document: Any) -> tuple[str, str] | None:
     """The first (field, message) of a parsed body nested deeper than
-    MAX_DEPTH or holding an integer beyond ±(2^53-1); None if none."""
+    MAX_DEPTH or holding an integer beyond ±(2^53-1); None if none. A bare
+    scalar body has nothing inside: the request's schema refuses it."""
+    if type(document) is not dict and type(document) is not list:
+        return None
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
         value, depth = stack.pop()
