@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -52,12 +53,19 @@ def test_schemathesis_finds_no_server_error_and_no_nonconformance(
 
     _, seed = NoteSigner.generate(DEFAULT_ORIGIN)
     with serve(database_url, server_options=options, ledger_signing_key=seed) as (base_url, _):
+        # The schema is built on its first request, seconds on a busy machine:
+        # built here, so that schemathesis's load (and its requests) never
+        # meet its own 10 s default timeout.
+        built = httpx.get(f"{base_url}/openapi.json", timeout=CEILING)
+        assert built.status_code == 200, built.text
         command = [
             str(Path(sys.executable).with_name("st")),
             "run",
             f"{base_url}/openapi.json",
             "--header",
             f"Authorization: Bearer {ADMIN_TOKEN}",
+            "--request-timeout",
+            "120",
             "--max-examples",
             str(examples),
             "--checks",
