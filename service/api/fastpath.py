@@ -1,11 +1,9 @@
 """Submissions straight to their handler, past FastAPI's per-request machinery.
 
 A submission is the one call clients make thousands of times a second, and
-FastAPI's share of it was larger than the submission's own: in-process, with
-the commit stubbed, 259 µs of CPU per request through the app against 111 µs
-through our middleware straight to the handler (routing tries routes one by
-one, then dependency solving, the request wrapper, the exception and
-exit-stack middleware).
+FastAPI's share of it was larger than the submission's own (routing tries
+routes one by one, then dependency solving, the request wrapper, the
+exception and exit-stack middleware; bench/api.py measures both paths).
 
 This middleware, the innermost of ours (rate limits, Idempotency-Key and
 metrics still see every request), sends a well-formed

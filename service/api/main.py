@@ -12,9 +12,8 @@ from service.config import get_settings
 
 #: Allocations between two young-generation collections (CPython's default
 #: is 700). A request allocates thousands of short-lived objects and a bulk
-#: submission millions: with the default, collections took about a third of
-#: a bulk submission's CPU (5,000 workloads: 220-290 µs per item, 155-170
-#: with this threshold).
+#: submission millions: with the default, collection was a large share of a
+#: bulk submission's CPU.
 GC_YOUNG_THRESHOLD = 50_000
 
 

@@ -365,9 +365,9 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         # Claims, and stored responses, that arrive together share a
-        # transaction and a thread hop: one each per request cost about six
-        # times a submission's CPU (2.5 ms per request in-process at 32
-        # clients, threads taking turns at the GIL around every round trip).
+        # transaction and a thread hop: one each per request cost several
+        # times a submission's CPU (threads taking turns at the GIL around
+        # every round trip).
         self._claims = GroupCommit(store.claim_many, shared=DATABASE_DOWN)
         self._finishes = GroupCommit(store.finish_many, shared=DATABASE_DOWN)
         self._releasing: set[tuple[str, str]] = set()
