@@ -3,7 +3,7 @@
 A submission is the one call clients make thousands of times a second, and
 FastAPI's share of it was larger than the submission's own (routing tries
 routes one by one, then dependency solving, the request wrapper, the
-exception and exit-stack middleware; bench/api.py measures both paths).
+exception and exit-stack middleware).
 
 This middleware, the innermost of ours (rate limits, Idempotency-Key and
 metrics still see every request), sends a well-formed
