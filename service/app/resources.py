@@ -14,14 +14,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import Connection, Engine, and_, or_, select, text, tuple_
+from sqlalchemy import Connection, Engine, select, tuple_
 from sqlalchemy.engine import Row
 
 from service.app.auth import Principal, Role, require
@@ -38,6 +38,7 @@ from service.app.errors import (
 )
 from service.app.floor import relaxations
 from service.app.kinds import COLLECTION_ENDED, FLOOR_RELAXERS, KINDS, QUOTA_WRITERS, Kind
+from service.app.references import dependents, references
 from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, SecurityPolicy, dump
 from service.app.selectors import FieldSelector, LabelSelector
 from service.app.uow import SqlUnitOfWork
@@ -529,131 +530,6 @@ def _refuse_while_collecting(deleted: Row[Any]) -> None:
         "is Collected or Failed",
         [("metadata.name", f"Cluster {deleted.name} is being deleted")],
     )
-
-
-# -- references and dependents ----------------------------------------------------------
-
-
-def _exists(
-    conn: Connection, kind: str, namespace: str, names: Sequence[str], lock: bool = True
-) -> dict[str, Row[Any]]:
-    """Live objects among ``names``, locked FOR SHARE until commit unless
-    ``lock`` is false."""
-    if not names:
-        return {}
-    query = select(resources).where(
-        resources.c.kind == kind,
-        resources.c.namespace == namespace,
-        resources.c.name.in_(sorted(set(names))),
-        resources.c.deleted.is_(False),
-    )
-    if lock:
-        query = query.with_for_update(read=True)
-    return {r.name: r for r in conn.execute(query).all()}
-
-
-def _flavor_names(spec: Obj) -> list[tuple[str, str]]:
-    return [
-        (f"spec.resourceGroups[{g}].flavors[{f}].name", flavor["name"])
-        for g, group in enumerate(spec.get("resourceGroups") or [])
-        for f, flavor in enumerate(group.get("flavors") or [])
-    ]
-
-
-def references(
-    conn: Connection, kind: Kind, namespace: str, name: str, spec: Obj, current: Row[Any] | None
-) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    if kind.kind in ("ClusterQueue", "Cohort"):
-        flavors = _flavor_names(spec)
-        found = _exists(conn, "ResourceFlavor", "", [n for _, n in flavors])
-        problems += [(p, f"ResourceFlavor {n} not found") for p, n in flavors if n not in found]
-    if kind.kind == "ResourceFlavor" and spec.get("topologyName"):
-        if not _exists(conn, "Topology", "", [spec["topologyName"]]):
-            problems.append(("spec.topologyName", f"Topology {spec['topologyName']} not found"))
-        if current is not None and not current.deleted:
-            before = current.spec.get("topologyName")
-            if before and before != spec.get("topologyName"):
-                problems.append(("spec.topologyName", "topologyName is immutable when set"))
-    if kind.kind == "Cohort" and spec.get("parentName"):
-        problems += _cohort_cycle(conn, name, spec["parentName"])
-    if kind.kind == "LocalQueue":
-        moved = current is not None and current.spec.get("clusterQueue") != spec["clusterQueue"]
-        if moved and current is not None and not current.deleted:
-            problems.append(("spec.clusterQueue", "field is immutable"))
-        if not _exists(conn, "ClusterQueue", "", [spec["clusterQueue"]]):
-            problems.append(("spec.clusterQueue", f"ClusterQueue {spec['clusterQueue']} not found"))
-    return problems
-
-
-def _cohort_cycle(conn: Connection, name: str, parent: str) -> list[tuple[str, str]]:
-    if parent == name:
-        return [("spec.parentName", "a cohort cannot be its own parent")]
-    parents: dict[str, str | None] = dict(
-        conn.execute(
-            select(resources.c.name, resources.c.spec["parentName"].astext).where(
-                resources.c.kind == "Cohort", resources.c.deleted.is_(False)
-            )
-        ).all()
-    )
-    seen = [name, parent]
-    node: str | None = parent
-    while node is not None and (node := parents.get(node)) is not None:
-        if node in seen:
-            return [("spec.parentName", f"cohort cycle: {' -> '.join([*seen, node])}")]
-        seen.append(node)
-    return []
-
-
-_ACTIVE_WORKLOAD = text("coalesce(status->>'state', 'Pending') NOT IN ('Finished', 'Cancelled')")
-
-
-def dependents(conn: Connection, kind: Kind, namespace: str, name: str) -> list[str]:
-    """What still refers to this object, as ``Kind/name`` strings."""
-    live = resources.c.deleted.is_(False)
-
-    def users(*conditions: Any) -> list[str]:
-        rows = conn.execute(
-            select(resources.c.kind, resources.c.namespace, resources.c.name)
-            .where(live, *conditions)
-            .order_by(resources.c.kind, resources.c.namespace, resources.c.name)
-            .limit(11)
-        ).all()
-        return [f"{r.kind}/{r.namespace + '/' if r.namespace else ''}{r.name}" for r in rows]
-
-    contains = resources.c.spec.contains
-    if kind.kind == "Topology":
-        return users(resources.c.kind == "ResourceFlavor", contains({"topologyName": name}))
-    if kind.kind == "ResourceFlavor":
-        used = {"resourceGroups": [{"flavors": [{"name": name}]}]}
-        return users(resources.c.kind.in_(["ClusterQueue", "Cohort"]), contains(used))
-    if kind.kind == "Cohort":
-        return users(
-            or_(
-                and_(resources.c.kind == "Cohort", contains({"parentName": name})),
-                and_(resources.c.kind == "ClusterQueue", contains({"cohortName": name})),
-            )
-        )
-    if kind.kind == "ClusterQueue":
-        return users(resources.c.kind == "LocalQueue", contains({"clusterQueue": name}))
-    if kind.kind == "LocalQueue":
-        return users(
-            resources.c.kind == "Workload",
-            resources.c.namespace == namespace,
-            contains({"queueName": name}),
-            _ACTIVE_WORKLOAD,
-        )
-    if kind.kind == "WorkloadPriorityClass":
-        return users(
-            resources.c.kind == "Workload", contains({"priorityClassName": name}), _ACTIVE_WORKLOAD
-        )
-    if kind.kind == "Cluster":
-        return users(
-            resources.c.kind == "Workload",
-            resources.c.status.contains({"admission": {"cluster": name}}),
-            _ACTIVE_WORKLOAD,
-        )
-    return []
 
 
 __all__ = ["Actor", "Page", "ResourceService", "check_version", "stream_name", "to_object"]

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Row
 
 from service.app.admission import WorkloadRow, workload_from_row
 from service.app.errors import Invalid, PolicyRefused, UnknownReference
-from service.app.resources import _exists
+from service.app.references import exists
 from service.app.schemas import SecurityPolicy, WorkloadClass, dump
 from service.app.submissions.repository import named_by
 from service.app.submissions.values import Fleet, Target, Unsatisfiable
@@ -71,7 +71,7 @@ class Resolver:
         # deleted at the same moment leaves a workload the admission cycle
         # reports as waiting for its LocalQueue, as Kueue does.
         if name not in cache:
-            cache[name] = _exists(self._conn, kind, ns, [name], lock=False).get(name)
+            cache[name] = exists(self._conn, kind, ns, [name], lock=False).get(name)
         return cache[name]
 
     def prefetch(self, workloads: Sequence[WorkloadObject]) -> dict[str, Row[Any]]:
