@@ -62,8 +62,12 @@ def _as_postgres() -> list[str]:
 class PrivatePostgres:
     """A Postgres server of our own (``pg_ctl``), which a test may stop and start."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, durable: bool = False) -> None:
         self.root = root
+        #: Commits flushed as the service asks (``synchronous_commit`` on), so
+        #: that a crash (``stop("immediate")``) loses nothing acknowledged;
+        #: ``fsync`` stays off, since a crash of the server keeps what it wrote.
+        self.durable = durable
         self.data = root / "pgdata"
         self.log = root / "postgres.log"
         self.port = free_port()
@@ -97,7 +101,8 @@ class PrivatePostgres:
     def start(self) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            "-c fsync=off -c full_page_writes=off -c max_connections=200"
+            f" -c synchronous_commit={'on' if self.durable else 'off'}"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
 
@@ -111,9 +116,9 @@ class PrivatePostgres:
 
 
 @contextmanager
-def private_postgres() -> Iterator[PrivatePostgres]:
+def private_postgres(durable: bool = False) -> Iterator[PrivatePostgres]:
     root = Path(tempfile.mkdtemp(prefix="qm-e2e-pg-"))
-    server = PrivatePostgres(root)
+    server = PrivatePostgres(root, durable)
     try:
         server.init()
         server.start()
@@ -385,6 +390,11 @@ class Stack:
     api: Child | None = field(init=False, default=None)
     workers: list[Child] = field(default_factory=list, init=False)
     scheduler: Child | None = field(init=False, default=None)
+    #: Every API process started, by name (``api``, ``api1``, …), with its URL.
+    api_urls: dict[str, str] = field(default_factory=dict, init=False)
+    #: Every scheduler started, by name (``scheduler``, ``scheduler1``, …),
+    #: with its metrics URL.
+    scheduler_metrics: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.kubeconfig = self.workdir / "clusters" / "kubeconfig"
@@ -422,12 +432,21 @@ class Stack:
         self._ready(child, lambda: "kubeconfig written" in child.output())
         self.members = stand_ins(self.kubeconfig)
 
-    def start_api(self, processes: int = 1) -> None:
-        port = free_port()
-        self.api_url = f"http://127.0.0.1:{port}"
+    def start_api(self, processes: int = 1, port: int | None = None) -> Child:
+        """An API process (``processes`` uvicorn workers). Called again, another
+        one beside it (``api1``, …), on ``port`` if given (a killed one's, so
+        that its clients find the new one where they knew the old); the first
+        stays ``api`` / ``api_url``."""
+        port = port or free_port()
+        url = f"http://127.0.0.1:{port}"
+        name = f"api{len(self.api_urls)}" if self.api_urls else "api"
         argv = [*_service(), "api", "--port", str(port), "--workers", str(processes)]
-        self.api = self.supervisor.start("api", argv)
-        self._ready(self.api, lambda: _status(f"{self.api_url}/readyz") == 200)
+        child = self.supervisor.start(name, argv)
+        self._ready(child, lambda: _status(f"{url}/readyz") == 200)
+        self.api_urls[name] = url
+        if self.api is None:
+            self.api, self.api_url = child, url
+        return child
 
     def start_worker(self, concurrency: int = 2) -> Child:
         name = f"worker{len(self.workers)}"
@@ -439,13 +458,31 @@ class Stack:
         self.workers.append(child)
         return child
 
-    def start_scheduler(self) -> None:
+    def start_scheduler(self, standby: bool = False) -> Child:
+        """A scheduler: the leader (ready once it leads), or with ``standby`` a
+        second one beside it (``scheduler1``, …; ready once its metrics answer,
+        not leading), which takes the lead when the leader dies. The first
+        stays ``scheduler`` / ``metrics_url``."""
         port = free_port()
-        self.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        self.scheduler = self.supervisor.start(
-            "scheduler", [*_workers(), "scheduler", "--metrics-port", str(port)]
-        )
-        self._ready(self.scheduler, lambda: self.metric("qm_admission_leader") == 1)
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        name = f"scheduler{len(self.scheduler_metrics)}" if self.scheduler_metrics else "scheduler"
+        child = self.supervisor.start(name, [*_workers(), "scheduler", "--metrics-port", str(port)])
+        leading = 0 if standby else 1
+        self._ready(child, lambda: _metric(metrics, "qm_admission_leader") == leading)
+        self.scheduler_metrics[name] = metrics
+        if self.scheduler is None:
+            self.scheduler, self.metrics_url = child, metrics
+        return child
+
+    def leaders(self) -> list[Child]:
+        """The live schedulers that say they lead admission (one, but for a
+        moment during a takeover)."""
+        live = {c.name: c for c in self.supervisor.children if c.alive}
+        return [
+            live[name]
+            for name, url in self.scheduler_metrics.items()
+            if name in live and _metric(url, "qm_admission_leader") == 1
+        ]
 
     def start(
         self,
@@ -524,14 +561,7 @@ class Stack:
         )
 
     def metric(self, name: str) -> float | None:
-        try:
-            text = httpx.get(self.metrics_url, timeout=2).text
-        except httpx.HTTPError:
-            return None
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        return None
+        return _metric(self.metrics_url, name)
 
     def logs(self, lines: int = 30) -> str:
         """The end of every child's log (for a failing test's message)."""
@@ -539,6 +569,18 @@ class Stack:
             f"--- {c.name} ({'alive' if c.alive else c.process.returncode}):\n{c.tail(lines)}"
             for c in self.supervisor.children
         )
+
+
+def _metric(url: str, name: str) -> float | None:
+    """The first sample of ``name`` at a metrics URL (None if it does not answer)."""
+    try:
+        text = httpx.get(url, timeout=2).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def _status(url: str) -> int | None:
