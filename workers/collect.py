@@ -38,6 +38,7 @@ from sqlalchemy import Engine
 from service.app.kinds import COLLECTION_ENDED
 from service.app.uow import SqlUnitOfWork
 from service.domain.events import CLUSTER_COLLECTED, CLUSTER_COLLECTING, CLUSTER_COLLECTION_FAILED
+from service.domain.times import parse_time, rfc3339
 from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError
 from workers.plan import (
@@ -48,7 +49,7 @@ from workers.plan import (
     WORKLOAD_ANNOTATION,
     Ref,
 )
-from workers.records import ClusterRow, append_cluster, load, parse_time, rfc3339
+from workers.records import ClusterRow, append_cluster, load
 from workers.settings import WorkerSettings
 from workers.sync import requeue
 

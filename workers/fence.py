@@ -39,6 +39,7 @@ import kubernetes
 from kubernetes.client import CoordinationV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+from service.domain.times import parse_time
 from workers.clusters import APPLY, KINDS, Member, MemberError
 from workers.plan import JOB_KINDS, MANAGED, MANAGED_LABEL
 
@@ -63,16 +64,6 @@ Obj = dict[str, Any]
 def micro(at: datetime) -> str:
     """RFC 3339 with microseconds (a Lease's MicroTime; a promise that must not round down)."""
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 # -- the centre's half ---------------------------------------------------------------------
@@ -173,7 +164,7 @@ def status(
     spec = agent.get("spec") or {}
     annotations = (agent.get("metadata") or {}).get("annotations") or {}
     renewed = str(spec.get("renewTime") or "")
-    observed = _parse(seen.get("observedAt"))
+    observed = parse_time(seen.get("observedAt"))
     if renewed != seen.get("renewTime") or observed is None:
         observed = now
     poll = _seconds(annotations.get(POLL_ANNOTATION))
@@ -223,7 +214,7 @@ def settled(fence: Mapping[str, Any]) -> Obj:
 
 def may_write(fence: Mapping[str, Any] | None, attempt: float, now: datetime) -> bool:
     """Whether a heartbeat write started ``now`` ends within the promise recorded."""
-    until = _parse((fence or {}).get("writableUntil"))
+    until = parse_time((fence or {}).get("writableUntil"))
     return until is not None and now + timedelta(seconds=attempt) <= until
 
 
@@ -232,7 +223,7 @@ def may_requeue(fence: Mapping[str, Any] | None, policy: FencePolicy, now: datet
     stopped them: the last heartbeat write ended by ``writableUntil``, the
     agent saw it within a poll, fenced a fence time later by its clock and
     had the pods gone within the stop time — all inside ``seconds + margin``."""
-    until = _parse((fence or {}).get("writableUntil"))
+    until = parse_time((fence or {}).get("writableUntil"))
     if until is None:
         return True  # never promised: no heartbeat was ever written
     seconds = float((fence or {}).get("seconds") or policy.seconds)
@@ -311,9 +302,9 @@ class FenceAgent:
             return
         notes = (mine.get("metadata") or {}).get("annotations") or {}
         if notes.get(SEEN_ANNOTATION) == heartbeat:
-            since = _parse(notes.get(SEEN_AT_ANNOTATION))
+            since = parse_time(notes.get(SEEN_AT_ANNOTATION))
         else:  # it changed while we were down: after our last report at the earliest
-            since = _parse((mine.get("spec") or {}).get("renewTime"))
+            since = parse_time((mine.get("spec") or {}).get("renewTime"))
         if since is None:
             return
         self._seen = heartbeat

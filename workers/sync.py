@@ -30,6 +30,7 @@ from service.app.lifecycle import Status, Subject
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import Problems, pod_requests
 from service.domain.quantity import format_amount
+from service.domain.times import parse_time, rfc3339
 from service.eventstore.port import ConcurrencyConflict
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
@@ -52,8 +53,6 @@ from workers.records import (
     append_workload,
     load,
     one_ledger_append,
-    parse_time,
-    rfc3339,
     wake,
 )
 

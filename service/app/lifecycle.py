@@ -23,11 +23,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID, uuid4, uuid5
 
 from service.domain.quantity import canonical_amount
+from service.domain.times import parse_time, rfc3339
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 
@@ -52,20 +53,6 @@ CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 GPU_SUFFIX = "gpu"
 #: Names the closing entries of admissions stored before admissions had an id.
 _LEGACY = UUID("6f0c5f3e-6a43-4c1b-9a57-3b1f1e2f7a10")
-
-
-def rfc3339(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

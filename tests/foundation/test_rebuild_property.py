@@ -37,11 +37,12 @@ from service.app.errors import AppError
 from service.app.resources import Actor
 from service.app.uow import SqlUnitOfWork
 from service.config import Settings
+from service.domain.times import rfc3339
 from tests.foundation.rebuild import EmptyMember, differences, read_models, rebuild_all
 from tests.harness import reset_database
 from workers.clusters import MemberError
 from workers.collect import CollectPolicy, collect, waiting
-from workers.records import ClusterRow, append_cluster, clusters, load, rfc3339
+from workers.records import ClusterRow, append_cluster, clusters, load
 from workers.sync import SYNCED, lose
 
 ADMIN = Actor(Principal("test-admin", frozenset({Role.ADMIN}), frozenset({"*"})))

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from service.app.admission.repository import WorkloadRow
-from service.app.lifecycle import rfc3339
 from service.app.workloads import Problems, pod_requests
 from service.domain.inventory import Cluster, Node
 from service.domain.manifests import (
@@ -28,6 +27,7 @@ from service.domain.manifests import (
     topology_from_manifest,
 )
 from service.domain.quantity import canonical_amount, format_amount
+from service.domain.times import rfc3339
 from service.domain.workload import (
     Admission,
     PodSet,

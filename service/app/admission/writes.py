@@ -16,10 +16,11 @@ from service.app import lifecycle
 from service.app.admission.convert import admission_to_status, timestamp
 from service.app.admission.repository import WorkloadRow
 from service.app.admission.snapshot import Loaded
-from service.app.lifecycle import ADMITTED, EVICTED, PENDING, rfc3339
+from service.app.lifecycle import ADMITTED, EVICTED, PENDING
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from service.domain.events import RECONCILE_CLUSTER
+from service.domain.times import rfc3339
 from service.engine import (
     AdmissionDecision,
     CycleResult,
