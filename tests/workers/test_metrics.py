@@ -71,15 +71,22 @@ def test_scheduler_metrics_move_and_are_scraped(
             _served(scheduler.metrics.registry) as scrape,
         ):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            services.submissions.submit(ADMIN, "team-a", gang("b", duration="100000s"))
             wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
+            # b comes once a holds the quota: a cycle tries it alone and admits
+            # nothing (had both come to one cycle, that cycle admitted a, and
+            # whether another tried b before the scrape was a race).
+            services.submissions.submit(ADMIN, "team-a", gang("b", duration="100000s"))
             first = wait_for(
                 lambda: (
                     (m := scrape())
                     and _value(m, "qm_reconcile_lag_seconds_count", cluster="c1")
+                    and _value(m, "qm_admission_attempts_total", result="inadmissible")
+                    and _value(m, "qm_pending_workloads", **waiting) == 1
                     and m
                 ),
                 60,
+                "a admitted and running, b tried and left pending",
+                seen=scrape,
             )
             assert _value(first, "qm_pending_workloads", **waiting) == 1  # b: no quota left
             assert _value(first, "qm_admitted_workloads_total", **cq) == 1
