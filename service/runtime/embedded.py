@@ -213,7 +213,7 @@ def _stop_leftover_postgres(data_dir: Path) -> None:
         except psutil.TimeoutExpired:
             process.kill()
     except (OSError, ValueError, IndexError, psutil.Error):
-        pass
+        pass  # no lock file, or no server behind it: nothing to stop
 
 
 def redis_command(data_dir: Path, port: int) -> ServerCommand:

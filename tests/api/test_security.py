@@ -311,8 +311,8 @@ def test_a_claim_whose_request_failed_while_the_database_was_down_is_released_wh
     store = _DownThenBack(engine, failures=2)
 
     async def unavailable(scope: Any, receive: Any, send: Any) -> None:
-        while (await receive()).get("more_body"):  # a route reads its body: the key is claimed
-            pass
+        while (await receive()).get("more_body"):
+            pass  # read to its end, as a route reads its body: the key is claimed
         await send({"type": "http.response.start", "status": 503, "headers": []})
         await send({"type": "http.response.body", "body": b"database unavailable"})
 

@@ -72,7 +72,7 @@ class TcpCut:
             while data := source.recv(65536):
                 sink.sendall(data)
         except OSError:
-            pass
+            pass  # a side was closed (cut, healed or stopped): this pump ends
         finally:
             with contextlib.suppress(OSError):
                 sink.shutdown(socket.SHUT_WR)

@@ -121,7 +121,7 @@ def _parse(raw: bytes, content_type: str) -> Any:
                 try:
                     return loads(raw)
                 except ValueError:
-                    pass
+                    pass  # not JSON after all: read as YAML below
             # Copied: YAML anchors make one node appear in several places, and a body
             # is stored as it is (ApiCore's ``owned``): no part of it may alias another.
             return clone(yaml.load(raw, Loader=yaml.CSafeLoader))
