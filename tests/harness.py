@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from service.runtime.embedded import embedded_postgres, embedded_redis, reachable
 
 APPEND_ONLY_TABLES = ("events", "ledger_entries", "ledger_checkpoints")
-MUTABLE_TABLES = ("outbox", "projection_tracking", "stream_index")
+MUTABLE_TABLES = ("outbox", "projection_tracking")
 
 
 def worker_tag() -> str:

@@ -31,20 +31,6 @@ projection_tracking = Table(
     Column("position", BigInteger, nullable=False),
 )
 
-# Written by no projection since the stream index went; declared until a
-# migration drops the table (tests/foundation/test_migrations.py checks drift).
-stream_index = Table(
-    "stream_index",
-    metadata,
-    Column("stream", Text, primary_key=True),
-    Column("category", Text, nullable=False),
-    Column("version", Integer, nullable=False),
-    Column("last_type", Text, nullable=False),
-    Column("last_position", BigInteger, nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    Index("ix_stream_index_category_stream", "category", "stream"),
-)
-
 # The API's objects, one row per (kind, namespace, name). Kept *inline*: the
 # command handler writes the row in the same transaction as the event that
 # changes it, so a client reads its own writes; ``projections rebuild
