@@ -1,10 +1,6 @@
-"""Field ownership: ``metadata.managedFields`` and server-side apply.
-
-A field set is a set of paths; a path is a tuple of ``fieldsV1`` elements
-(``f:spec``, ``k:{"name":"main"}``, ``v:"finalizer"``), ending in ``.`` when the
-node itself (a map, or an item of an associative list) is the member. That is
-the structured-merge-diff model behind the real API server, reduced to what
-clients can observe:
+"""Field ownership: ``metadata.managedFields`` and server-side apply, over the
+field sets of :mod:`sim.kubesim.fieldpath`. The structured-merge-diff model
+behind the real API server, reduced to what clients can observe:
 
 * a non-apply write makes its manager own every field it changed and takes
   those fields away from everyone else (updates never conflict);
@@ -12,281 +8,35 @@ clients can observe:
   (409, one cause per field) where it would change a field another manager
   owns unless ``force=true`` (which takes ownership), and removes fields the
   applier owned before, no longer applies, and nobody else owns.
-
-List semantics come from the CRD schema (``x-kubernetes-list-type`` / map keys /
-``x-kubernetes-map-type``) or, for built-in kinds, from the merge keys of
-:mod:`sim.kubesim.patch` (what ``k8s.io/api``'s OpenAPI says for those fields).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import marshal
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sim.kubesim.errors import ApiError
-from sim.kubesim.patch import MERGE_KEYS, MERGE_SETS
+from sim.kubesim.fieldpath import (
+    ABSENT,
+    METADATA_SHAPE,
+    SELF,
+    Flat,
+    Path,
+    Shape,
+    builtin_shape,
+    diff,
+    flatten_into,
+    item_element,
+    metadata_subset,
+    schema_shape,
+    stored_fields,
+    to_fields_v1,
+)
 from sim.kubesim.store import clone
 
 __all__ = ["FieldManager", "Shape", "builtin_shape", "schema_shape"]
-
-Path = tuple[str, ...]
-Flat = dict[Path, str]
-_SELF = "."
-_EXISTS = "<exists>"
-
-#: Root ``metadata`` fields that take part in ownership; the rest belong to the server.
-_OWNED_METADATA = ("labels", "annotations", "finalizers", "ownerReferences")
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """How a node merges: ``struct`` / ``map`` / ``atomic`` for objects, list type for arrays."""
-
-    kind: str = "map"  # struct | map | atomic | scalar
-    list_type: str = "atomic"  # atomic | set | map
-    list_keys: tuple[str, ...] = ()
-    schema: Mapping[str, Any] | None = None
-    field_name: str = ""
-
-    def child(self, name: str) -> Shape:
-        if self.schema is None:
-            return builtin_shape(name)
-        properties = self.schema.get("properties") or {}
-        if name in properties:
-            return schema_shape(properties[name], name)
-        additional = self.schema.get("additionalProperties")
-        if isinstance(additional, Mapping):
-            return schema_shape(additional, name)
-        return Shape(kind="map", field_name=name)
-
-    def item(self) -> Shape:
-        if self.schema is None:
-            return Shape(kind="struct")
-        items = self.schema.get("items")
-        return schema_shape(items, "") if isinstance(items, Mapping) else Shape()
-
-
-@functools.cache
-def builtin_shape(name: str) -> Shape:
-    if name in MERGE_SETS:
-        return Shape(list_type="set", field_name=name)
-    if name in MERGE_KEYS:
-        keys = ("containerPort", "protocol") if name == "ports" else (MERGE_KEYS[name],)
-        return Shape(list_type="map", list_keys=keys, field_name=name)
-    if name in ("labels", "annotations", "nodeSelector", "data", "limits", "requests"):
-        return Shape(kind="map", field_name=name)
-    if name in ("selector", "labelSelector", "namespaceSelector"):
-        return Shape(kind="atomic", field_name=name)
-    return Shape(kind="struct", field_name=name)
-
-
-#: Shapes by (id of schema node, field name); the node is kept so that its id stays unique.
-_SCHEMA_SHAPES: dict[tuple[int, str], tuple[Mapping[str, Any], Shape]] = {}
-
-
-def schema_shape(schema: Mapping[str, Any], name: str) -> Shape:
-    """The shape of one schema node (cached: schemas are read once and never change)."""
-    key = (id(schema), name)
-    hit = _SCHEMA_SHAPES.get(key)
-    if hit is not None and hit[0] is schema:
-        return hit[1]
-    shape = _schema_shape(schema, name)
-    _SCHEMA_SHAPES[key] = (schema, shape)
-    return shape
-
-
-def _schema_shape(schema: Mapping[str, Any], name: str) -> Shape:
-    list_type = schema.get("x-kubernetes-list-type", "atomic")
-    keys = tuple(schema.get("x-kubernetes-list-map-keys") or ())
-    if schema.get("x-kubernetes-map-type") == "atomic":
-        kind = "atomic"
-    elif schema.get("properties"):
-        kind = "struct"
-    elif schema.get("type") == "object":
-        kind = "map"
-    else:
-        kind = "scalar"
-    if schema.get("x-kubernetes-preserve-unknown-fields") and not schema.get("properties"):
-        return Shape(kind="map", field_name=name)
-    return Shape(kind, list_type, keys, schema, name)
-
-
-_METADATA_SHAPE = Shape(kind="struct")
-
-
-# -- flattening ----------------------------------------------------------------------------
-
-
-def _encode(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _leaf(value: Any) -> str:
-    """A leaf's value in a flat form: only ever compared, so strings skip JSON encoding
-    (the NUL prefix keeps ``"1"`` apart from ``1``, which encodes as ``1``); the other
-    common scalars take their JSON text without the encoder."""
-    kind = type(value)
-    if kind is str:
-        return "\x00" + str(value)
-    if kind is int:
-        return str(value)
-    if value is None:
-        return "null"
-    if not value and (kind is dict or kind is list):
-        return "{}" if kind is dict else "[]"
-    if kind is bool:
-        return "true" if value else "false"
-    return _encode(value)
-
-
-def _item_element(item: Any, shape: Shape) -> str | None:
-    if shape.list_type == "set":
-        if type(item) is str:
-            return _set_element(item)
-        return "v:" + _encode(item)
-    if shape.list_type == "map" and isinstance(item, dict):
-        pairs = tuple((k, item[k]) for k in sorted(shape.list_keys) if k in item)
-        if all(type(v) in (str, int) for _, v in pairs):
-            return _key_element(pairs)
-        return "k:" + _encode(dict(pairs))
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _set_element(item: str) -> str:
-    return "v:" + _encode(item)
-
-
-@functools.lru_cache(maxsize=4096)
-def _key_element(pairs: tuple[tuple[str, str | int], ...]) -> str:
-    """An associative list item's element (its keys' values are few: remembered)."""
-    return "k:" + _encode(dict(pairs))
-
-
-def _flatten(value: Any, shape: Shape, path: Path, out: Flat) -> None:
-    if isinstance(value, dict) and shape.kind != "atomic" and value:
-        if shape.kind == "map":
-            out[(*path, _SELF)] = _EXISTS
-        for name, child in value.items():
-            _flatten(child, shape.child(name), (*path, f"f:{name}"), out)
-    elif isinstance(value, list) and shape.list_type in ("set", "map") and value:
-        item_shape = shape.item()
-        for item in value:
-            element = _item_element(item, shape)
-            if element is None:
-                out[path] = _leaf(value)
-                return
-            if shape.list_type == "set" or not isinstance(item, dict):
-                out[(*path, element)] = _EXISTS
-                continue
-            out[(*path, element, _SELF)] = _EXISTS
-            for name, child in item.items():
-                _flatten(child, item_shape.child(name), (*path, element, f"f:{name}"), out)
-    else:
-        out[path] = _leaf(value)
-
-
-_ABSENT = object()
-
-
-def _diff(old: Any, new: Any, shape: Shape, path: Path, before: Flat, after: Flat) -> None:
-    """Flatten ``old`` into ``before`` and ``new`` into ``after`` where they differ."""
-    if old is new or old == new:
-        return
-    structs = isinstance(old, dict) and isinstance(new, dict) and shape.kind != "atomic"
-    if structs and old and new:
-        if shape.kind == "map":
-            before[(*path, _SELF)] = after[(*path, _SELF)] = _EXISTS
-        for name in old.keys() | new.keys():
-            _diff(
-                old.get(name, _ABSENT),
-                new.get(name, _ABSENT),
-                shape.child(name),
-                (*path, f"f:{name}"),
-                before,
-                after,
-            )
-        return
-    if old is not _ABSENT:
-        _flatten(old, shape, path, before)
-    if new is not _ABSENT:
-        _flatten(new, shape, path, after)
-
-
-def _metadata_subset(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: metadata[k] for k in _OWNED_METADATA if k in metadata}
-
-
-# -- fieldsV1 encoding ---------------------------------------------------------------------
-
-
-# Every write re-encodes every manager's field set into its managedFields
-# entry and decodes the old object's entries back: most of what a write of
-# a Job cost. Objects of one kind written by one manager carry the same few
-# field sets, so both directions are remembered (copies are handed out: two
-# objects never share a mutable part). An entry whose fields a write leaves
-# as they were keeps its tree: the new version of the object shares it with
-# the old one, which is safe because stored objects are never mutated in
-# place (every write works on a copy of its own, see sim/kubesim/store.py).
-
-
-def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
-    tree: dict[str, Any] = marshal.loads(_encoded(frozenset(paths)))
-    return tree
-
-
-@functools.lru_cache(maxsize=2048)
-def _encoded(paths: frozenset[Path]) -> bytes:
-    """The tree of ``paths``, marshalled: each call unmarshals a copy of its own (format 2,
-    which never shares a node between two places, so no part of one copy aliases another)."""
-    tree: dict[str, Any] = {}
-    for path in sorted(paths):
-        node = tree
-        for element in path:
-            node = node.setdefault(element, {})
-    return marshal.dumps(tree, 2)
-
-
-def from_fields_v1(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
-    if prefix:
-        return _decode(tree, prefix)
-    try:
-        key = marshal.dumps(dict(tree), 2)
-    except ValueError:  # not plain JSON data: not remembered
-        return _decode(tree, prefix)
-    return set(_decoded(key))
-
-
-@functools.lru_cache(maxsize=2048)
-def _decoded(key: bytes) -> frozenset[Path]:
-    return frozenset(_decode(marshal.loads(key), ()))
-
-
-def _stored_fields(tree: Mapping[str, Any]) -> tuple[set[Path], frozenset[Path] | None]:
-    """The field set of a stored entry's tree, and that set again (frozen) where the tree
-    is exactly what :func:`to_fields_v1` makes of it (same nodes, same order): only such
-    a tree may stand for its fields unchanged."""
-    try:
-        key = marshal.dumps(dict(tree), 2)
-    except ValueError:  # not plain JSON data: not remembered
-        return _decode(tree, ()), None
-    fields = _decoded(key)
-    return set(fields), fields if _encoded(fields) == key else None
-
-
-def _decode(tree: Mapping[str, Any], prefix: Path) -> set[Path]:
-    paths: set[Path] = set()
-    for element, child in tree.items():
-        path = (*prefix, element)
-        if child:
-            paths |= _decode(child, path)
-        else:
-            paths.add(path)
-    return paths
 
 
 # -- structural merge / removal ------------------------------------------------------------
@@ -308,10 +58,10 @@ def _merge(live: Any, applied: Any, shape: Shape) -> Any:
 
 def _merge_list(live: list[Any], applied: list[Any], shape: Shape) -> list[Any]:
     result = list(live)
-    positions = {_item_element(item, shape): i for i, item in enumerate(result)}
+    positions = {item_element(item, shape): i for i, item in enumerate(result)}
     item_shape = shape.item()
     for item in applied:
-        element = _item_element(item, shape)
+        element = item_element(item, shape)
         if element in positions:
             index = positions[element]
             result[index] = _merge(result[index], item, item_shape)
@@ -327,14 +77,14 @@ def _find_child(node: Any, element: str, shape: Shape) -> tuple[Any, Shape] | No
         return (node[name], shape.child(name)) if name in node else None
     if isinstance(node, list):
         for item in node:
-            if _item_element(item, shape) == element:
+            if item_element(item, shape) == element:
                 return item, shape.item()
     return None
 
 
 def _remove_path(obj: dict[str, Any], path: Path, root: Shape) -> None:
     """Delete the node at ``path`` (``…, "."`` deletes the node that owns the dot)."""
-    if path and path[-1] == _SELF:
+    if path and path[-1] == SELF:
         path = path[:-1]
     if not path:
         return
@@ -349,7 +99,7 @@ def _remove_path(obj: dict[str, Any], path: Path, root: Shape) -> None:
     if last.startswith("f:") and isinstance(node, dict):
         node.pop(last[2:], None)
     elif isinstance(node, list):
-        node[:] = [item for item in node if _item_element(item, shape) != last]
+        node[:] = [item for item in node if item_element(item, shape) != last]
 
 
 # -- the manager ---------------------------------------------------------------------------
@@ -391,7 +141,7 @@ def _entries(obj: Mapping[str, Any]) -> list[Entry]:
     entries = []
     for raw in obj.get("metadata", {}).get("managedFields") or ():
         tree = raw.get("fieldsV1") or {}
-        fields, canonical = _stored_fields(tree)
+        fields, canonical = stored_fields(tree)
         entries.append(
             Entry(
                 manager=raw.get("manager", ""),
@@ -423,13 +173,13 @@ class FieldManager:
                 continue
             if name == "metadata":
                 if subresource != "status":
-                    meta = _metadata_subset(value)
+                    meta = metadata_subset(value)
                     if meta:
-                        _flatten(meta, _METADATA_SHAPE, ("f:metadata",), out)
+                        flatten_into(meta, METADATA_SHAPE, ("f:metadata",), out)
                 continue
             if self._excluded(name, subresource):
                 continue
-            _flatten(value, self.root.child(name), (f"f:{name}",), out)
+            flatten_into(value, self.root.child(name), (f"f:{name}",), out)
         return out
 
     def _flatten_differences(
@@ -449,10 +199,10 @@ class FieldManager:
                 continue
             if name == "metadata":
                 if subresource != "status":
-                    _diff(
-                        _metadata_subset(old.get("metadata") or {}),
-                        _metadata_subset(new.get("metadata") or {}),
-                        _METADATA_SHAPE,
+                    diff(
+                        metadata_subset(old.get("metadata") or {}),
+                        metadata_subset(new.get("metadata") or {}),
+                        METADATA_SHAPE,
                         ("f:metadata",),
                         before,
                         after,
@@ -460,9 +210,9 @@ class FieldManager:
                 continue
             if self._excluded(name, subresource):
                 continue
-            _diff(
-                old.get(name, _ABSENT),
-                new.get(name, _ABSENT),
+            diff(
+                old.get(name, ABSENT),
+                new.get(name, ABSENT),
                 self.root.child(name),
                 (f"f:{name}",),
                 before,
@@ -560,7 +310,7 @@ class FieldManager:
                 continue
             if name == "metadata":
                 meta = result.setdefault("metadata", {})
-                for key, item in _metadata_subset(value).items():
+                for key, item in metadata_subset(value).items():
                     shape = builtin_shape(key)
                     meta[key] = _merge(meta[key], item, shape) if key in meta else clone(item)
                 continue
@@ -573,11 +323,11 @@ class FieldManager:
         for path in sorted(dropped, key=len, reverse=True):
             if path in owned_by_others:
                 continue
-            prefix = path[:-1] if path[-1] == _SELF else path
-            if path[-1] == _SELF and any(p[: len(prefix)] == prefix for p in owned_by_others):
+            prefix = path[:-1] if path[-1] == SELF else path
+            if path[-1] == SELF and any(p[: len(prefix)] == prefix for p in owned_by_others):
                 continue
             if path[0] == "f:metadata":
-                _remove_path(obj.get("metadata", {}), path[1:], _METADATA_SHAPE)
+                _remove_path(obj.get("metadata", {}), path[1:], METADATA_SHAPE)
             else:
                 _remove_path(obj, path, self.root)
 
@@ -601,7 +351,7 @@ def _find(entries: list[Entry], manager: str, operation: str, subresource: str) 
 def _render_path(path: Path) -> str:
     text = ""
     for element in path:
-        if element == _SELF:
+        if element == SELF:
             continue
         if element.startswith("f:"):
             text += "." + element[2:]

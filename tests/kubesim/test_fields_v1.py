@@ -8,7 +8,7 @@ from typing import Any
 
 from sim.kubesim.api import APPLY_PATCH, MERGE_PATCH, Context
 from sim.kubesim.cluster import ClusterOptions, SimCluster
-from sim.kubesim.fieldmanager import Shape, _item_element, _leaf, from_fields_v1, to_fields_v1
+from sim.kubesim.fieldpath import Shape, from_fields_v1, item_element, leaf, to_fields_v1
 
 PATHS = {
     ("f:metadata", "f:labels", "f:app"),
@@ -65,8 +65,8 @@ LEAVES = [0, 1, -7, 2**70, 1.0, 0.5, True, False, None, "1", "true", "", [1, "a"
 def test_leaves_compare_as_their_json_does() -> None:
     for value in LEAVES:
         expected = "\x00" + value if isinstance(value, str) else _json(value)
-        assert _leaf(value) == expected, value
-    assert len({_leaf(v) for v in LEAVES}) == len(LEAVES)
+        assert leaf(value) == expected, value
+    assert len({leaf(v) for v in LEAVES}) == len(LEAVES)
 
 
 def test_list_elements_are_their_json_whether_remembered_or_not() -> None:
@@ -81,10 +81,10 @@ def test_list_elements_are_their_json_whether_remembered_or_not() -> None:
     ]
     for item in items * 2:
         keys = {k: item[k] for k in ("containerPort", "protocol") if k in item}
-        assert _item_element(item, keyed) == "k:" + _json(keys)
+        assert item_element(item, keyed) == "k:" + _json(keys)
     as_set = Shape(list_type="set")
     for value in ["a", "é", 1, True, None] * 2:
-        assert _item_element(value, as_set) == "v:" + _json(value)
+        assert item_element(value, as_set) == "v:" + _json(value)
 
 
 def _job(labels: dict[str, str]) -> dict[str, Any]:
