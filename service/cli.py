@@ -37,6 +37,24 @@ def migrate() -> None:
     console.print("[green]database is at the newest migration[/green]")
 
 
+@app.command("wait-for-migrations")
+def wait_for_migrations(
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
+    interval: Annotated[float, typer.Option(help="Seconds between looks.")] = 2.0,
+) -> None:
+    """Wait until the schema is at this version's newest migration, which
+    `quartermaster migrate` (the migration Job) applies; exit 1 on timeout.
+    The init container of every part in deploy/: a new version starts only
+    on its own schema."""
+    from service.app.migrate import wait_for_head
+
+    lag = wait_for_head(_database_url(), timeout, interval, console.print)
+    if lag is not None:
+        console.print(f"[red]gave up after {timeout:g} s[/red]: {lag}")
+        raise typer.Exit(1)
+    console.print("[green]the schema is at this version's newest migration[/green]")
+
+
 @app.command()
 def api(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",

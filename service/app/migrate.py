@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import create_engine, pool, text
+from sqlalchemy.exc import SQLAlchemyError
 
 import migrations
 
@@ -34,3 +38,43 @@ def head_revision() -> str | None:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config("postgresql://")).get_current_head()
+
+
+def schema_lag(database_url: str) -> str | None:
+    """Why the database is not at this code's newest migration (unreachable,
+    unmigrated, behind or ahead), or None when it is."""
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except SQLAlchemyError as error:
+        return f"database unreachable or not migrated: {type(error).__name__}"
+    finally:
+        engine.dispose()
+    expected = head_revision()
+    if revision != expected:
+        return f"database at migration {revision}, expected {expected}"
+    return None
+
+
+def wait_for_head(
+    database_url: str,
+    timeout: float,
+    interval: float,
+    report: Callable[[str], None] = lambda lag: None,
+) -> str | None:
+    """Poll until the schema is at this code's newest migration, which another
+    process applies (deploy/: the migration Job); ``report`` hears each new
+    reason to wait. Returns None then, or the last reason after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    said = None
+    while True:
+        lag = schema_lag(database_url)
+        if lag is None:
+            return None
+        if lag != said:
+            report(lag)
+            said = lag
+        if time.monotonic() >= deadline:
+            return lag
+        time.sleep(interval)
