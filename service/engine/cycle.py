@@ -36,7 +36,7 @@ from service.engine.ordering import ClusterQueueQueue, FairSelector, PlainSelect
 from service.engine.packing import GangPlacement
 from service.engine.preemption import find_preemption_plan
 from service.engine.quota import FlavorResource
-from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo, selector_key
+from service.engine.state import CQState, CycleState
 from service.engine.types import (
     AdmissionDecision,
     CycleResult,
@@ -46,6 +46,7 @@ from service.engine.types import (
     Preemption,
     Snapshot,
 )
+from service.engine.workload_info import AdmittedInfo, WorkloadInfo, selector_key
 
 __all__ = ["run_cycle"]
 

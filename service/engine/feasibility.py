@@ -37,8 +37,9 @@ from service.engine.flavors import (
 )
 from service.engine.packing import PodSetRequest, pristine_capacity_of, pristine_fits
 from service.engine.placement import Island, pods_fitting, tolerates
-from service.engine.state import CQState, CycleState, PodSetInfo, WorkloadInfo
+from service.engine.state import CQState, CycleState
 from service.engine.types import Snapshot
+from service.engine.workload_info import PodSetInfo, WorkloadInfo
 
 __all__ = [
     "NO_NODE_WITH_FLAVOR_LABELS",

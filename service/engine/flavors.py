@@ -26,9 +26,8 @@ from service.domain.quota import FlavorFungibility, ResourceFlavor
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
 from service.engine.placement import tolerates
 from service.engine.quota import FlavorResource, QuotaNode
-from service.engine.state import (
-    CQState,
-    CycleState,
+from service.engine.state import CQState, CycleState
+from service.engine.workload_info import (
     FlavorPlan,
     PlanEntry,
     PlannedFlavor,

@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from service.engine.fair_sharing import Share, dominant_resource_share
 from service.engine.quota import FlavorResource, QuotaNode
-from service.engine.state import CycleState, WorkloadInfo
+from service.engine.state import CycleState
+from service.engine.workload_info import WorkloadInfo
 
 __all__ = ["ClusterQueueQueue", "FairSelector", "PlainSelector", "queue_key"]
 

@@ -24,7 +24,8 @@ from service.engine.fair_sharing import ZERO_SHARE, Share, dominant_resource_sha
 from service.engine.flavors import Assignment, PreemptionPlan
 from service.engine.packing import GangPlacement, place_gang, pristine_capacity_of
 from service.engine.quota import QuotaNode
-from service.engine.state import AdmittedInfo, CQState, CycleState, WorkloadInfo
+from service.engine.state import CQState, CycleState
+from service.engine.workload_info import AdmittedInfo, WorkloadInfo
 
 __all__ = [
     "IN_CLUSTER_QUEUE",
