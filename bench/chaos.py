@@ -4,7 +4,7 @@ checked from the ledger and the members (issue 18, "Must show").
     flock /tmp/qm-bench.lock .venv/bin/python bench/chaos.py --out bench/results/chaos.json
 
 The stack, the load, the faults and the checks are those of
-tests/workers/chaos_run.py (its docstring says each): two API processes, a
+tests/workers/chaos/ (its docstring says each): two API processes, a
 Celery worker, two schedulers, three stand-in members with fence agents, a
 private Postgres and Redis; a client submitting gangs at ``--rate`` with
 Idempotency-Keys; then, one after another under that load, a worker, the
@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.workers.chaos_run import FAULTS, MEMBERS, Runner, Size  # noqa: E402
+from tests.workers.chaos import FAULTS, MEMBERS, Runner, Size  # noqa: E402
 
 
 def _arguments() -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""The repeatable fault run (tests/workers/chaos_run.py; bench/chaos.py runs
+"""The repeatable fault run (tests/workers/chaos/; bench/chaos.py runs
 it full size): the whole stack under load through a worker, the admission
 leader and an API process SIGKILLed, Redis and Postgres restarted, a member
 killed and one partitioned with its fence agent running — checked from the
@@ -23,7 +23,7 @@ import pytest
 
 from service.ledger.accounting import Holding
 from service.ledger.chain import LedgerEntry
-from tests.workers.chaos_run import (
+from tests.workers.chaos import (
     Evidence,
     PodRun,
     Runner,
