@@ -6,19 +6,31 @@ dictionaries (``apiGroups``, ``resources`` — ``jobs``, ``jobs/status``, ``*`` 
 stands for binding a Role in those namespaces instead of a ClusterRole. So a
 test can grant a reconciler exactly the rules of our deploy manifests and see
 it fail with the same 403 a real cluster would give; the audit log tells which
-verbs and resources it actually used. Discovery (``/api``, ``/apis``,
-``/version``, ``/openapi``) is open to every authenticated user, like the
-``system:discovery`` role.
+verbs and resources it actually used, and which it was refused. Discovery
+(``/api``, ``/apis``, ``/version``, ``/openapi``) is open to every
+authenticated user, like the ``system:discovery`` role.
+
+The audit holds one record per authorization decision, denied ones (code 403)
+included. A server-side apply that creates its object is decided twice, as
+``patch`` and as ``create`` with the object's name, as the real server does
+(apiserver ``endpoints/handlers/patch.go``: ``createAuthorizerAttributes``).
+A user's rules may be changed while the server runs (:meth:`Authorizer.set_rules`);
+a request is authorized when it starts, so an open watch goes on, as it does
+on a real cluster.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AuditRecord", "Authorizer", "User", "forbidden_reason"]
+__all__ = ["AuditRecord", "Authorizer", "User", "forbidden_reason", "grants", "rule_allows"]
+
+#: The code an audit record of a refused request carries.
+FORBIDDEN = 403
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +53,22 @@ class AuditRecord:
     namespace: str
     name: str
     code: int
+
+    @property
+    def denied(self) -> bool:
+        return self.code == FORBIDDEN
+
+    def allowed_by(self, rule: Mapping[str, Any]) -> bool:
+        """Whether ``rule`` grants what this record asked for."""
+        return rule_allows(
+            rule,
+            self.verb,
+            self.group,
+            self.resource,
+            self.subresource,
+            self.namespace,
+            self.name,
+        )
 
 
 def _matches(values: Iterable[str], wanted: str) -> bool:
@@ -101,6 +129,17 @@ class Authorizer:
         self.users[token] = user
         return token
 
+    def set_rules(self, name: str, rules: Iterable[Mapping[str, Any]] | None) -> int:
+        """Give every token of user ``name`` these rules from now on (``None``:
+        everything), as editing a bound Role does; how many tokens changed."""
+        frozen = None if rules is None else tuple(dict(r) for r in rules)
+        changed = 0
+        for token, user in list(self.users.items()):
+            if user.name == name:
+                self.users[token] = dataclasses.replace(user, rules=frozen)
+                changed += 1
+        return changed
+
     def authenticate(self, header: str | None) -> User | None:
         if not header or not header.lower().startswith("bearer "):
             return None
@@ -128,11 +167,20 @@ class Authorizer:
             del self.audit[: self.audit_limit // 10]
         self.audit.append(entry)
 
+    def records(self, user: str | None = None) -> list[AuditRecord]:
+        """The audit, or ``user``'s part of it."""
+        return [r for r in self.audit if user is None or r.user == user]
+
+    def denied(self, user: str | None = None) -> list[AuditRecord]:
+        """The decisions that refused ``user`` (403)."""
+        return [r for r in self.records(user) if r.denied]
+
     def used_rules(self, user: str | None = None) -> list[dict[str, Any]]:
-        """The (group, resource, verbs) a user actually exercised, as RBAC-shaped rules."""
+        """The (group, resource, verbs) a user actually exercised (refusals
+        left out), as RBAC-shaped rules."""
         used: dict[tuple[str, str], set[str]] = {}
-        for entry in self.audit:
-            if user is not None and entry.user != user:
+        for entry in self.records(user):
+            if entry.denied:
                 continue
             combined = (
                 f"{entry.resource}/{entry.subresource}" if entry.subresource else entry.resource
@@ -142,3 +190,32 @@ class Authorizer:
             {"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)}
             for (group, resource), verbs in sorted(used.items())
         ]
+
+    def rules_of(self, name: str) -> tuple[Mapping[str, Any], ...] | None:
+        """User ``name``'s rules (of its first token; ``None``: everything)."""
+        for user in self.users.values():
+            if user.name == name:
+                return user.rules
+        raise KeyError(name)
+
+    def unused_rules(self, name: str) -> list[dict[str, Any]]:
+        """Every single grant of user ``name``'s rules — one API group, one
+        resource, one verb, with the rule's resource names and namespaces —
+        that no request of its allowed: what its role holds and never needed."""
+        used = [r for r in self.records(name) if not r.denied]
+        return [
+            grant
+            for grant in grants(self.rules_of(name) or ())
+            if not any(record.allowed_by(grant) for record in used)
+        ]
+
+
+def grants(rules: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rules`` split into single grants (one group, resource and verb each)."""
+    return [
+        {**rule, "apiGroups": [group], "resources": [resource], "verbs": [verb]}
+        for rule in rules
+        for group in rule.get("apiGroups") or ()
+        for resource in rule.get("resources") or ()
+        for verb in rule.get("verbs") or ()
+    ]

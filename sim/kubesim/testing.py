@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import kubernetes
 
+from sim.kubesim.auth import AuditRecord
 from sim.kubesim.cluster import ClusterOptions, SimCluster
 from sim.kubesim.server import ClusterServer, ServerThread, kubeconfig, make_tls, write_kubeconfig
 
@@ -69,6 +70,14 @@ class RunningCluster:
     def used_rules(self, user: str | None = None) -> list[dict[str, Any]]:
         """What ``user`` actually did, as RBAC rules (compare with a ClusterRole)."""
         return self.run(self.cluster.auth.used_rules, user)
+
+    def set_rules(self, name: str, rules: Sequence[dict[str, Any]] | None) -> None:
+        """Give user ``name`` these rules from its next request on (``None``: everything)."""
+        self.run(self.cluster.auth.set_rules, name, rules)
+
+    def audit(self, user: str | None = None) -> list[AuditRecord]:
+        """The authorization decisions made so far (refusals: code 403)."""
+        return self.run(self.cluster.auth.records, user)
 
     def set_faults(self, **changes: Any) -> dict[str, Any]:
         """``latencyMs``, ``jitterMs``, ``errorRate``, ``errorCode``, ``verbs``, ``resources``."""

@@ -149,26 +149,30 @@ class KubeApp:
         target = self._target(group, version, rest)
         verb = verb_of(request, target)
         await self.cluster.faults.before(verb, target.resource.plural)
-        self._authorize(user, verb, target)
         code = 200
-        try:
+        try:  # a refusal is audited too (403)
+            self._authorize(user, verb, target)
             code = await self._handle(verb, target, request, user, scope, receive, send)
         except ApiError as error:
             code = error.code
             raise
         finally:
-            self.cluster.auth.record(
-                AuditRecord(
-                    user.name,
-                    verb,
-                    group,
-                    target.resource.plural,
-                    target.subresource,
-                    target.namespace,
-                    target.name,
-                    code,
-                )
+            self._audit(user, verb, target, code)
+
+    def _audit(self, user: User, verb: str, target: Target, code: int) -> None:
+        resource = target.resource
+        self.cluster.auth.record(
+            AuditRecord(
+                user.name,
+                verb,
+                resource.group,
+                resource.plural,
+                target.subresource,
+                target.namespace,
+                target.name,
+                code,
             )
+        )
 
     def _target(self, group: str, version: str, rest: list[str]) -> Target:
         core = self.cluster.core
@@ -246,6 +250,10 @@ class KubeApp:
                 and not target.subresource
                 and self.cluster.store.get(resource.rtype, namespace, name) is None
             )
+            if creates:
+                # The real server asks the authorizer for create (with the
+                # name) before an apply creates: endpoints/handlers/patch.go.
+                return await self._apply_creating(target, request, user, ctx, send)
             obj = core.patch(
                 resource,
                 namespace,
@@ -257,7 +265,7 @@ class KubeApp:
                 force=request.flag("force"),
                 owned=True,
             )
-            code = 201 if creates else 200
+            code = 200
         elif verb == "delete":
             return await self._delete(target, request, ctx, send)
         elif verb == "deletecollection":
@@ -265,6 +273,33 @@ class KubeApp:
         else:
             raise errors.method_not_allowed()
         await self._object(send, code, resource, obj, request, ctx.warnings)
+        return code
+
+    async def _apply_creating(
+        self, target: Target, request: Request, user: User, ctx: Context, send: Send
+    ) -> int:
+        """A server-side apply of an object not there yet: authorized as
+        ``create`` too (audited as such), answered 201 as the real server does."""
+        code = 201
+        try:
+            self._authorize(user, "create", target)
+            content_type = content_type_of(request)
+            obj = self.cluster.core.patch(
+                target.resource,
+                target.namespace,
+                target.name,
+                content_type,
+                body_of(request, content_type),
+                ctx,
+                force=request.flag("force"),
+                owned=True,
+            )
+        except ApiError as error:
+            code = error.code
+            raise
+        finally:
+            self._audit(user, "create", target, code)
+        await self._object(send, code, target.resource, obj, request, ctx.warnings)
         return code
 
     async def _object(
