@@ -21,12 +21,12 @@ from service.api import docs, openapi, problems
 from service.api.events import EventHead, events_router
 from service.api.fastpath import SubmitFastPath
 from service.api.group_commit import DATABASE_DOWN, GroupCommit
+from service.api.idempotent import IdempotencyMiddleware
 from service.api.indoubt import CommitInDoubt, InDoubtCommit, Settlements
 from service.api.ledger import ledger_router
 from service.api.middleware import (
     AuthenticateMiddleware,
     DatabaseDownMiddleware,
-    IdempotencyMiddleware,
     Metrics,
     MetricsMiddleware,
     RateLimitMiddleware,

@@ -17,7 +17,8 @@ from service.app.errors import AppError, Invalid, Unauthorized
 from service.app.resources import Actor
 from service.jsonio import read_fast
 
-_PRINCIPAL = "qm.principal"
+#: Where the caller, once authenticated, is kept in the request's scope.
+PRINCIPAL = "qm.principal"
 JSON_TYPES = ("application/json", "application/merge-patch+json", "")
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
@@ -44,7 +45,7 @@ async def current_principal(request: Request) -> Principal:
     public allow-list depends on it (a test enforces that)."""
     # Kept in the scope, not request.state: a miss on State raises and
     # formats an AttributeError, which cost more than the rest of this.
-    cached: Principal | None = request.scope.get(_PRINCIPAL)
+    cached: Principal | None = request.scope.get(PRINCIPAL)
     if cached is not None:
         return cached
     header = request.headers.get("authorization", "")
@@ -55,7 +56,7 @@ async def current_principal(request: Request) -> Principal:
     principal = authenticator.cached(credential.strip())
     if principal is None:
         principal = await run_in_threadpool(authenticator.authenticate, credential.strip())
-    request.scope[_PRINCIPAL] = principal
+    request.scope[PRINCIPAL] = principal
     return principal
 
 

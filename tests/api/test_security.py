@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from fastapi.routing import APIRoute, iter_route_contexts
 
 from service.api.deps import current_principal
-from service.api.middleware import PUBLIC_PATHS, IdempotencyMiddleware
+from service.api.idempotent import IdempotencyMiddleware
+from service.api.middleware import PUBLIC_PATHS
 from service.app.idempotency import IdempotencyStore
 from tests.api.conftest import ADMIN_TOKEN, Api, serve, setup_quota, workload
 from tests.api.test_resources import _problem
@@ -236,13 +237,13 @@ def test_idempotency_key_semantics(api: Api) -> None:
 def test_idempotency_key_in_flight_is_409(api: Api) -> None:
     setup_quota(api.admin)
     store = api.services.idempotency
-    from service.api.middleware import principal_key
     from service.app.idempotency import request_hash
 
     body = json.dumps(workload("slow")).encode()
-    scope = {"headers": [(b"authorization", f"Bearer {ADMIN_TOKEN}".encode())]}
+    admin = api.services.authenticator.cached(ADMIN_TOKEN)
+    assert admin is not None
     fingerprint = request_hash("POST", "/v1/namespaces/team-a/workloads", "", body)
-    store.claim(principal_key(scope), "held", fingerprint)  # as if a first request were running
+    store.claim(admin.key, "held", fingerprint)  # as if a first request were running
     response = api.admin.post(
         "/v1/namespaces/team-a/workloads",
         content=body,
