@@ -251,29 +251,43 @@ class Member:
         return items
 
     def exists(self, ref: Ref) -> bool:
+        return self.read(ref) is not None
+
+    def read(self, ref: Ref) -> Obj | None:
+        """The object ``ref`` names (a ``get``), or ``None`` when it is not there."""
         k = KINDS[ref.kind]
+        raw: Any
         with self._call(f"get {ref}"):
             try:
                 if k.api_version == "v1":
-                    self._core.read_namespace(ref.name, _request_timeout=self.timeout)
+                    raw = self._core.read_namespace(
+                        ref.name, _preload_content=False, _request_timeout=self.timeout
+                    )
                 elif k.namespaced:
-                    self._custom.get_namespaced_custom_object(
+                    raw = self._custom.get_namespaced_custom_object(
                         k.group,
                         k.version,
                         ref.namespace,
                         k.plural,
                         ref.name,
+                        _preload_content=False,
                         _request_timeout=self.timeout,
                     )
                 else:
-                    self._custom.get_cluster_custom_object(
-                        k.group, k.version, k.plural, ref.name, _request_timeout=self.timeout
+                    raw = self._custom.get_cluster_custom_object(
+                        k.group,
+                        k.version,
+                        k.plural,
+                        ref.name,
+                        _preload_content=False,
+                        _request_timeout=self.timeout,
                     )
             except ApiException as error:
                 if error.status == 404:
-                    return False
+                    return None
                 raise
-        return True
+            found: Obj = loads(raw.data)
+        return found
 
     # -- writes --------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from kubernetes.client import CoordinationV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from service.domain.times import parse_time
-from workers.clusters import APPLY, KINDS, Member, MemberError
+from workers.clusters import APPLY, KINDS, Member, MemberError, Ref
 from workers.plan import JOB_KINDS, MANAGED, MANAGED_LABEL
 
 log = logging.getLogger(__name__)
@@ -135,10 +135,9 @@ def renew(member: Member, seconds: float, now: datetime) -> None:
 
 
 def agent_lease(member: Member) -> Obj | None:
-    """The agent's report on the member, if one is there."""
-    found = member.list_objects("Lease", f"{AGENT_LABEL}=true")
-    mine = [o for o in found if (o.get("metadata") or {}).get("namespace") == NAMESPACE]
-    return mine[0] if mine else None
+    """The agent's report on the member, if one is there: read by name, so
+    that the centre's role reads that one Lease (deploy/member), not all."""
+    return member.read(Ref("Lease", NAMESPACE, AGENT_LEASE))
 
 
 def status(
