@@ -22,7 +22,7 @@ from service.domain.quota import LocalQueue
 from service.domain.workload import Admission, PodSetAssignment, RequeueState, Workload
 from service.engine.backoff import next_requeue_state
 from service.engine.feasibility import Verdict, never_fits
-from service.engine.flavors import (
+from service.engine.flavorassigner import (
     FIT,
     NO_FIT,
     PREEMPT,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from service.domain.inventory import HOSTNAME_LABEL
 from service.domain.quantity import format_amount
 from service.domain.workload import Workload
-from service.engine.flavors import (
+from service.engine.flavorassigner import (
     EXCEEDS_MAX_QUOTA,
     NO_MATCHING_FLAVOR,
     TOPOLOGY_PLACEMENT_FAILED,

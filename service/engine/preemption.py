@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from service.engine.fair_sharing import ZERO_SHARE, Share, dominant_resource_share
-from service.engine.flavors import Assignment, PreemptionPlan
+from service.engine.flavorassigner import Assignment, PreemptionPlan
 from service.engine.packing import GangPlacement, place_gang, pristine_capacity_of
 from service.engine.quota import QuotaNode
 from service.engine.state import CQState, CycleState

@@ -103,7 +103,7 @@ class CycleState:
         self.eligible_cache: dict[object, dict[int, Island]] = {}
         self.pristine_cache: dict[tuple[int, Shape], int] = {}
         self.mismatch_cache: dict[object, str | None] = {}
-        #: See ``flavors._plan_skeleton``.
+        #: See ``flavorassigner.plans._plan_skeleton``.
         self.plan_skeletons: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
         #: ``(pod set, flavor names, cluster selector key)`` -> request (``pod_set_request``).

@@ -84,7 +84,7 @@ PlannedFlavor = tuple[tuple[FlavorResource, int, QuotaNode | None], ...]
 
 class PlanEntry:
     """A flavor of a :class:`FlavorPlan`: what the gang would take of it, and the
-    last answer of its quota check (``flavors._known_flavor_mode``).
+    last answer of its quota check (``flavorassigner.plans._known_flavor_mode``).
 
     ``version`` is the shared usage counter of the flavor in the quota tree
     (``CycleState.flavor_version``): the answer holds while it is unchanged.
@@ -122,7 +122,7 @@ class FlavorPlan:
         self.flavors = flavors
         self.general = general
         self.uncovered = uncovered
-        #: ``flavors.quota_mode_only``'s answer, valid while the quota tree's usage
+        #: ``flavorassigner.quota_mode_only``'s answer, valid while the quota tree's usage
         #: stamp (``CycleState.usage_version``) is ``stamp``.
         self.stamp = -1
         self.mode: tuple[int, int] = (0, 0)
@@ -148,7 +148,7 @@ class GangShape:
         )
         #: :meth:`WorkloadInfo.signature` of a gang of this shape without a cluster selector.
         self.plain_signature: tuple[object, ...] = (self.signature, None, len(pod_sets))
-        #: ClusterQueue name -> :class:`FlavorPlan` (see ``flavors.flavor_plan``).
+        #: ClusterQueue name -> :class:`FlavorPlan` (see ``flavorassigner.flavor_plan``).
         self.plans: dict[str, FlavorPlan] = {}
 
 
