@@ -20,6 +20,7 @@ collection) append ``event`` with ``status`` and record ``entries``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID, uuid4, uuid5
 
+from service.app.ran import PodTimes, Seen, estimated_run, measured_run, ran_entry_id
 from service.domain.quantity import canonical_amount
 from service.domain.times import parse_time, rfc3339
 from service.ledger import entries as ledger
@@ -119,10 +121,12 @@ class Transition:
     status: Status
     entry: NewLedgerEntry | None = None
     spec: Mapping[str, Any] | None = None
+    #: Written with ``entry``: the estimate of what ran, for a lost member's gang.
+    also: tuple[NewLedgerEntry, ...] = ()
 
     @property
     def entries(self) -> list[NewLedgerEntry]:
-        return [self.entry] if self.entry is not None else []
+        return [*([self.entry] if self.entry is not None else []), *self.also]
 
 
 # --- shared pieces --------------------------------------------------------------------------
@@ -194,6 +198,23 @@ def _close(
     if not status.holds:
         return None
     return ledger.new_entry(body, closing_entry_id(subject.uid, status.admission), now)
+
+
+def _estimate(
+    subject: Subject, status: Status, cluster: str, seen: Seen | None, now: datetime
+) -> NewLedgerEntry | None:
+    """What ``status``'s admission ran on the lost ``cluster``, estimated
+    (service/app/ran.py); None for an admission without an id."""
+    admission = status.admission
+    if not admission.get("id"):
+        return None
+    started = parse_time(status.raw.get("startedAt")) if status.raw.get("podsReady") else None
+    pods = sum(int(p.get("count") or 1) for p in admission.get("podSetAssignments") or ())
+    names = {
+        **subject.names(str(admission.get("clusterQueue") or status.raw.get("clusterQueue"))),
+        "cluster": cluster,
+    }
+    return estimated_run(names, str(admission["id"]), started, pods, amounts(admission), seen, now)
 
 
 def _stopped(status: Status, reason: str, message: str, now: datetime) -> Obj:
@@ -455,20 +476,28 @@ def cancelled(subject: Subject, status: Status, now: datetime, message: str = ""
 
 
 def lose_cluster(
-    subject: Subject, status: Status, cluster: str, reason: str, message: str, now: datetime
+    subject: Subject,
+    status: Status,
+    cluster: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    seen: Seen | None = None,
 ) -> Transition | None:
     """``cluster`` is lost or deleted: a gang it holds is requeued whole (its
-    usage closed), a cancelling one is Cancelled, one evicted from it and
-    waiting for its job's removal is requeued; ``None`` if it has nothing
-    there."""
+    usage closed, and what it ran there estimated from ``seen``), a
+    cancelling one is Cancelled, one evicted from it and waiting for its
+    job's removal is requeued; ``None`` if it has nothing there."""
     here = status.cluster == cluster and status.holds
     evicted_here = (
         status.state == EVICTED and (status.raw.get("eviction") or {}).get("cluster") == cluster
     )
     if not here and not evicted_here:
         return None
+    estimate = _estimate(subject, status, cluster, seen, now) if here else None
+    also = (estimate,) if estimate is not None else ()
     if status.state == CANCELLING:
-        return cancelled(subject, status, now, message)
+        return dataclasses.replace(cancelled(subject, status, now, message), also=also)
     new = status.without("admission", "podsReady")
     new.update(
         state=PENDING,
@@ -484,7 +513,7 @@ def lose_cluster(
         requeued=True,
         released=amounts(admission),
     )
-    return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now))
+    return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now), also=also)
 
 
 # --- back to the queue ----------------------------------------------------------------------
@@ -506,6 +535,8 @@ def requeue(status: Status, now: datetime) -> Transition:
 
 __all__ = [
     "HOLDS_QUOTA",
+    "PodTimes",
+    "Seen",
     "State",
     "Status",
     "Subject",
@@ -518,7 +549,9 @@ __all__ = [
     "evict",
     "finish",
     "lose_cluster",
+    "measured_run",
     "preempt",
+    "ran_entry_id",
     "request_cancel",
     "requeue",
     "run",

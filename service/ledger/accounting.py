@@ -1,12 +1,16 @@
 """GPU-, CPU- and memory-hours from the ledger alone, and the decayed usage
-that admission fair sharing reads.
+that admission fair sharing reads. Two measures (docs/billing.md):
 
-A workload is charged what its admission reserved, per flavor and resource,
-from the ``workload.admitted`` entry to the entry that released it
+*held* — what its admission reserved, per flavor and resource, from the
+``workload.admitted`` entry to the entry that released it
 (``workload.finished``, ``workload.preempted``, ``workload.evicted``, or
-``cluster.lost`` for the gangs on that cluster) — the allocation, as Slurm's
-``sreport`` and Kueue's quota both count it. The measured consumption in
-``workload.finished`` stays in the ledger for comparison.
+``cluster.lost`` for the gangs on that cluster): the allocation, as Slurm's
+``sreport`` and Kueue's quota both count it. Fair sharing reads this one.
+
+*ran* — what the admission's pods ran, by the member's own timestamps, from
+its ``workload.ran`` entry (``measured: member``), or its estimate while the
+member was lost (``measured: estimate``, superseded by a later ``member``
+entry of the same admission). An admission without one ran nothing.
 
 Times are *ledger time*: an entry's ``recorded_at``, or the latest earlier
 entry's if that is later (appenders' clocks may disagree a little; ledger
@@ -29,24 +33,58 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from service.engine import LocalQueueUsage
 from service.ledger.chain import LedgerEntry
+from service.ledger.ran import (
+    EPOCH,
+    HOUR_US,
+    RAN,
+    HourKey,
+    RanRollup,
+    micros,
+    ran_bodies,
+    ran_by_workload,
+    ran_hours_from_scratch,
+    ran_mismatches,
+    ran_problems,
+    run_seconds,
+)
+from service.ledger.ran import workload_key as _workload_key
 
-HOUR_US: Final = 3_600_000_000
-EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+__all__ = [
+    "EPOCH",
+    "HOUR_US",
+    "Allocation",
+    "Granularity",
+    "Holding",
+    "HourKey",
+    "OutOfOrder",
+    "UsageRollup",
+    "UsageRow",
+    "allocations",
+    "audit",
+    "decayed_from_scratch",
+    "double_closes",
+    "hours_from_scratch",
+    "micros",
+    "open_usage",
+    "ran_bodies",
+    "ran_by_workload",
+    "ran_hours_from_scratch",
+    "ran_mismatches",
+    "ran_problems",
+    "rows",
+    "run_seconds",
+    "usage_mismatches",
+]
+
 DIMENSIONS: Final = ("namespace", "local_queue", "cluster_queue", "cluster", "flavor")
 RELEASING: Final = frozenset({"workload.finished", "workload.preempted", "workload.evicted"})
 
 Granularity = Literal["hour", "day", "month"]
-# (hour, namespace, local_queue, cluster_queue, cluster, flavor, resource)
-HourKey = tuple[int, str, str, str, str, str, str]
-
-
-def micros(moment: datetime) -> int:
-    return (moment - EPOCH) // timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +127,6 @@ class Allocation:
         return dict(totals)
 
 
-def _workload_key(body: Mapping[str, Any]) -> str:
-    return f"{body['namespace']}/{body['workload']}"
-
-
 class OutOfOrder(ValueError):
     """An entry that is not the next one after the roll-up's position."""
 
@@ -119,6 +153,7 @@ class UsageRollup:
         self._open: dict[str, Allocation] = {}
         self._hours: dict[HourKey, int] = defaultdict(int)
         self._decayed: dict[tuple[str, str], _Decayed] = {}
+        self._ran = RanRollup()
 
     # --- applying entries ------------------------------------------------------------
 
@@ -142,6 +177,8 @@ class UsageRollup:
         elif entry.kind == "cluster.lost":
             for key in [k for k, a in self._open.items() if a.cluster == body["cluster"]]:
                 self._release(key, now)
+        elif entry.kind == RAN:
+            self._ran.apply(body)
 
     def _hold(self, key: str, allocation: Allocation) -> None:
         self._open[key] = allocation
@@ -172,13 +209,18 @@ class UsageRollup:
             _charge_hours(allocation, end, result)
         return {k: v for k, v in result.items() if v}
 
+    def ran_hours(self) -> dict[HourKey, int]:
+        """Amount * microseconds that ran, per hour and key (as :meth:`hours`)."""
+        return self._ran.hours()
+
     def report(
         self,
         granularity: Granularity = "day",
         by: Sequence[str] = ("namespace",),
         as_of: datetime | None = None,
     ) -> list[UsageRow]:
-        return rows(self.hours(as_of), granularity, by)
+        """Held and ran resource-hours per period, group and resource."""
+        return rows(self.hours(as_of), granularity, by, self.ran_hours())
 
     def local_queue_usage(self, as_of: datetime | None = None) -> dict[str, LocalQueueUsage]:
         """The engine's admission fair-sharing input, per LocalQueue key."""
@@ -376,7 +418,13 @@ class UsageRow:
     group: tuple[tuple[str, str], ...]
     resource: str
     hours: float
-    """Resource-hours in human units: devices, cores or GiB times hours."""
+    """Held resource-hours in human units: devices, cores or GiB times hours."""
+    ran: float = 0.0
+    """Resource-hours that ran, by the members' timestamps, in the same units."""
+
+    @property
+    def held(self) -> float:
+        return self.hours
 
 
 _SCALE: Final = {"cpu": 1000.0, "memory": float(2**30)}
@@ -396,18 +444,29 @@ def period_start(hour: int, granularity: Granularity) -> datetime:
 
 
 def rows(
-    hours: Mapping[HourKey, int], granularity: Granularity, by: Sequence[str]
+    hours: Mapping[HourKey, int],
+    granularity: Granularity,
+    by: Sequence[str],
+    ran: Mapping[HourKey, int] | None = None,
 ) -> list[UsageRow]:
-    """Sum hourly usage into periods, grouped by the ``by`` dimensions."""
+    """Sum hourly usage (held, and ``ran``) into periods, grouped by the
+    ``by`` dimensions."""
     unknown = set(by) - set(DIMENSIONS)
     if unknown:
         raise ValueError(f"unknown dimensions {sorted(unknown)}; known: {DIMENSIONS}")
     positions = [DIMENSIONS.index(d) + 1 for d in by]
-    totals: dict[tuple[datetime, tuple[str, ...], str], int] = defaultdict(int)
-    for key, value in hours.items():
-        group = tuple(str(key[p]) for p in positions)
-        totals[(period_start(key[0], granularity), group, key[6])] += value
+    totals: dict[tuple[datetime, tuple[str, ...], str], list[int]] = defaultdict(lambda: [0, 0])
+    for column, source in enumerate((hours, ran or {})):
+        for key, value in source.items():
+            group = tuple(str(key[p]) for p in positions)
+            totals[(period_start(key[0], granularity), group, key[6])][column] += value
     return [
-        UsageRow(period, tuple(zip(by, group, strict=True)), resource, resource_hours(resource, v))
-        for (period, group, resource), v in sorted(totals.items())
+        UsageRow(
+            period,
+            tuple(zip(by, group, strict=True)),
+            resource,
+            resource_hours(resource, held),
+            resource_hours(resource, ran_us),
+        )
+        for (period, group, resource), (held, ran_us) in sorted(totals.items())
     ]

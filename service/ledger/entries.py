@@ -20,7 +20,15 @@ from datetime import datetime
 from typing import Any, ClassVar, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
 
 from service.ledger.chain import NewLedgerEntry
 
@@ -101,6 +109,49 @@ class WorkloadFinished(WorkloadBody):
     memory_gib_seconds: NonNegativeFloat
 
 
+class PodRun(BaseModel):
+    """Pods of one admission that ran over the same whole seconds, by the
+    member's own timestamps: together they requested ``amounts``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    started_at: datetime
+    finished_at: datetime
+    pods: PositiveInt
+    amounts: Amounts
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PodRun:
+        if self.finished_at < self.started_at:
+            raise ValueError("a run finishes no earlier than it starts")
+        return self
+
+
+class WorkloadRan(WorkloadBody):
+    """What one admission's pods ran on their member, start to end, as the
+    member reports it (``measured: member``); or, for a member the centre
+    lost, an estimate up to the last time it was seen running
+    (``measured: estimate``), which a later ``member`` entry of the same
+    admission supersedes. docs/billing.md says why and how."""
+
+    KIND: ClassVar[str] = "workload.ran"
+    cluster: str
+    admission: str = Field(description="The entry_id of the admission's workload.admitted entry.")
+    measured: Literal["member", "estimate"]
+    runs: list[PodRun] = Field(description="Empty: nothing of it ran.")
+    gpu_seconds: NonNegativeInt = Field(description="Device-seconds, every accelerator resource.")
+    cpu_seconds: NonNegativeFloat = Field(description="Core-seconds.")
+    memory_gib_seconds: NonNegativeFloat
+    seen_until: datetime | None = Field(
+        default=None,
+        description="Estimates: the member's time when it was last seen running it.",
+    )
+    at_most_until: datetime | None = Field(
+        default=None,
+        description="Estimates: by when the member's fence agent had stopped it, at the latest"
+        " (null when no agent guards the member).",
+    )
+
+
 class ConfigChanged(Body):
     """An admin's change to quota or configuration, before and after."""
 
@@ -167,6 +218,7 @@ BODIES: Mapping[str, type[Body]] = {
         WorkloadPreempted,
         WorkloadEvicted,
         WorkloadFinished,
+        WorkloadRan,
         ConfigChanged,
         QuotaChanged,
         SecurityRelaxed,

@@ -17,6 +17,7 @@ from service.ledger.entries import (
     ClusterLost,
     ClusterReturned,
     ConfigChanged,
+    PodRun,
     PolicyRefused,
     QuotaChanged,
     SecurityRelaxed,
@@ -25,6 +26,7 @@ from service.ledger.entries import (
     WorkloadEvicted,
     WorkloadFinished,
     WorkloadPreempted,
+    WorkloadRan,
     WorkloadSubmitted,
     new_entry,
     parse_body,
@@ -76,6 +78,16 @@ EXAMPLES = [
         gpu_seconds=230400.0,
         cpu_seconds=1.5,
         memory_gib_seconds=0.25,
+    ),
+    WorkloadRan(
+        **Q,
+        cluster="c1",
+        admission="5f0c5f3e-6a43-4c1b-9a57-3b1f1e2f7a10",
+        measured="member",
+        runs=[PodRun(started_at=T0, finished_at=T0, pods=8, amounts=GANG)],
+        gpu_seconds=0,
+        cpu_seconds=0,
+        memory_gib_seconds=0,
     ),
     ConfigChanged(
         actor="root", object_kind="ResourceFlavor", name="h100", before=None, after={"x": 1}
