@@ -7,7 +7,7 @@ more than the ClusterQueue could ever use (nominal plus what it may borrow).
 Such a gang waits for ever; saying "N more needed" sends its owner waiting.
 
 The verdict only explains: the cycle decides exactly as before and attaches it
-to the pending reason (``cycle._Cycle._queued_reasons``), and the service uses
+to the pending reason (``result._WhyNot._reason``), and the service uses
 it at submission (a ClusterQueue's ``unsatisfiable: Refuse``) and in explain.
 "Empty" means no admitted gang holds capacity: what pods Quartermaster does
 not manage reserve (``Node.reserved``) is not counted, and unschedulable nodes

@@ -38,7 +38,7 @@ class ClusterQueueQueue:
     """The pending workloads of one ClusterQueue, in admission order.
 
     ``local_queues`` maps each LocalQueue to its workloads in ``seq`` order
-    (see ``_Cycle.classify``); the queue keeps and sorts those lists.
+    (see ``Queueing.classify``); the queue keeps and sorts those lists.
     """
 
     __slots__ = (

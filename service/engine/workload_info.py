@@ -208,7 +208,7 @@ class WorkloadInfo:
         self._signature: tuple[object, ...] | None = (
             shape.plain_signature if wl.cluster_selector is None else None
         )
-        #: Why it still waits, once the cycle knows (``cycle._Entry``); ``None`` otherwise.
+        #: Why it still waits, once the cycle knows (``failures.Entry``); ``None`` otherwise.
         self.why: object = None
 
     def signature(self) -> tuple[object, ...]:
