@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from service import console
 from service.api import docs, openapi, problems
 from service.api.events import EventHead, events_router
 from service.api.fastpath import SubmitFastPath
@@ -187,4 +188,4 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(TextGuardMiddleware)
     app.add_middleware(DatabaseDownMiddleware, outage=outage)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return app
+    return console.install(app)  # the web console at /ui, its session gate outermost

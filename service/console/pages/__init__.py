@@ -1,0 +1,12 @@
+"""The console's pages, in navigation order. A new page is a module here
+with a :class:`~service.console.web.Page` named ``PAGE`` (its router and the
+roles that may open it) and its templates; list it below."""
+
+from __future__ import annotations
+
+from service.console.pages import fleet, queues, workloads
+from service.console.web import Page
+
+PAGES: list[Page] = [fleet.PAGE, queues.PAGE, workloads.PAGE]
+
+__all__ = ["PAGES"]
