@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import kubernetes
@@ -245,10 +247,20 @@ class Member:
         return items
 
     def nodes(self) -> list[Obj]:
+        return self.dated_nodes()[0]
+
+    def dated_nodes(self) -> tuple[list[Obj], datetime | None]:
+        """The Nodes, and the member's own time of the answer (its ``Date``
+        header, whole seconds): the member clock that a lost member's
+        estimate of what ran ends at."""
         with self._call("list nodes"):
             raw: Any = self._core.list_node(_preload_content=False, _request_timeout=self.timeout)
             items: list[Obj] = loads(raw.data).get("items") or []
-        return items
+            date = (raw.headers or {}).get("Date")
+        try:
+            return items, parsedate_to_datetime(date) if date else None
+        except (TypeError, ValueError):
+            return items, None
 
     def exists(self, ref: Ref) -> bool:
         return self.read(ref) is not None
@@ -332,6 +344,27 @@ class Member:
             )
             items: list[Obj] = loads(raw.data).get("items") or []
         return items
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """A strategic merge patch of one pod (its finalizers merge as a set:
+        ours come and go without touching the job controller's); one
+        already gone is done."""
+        with self._call(f"patch pod {namespace}/{name}"):
+            try:
+                raw: Any = self._core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    dict(patch),
+                    _content_type="application/strategic-merge-patch+json",
+                    _preload_content=False,
+                    _request_timeout=self.timeout,
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                return
+            raw.data  # noqa: B018  (read to the end: the connection goes back to the pool)
+            raw.release_conn()
 
     def delete(self, ref: Ref) -> None:
         """Background deletion: the object goes now, its pods after it (the

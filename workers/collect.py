@@ -51,7 +51,7 @@ from workers.plan import (
 )
 from workers.records import ClusterRow, append_cluster, load
 from workers.settings import WorkerSettings
-from workers.sync import requeue
+from workers.sync import last_seen, requeue
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,9 @@ def collect(
 
     def write(uow: SqlUnitOfWork) -> None:
         message = f"Cluster {row.name} was deleted"
-        report.requeued, entries = requeue(uow, row.name, rows, REASON, message, ACTOR, now)
+        report.requeued, entries = requeue(
+            uow, row.name, rows, REASON, message, ACTOR, now, last_seen(row)
+        )
         collection["requeued"] = sorted({*collection["requeued"], *report.requeued})
         status = {**row.status, "collection": collection}
         append_cluster(uow, row, kind, status, ACTOR, now, entries, keep_secret=not report.final)

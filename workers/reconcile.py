@@ -35,6 +35,7 @@ from service.app.lifecycle import Status, Subject
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from workers.clusters import KINDS, Member, MemberError
+from workers.metering import Meter, admission_ids
 from workers.plan import (
     ADMISSION_LABEL,
     JOB_KINDS,
@@ -152,12 +153,19 @@ def reconcile(
         report.skipped = "gone or lost meanwhile"
         return report
     actions = plan(view, actual, memo)
+    meter = Meter(member, engine, clock, admission_ids(actual, rows))
+    if strays:
+        meter.sweep()
     if actions.draining:
+        # What the pods ran is read before they go: recorded now if they
+        # have all ended, else held until they have (workers/metering.py).
+        meter.before_stop(actions.draining)
         _delete(member, actions, report, actual)
         running = _holding(actual, actions.draining)
         if running:
             # What the deleted jobs' pods hold must be free before anything
-            # new starts: a preemptor never runs beside its victims.
+            # new starts: a preemptor never runs beside its victims. A pod
+            # that has ended holds nothing (a held one waits for its record).
             jobs = [
                 Ref.of(o)
                 for o in actual
@@ -165,12 +173,12 @@ def reconcile(
             ]
             gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
             ids = sorted(a for a in running if a)  # a stray job may have none
-            pods = f"{ADMISSION_LABEL} in ({','.join(ids)})" if ids else None
-            left = member.wait_gone(gone, pods, delete_wait)
+            left = meter.wait_stopped(gone, ids, delete_wait)
             if left:
                 report.waiting = left
                 log.info("%s: waiting for %d deletions", cluster, len(left))
                 return report
+            meter.after_stop(ids)
             actual = managed(member, kinds)
             row, rows, view = load(engine, cluster)  # after the listing, as above
             if row is None or row.deleted or row.state == "Lost":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -243,7 +243,7 @@ def sync(
         return report
     try:
         member = connect(row)
-        nodes = member.nodes()
+        nodes, member_time = member.dated_nodes()
         foreign = member.pods(f"!{ADMISSION_LABEL}")
         # Only the kinds of the gangs read above: a job of another kind has
         # no row here, and sync would pass it over.
@@ -258,7 +258,9 @@ def sync(
     now = clock()
     nodes_now = inventory(cluster, nodes, view, reserved(foreign))
     fenced = fence.status(row.status.get("fence"), agent, fencing, now)
-    if _heartbeat(unit_of_work, row, nodes_now, fenced, heartbeat_interval, now, report):
+    if _heartbeat(
+        unit_of_work, row, nodes_now, fenced, heartbeat_interval, now, report, member_time
+    ):
         promise = fenced
     else:
         promise = row.status.get("fence") or {}
@@ -300,11 +302,13 @@ def _heartbeat(
     interval: float,
     now: datetime,
     report: SyncReport,
+    member_time: datetime | None = None,
 ) -> bool:
     """Record the heartbeat (and with it ``status.fence``, the promise of
     heartbeat writes that lets the member's Lease be renewed: one per
-    ``interval``, or when something an operator sees changed); whether it
-    was written."""
+    ``interval``, or when something an operator sees changed; and
+    ``memberTime``, the member's own clock then, where a lost member's
+    estimate of what ran ends); whether it was written."""
     status = dict(row.status)
     last = parse_time(status.get("lastHeartbeat"))
     changed = (
@@ -322,6 +326,8 @@ def _heartbeat(
     status.update(
         state="Ready", inventory={"nodes": nodes}, lastHeartbeat=rfc3339(now), fence=dict(fenced)
     )
+    if member_time is not None:
+        status["memberTime"] = rfc3339(member_time)
 
     def write(uow: SqlUnitOfWork) -> None:
         append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
@@ -461,14 +467,30 @@ def _check_lease(
     if not fence.may_requeue(row.status.get("fence"), fencing, now):
         return  # its fence agent may not have stopped the gangs yet
     requeued: list[str] = []
+    seen = last_seen(row, fencing)
 
     def write(uow: SqlUnitOfWork) -> None:
-        requeued[:] = lose(uow, row, rows, last, now)
+        requeued[:] = lose(uow, row, rows, last, now, seen)
 
     if not _write(unit_of_work, report, (row.name, LOST), write):
         return
     report.lost = True
     log.warning("cluster %s lost (silent since %s); requeued %s", row.name, last, requeued)
+
+
+def last_seen(row: ClusterRow, fencing: fence.FencePolicy = fence.NO_FENCE) -> lifecycle.Seen:
+    """What the centre last saw of ``row``'s member: its own time at the last
+    heartbeat recorded, and, when a reporting fence agent guards it, by when
+    the agent had stopped our jobs at the latest (docs/fencing.md: the
+    promise ``writableUntil`` plus the fence time and margin, by the
+    centre's clock)."""
+    status = row.status
+    fenced = status.get("fence") or {}
+    until = parse_time(fenced.get("writableUntil"))
+    at_most = None
+    if fenced.get("guaranteed") and until is not None and fencing.seconds > 0:
+        at_most = until + timedelta(seconds=fencing.seconds + fencing.margin)
+    return lifecycle.Seen(parse_time(status.get("memberTime")), at_most)
 
 
 def lose(
@@ -477,12 +499,16 @@ def lose(
     rows: Sequence[WorkloadRow],
     last: datetime | None,
     now: datetime,
+    seen: lifecycle.Seen | None = None,
 ) -> list[str]:
     """Mark ``row`` Lost and requeue its gangs whole (their quota released
     now: the centre cannot reach the jobs, and when the cluster returns the
-    stale ones are removed before anything new runs there)."""
+    stale ones are removed before anything new runs there), with an
+    estimate of what each ran there up to ``seen``."""
     message = f"Cluster {row.name} lost: no heartbeat since {last and rfc3339(last)}"
-    requeued, entries = requeue(uow, row.name, rows, "ClusterLost", message, ACTOR, now)
+    requeued, entries = requeue(
+        uow, row.name, rows, "ClusterLost", message, ACTOR, now, seen or last_seen(row)
+    )
     lost = ledger.ClusterLost(cluster=row.name, last_heartbeat=last, requeued=sorted(requeued))
     entries.append(ledger.new_entry(lost, uuid4(), now))
     status = dict(row.status)
@@ -499,16 +525,18 @@ def requeue(
     message: str,
     actor: str,
     now: datetime,
+    seen: lifecycle.Seen | None = None,
 ) -> tuple[list[str], list[NewLedgerEntry]]:
     """Requeue whole every gang of ``rows`` that ``cluster`` holds (admitted,
     running; a cancelling one is Cancelled) or that was evicted from it and
-    waits there; the ledger entries of the quota released, for the caller
-    to record with its own."""
+    waits there; the ledger entries of the quota released (and of what
+    each ran there, estimated up to ``seen``), for the caller to record
+    with its own."""
     requeued: list[str] = []
     entries: list[NewLedgerEntry] = []
     for w in rows:
         change = lifecycle.lose_cluster(
-            Subject.of(w), Status(w.status), cluster, reason, message, now
+            Subject.of(w), Status(w.status), cluster, reason, message, now, seen
         )
         if change is None:
             continue
@@ -524,4 +552,14 @@ def requeue(
     return requeued, entries
 
 
-__all__ = ["ACTOR", "LOST", "SYNCED", "SyncReport", "inventory", "lose", "requeue", "sync"]
+__all__ = [
+    "ACTOR",
+    "LOST",
+    "SYNCED",
+    "SyncReport",
+    "inventory",
+    "last_seen",
+    "lose",
+    "requeue",
+    "sync",
+]

@@ -400,12 +400,16 @@ class LedgerEntry(Model):
 
 
 class UsageRow(Model):
-    """Resource-hours of one group in one period; the group's fields
+    """Resource-hours of one group in one period: ``hours`` what its
+    admissions held, ``ran`` what their pods ran (by the members' own
+    timestamps; absent from an older server). The group's fields
     (``namespace``, ``cluster_queue`` ...) are extra attributes."""
 
     period: str
     resource: str
     hours: float
+    held: float | None = None
+    ran: float | None = None
 
     def group(self) -> dict[str, Any]:
         return dict(self.model_extra or {})

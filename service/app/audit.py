@@ -175,7 +175,9 @@ class AuditService:
         by: Sequence[str],
         as_of: datetime | None,
     ) -> list[dict[str, Any]]:
-        """Resource-hours per period and group, computed from the ledger alone."""
+        """Resource-hours per period and group, computed from the ledger alone:
+        ``hours`` (also ``held``) what the admissions held, ``ran`` what their
+        pods ran by the members' timestamps (docs/billing.md)."""
         require(principal, AUDITORS)
         unknown = [g for g in by if g not in GROUPS]
         if unknown:
@@ -190,6 +192,8 @@ class AuditService:
                 **dict(row.group),
                 "resource": row.resource,
                 "hours": row.hours,
+                "held": row.held,
+                "ran": row.ran,
             }
             for row in rollup.report(granularity, by or ("namespace",), as_of)
         ]

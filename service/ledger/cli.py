@@ -148,7 +148,9 @@ def usage(
     ] = None,
 ) -> None:
     """Resource-hours (GPU-hours, core-hours, GiB-hours) per period and group,
-    from the ledger alone; tab-separated, a header first."""
+    from the ledger alone; tab-separated, a header first. ``hours``: what the
+    admissions held (what quota and fair sharing count); ``ran``: what their
+    pods ran, by the members' own timestamps (docs/billing.md)."""
     from service.ledger.accounting import Granularity, UsageRollup
 
     if (export is None) == (not live):
@@ -174,10 +176,11 @@ def usage(
     except (ValueError, KeyError) as exc:
         raise _fail(f"cannot account: {exc}") from exc
     dimensions = by or ["namespace"]
-    typer.echo("\t".join(["period", *dimensions, "resource", "hours"]))
+    typer.echo("\t".join(["period", *dimensions, "resource", "hours", "ran"]))
     for row in rows:
         group = [value for _, value in row.group]
-        typer.echo("\t".join([row.period.isoformat(), *group, row.resource, f"{row.hours:.6f}"]))
+        figures = [f"{row.hours:.6f}", f"{row.ran:.6f}"]
+        typer.echo("\t".join([row.period.isoformat(), *group, row.resource, *figures]))
 
 
 def _entries_of_export(path: Path) -> Iterator[LedgerEntry]:

@@ -166,9 +166,9 @@ def test_usage_from_an_export_file(tmp_path: Path) -> None:
     path.write_bytes(b"".join(export_ndjson(entries)))
     out = invoke("usage", "--export", str(path), "--granularity", "hour", "--by", "flavor")
     assert out.splitlines() == [
-        "period\tflavor\tresource\thours",
-        "2026-11-29T00:00:00+00:00\th100\tnvidia.com/gpu\t8.000000",
-        "2026-11-29T01:00:00+00:00\th100\tnvidia.com/gpu\t4.000000",
+        "period\tflavor\tresource\thours\tran",
+        "2026-11-29T00:00:00+00:00\th100\tnvidia.com/gpu\t8.000000\t0.000000",
+        "2026-11-29T01:00:00+00:00\th100\tnvidia.com/gpu\t4.000000\t0.000000",
     ]
     result = runner.invoke(app, ["usage", "--export", str(path), "--by", "team"])
     assert result.exit_code == 2 and "unknown dimensions" in result.output

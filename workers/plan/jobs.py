@@ -9,6 +9,7 @@ from typing import Any
 
 from service.domain.jobs import job_pod_templates
 from workers.plan.names import (
+    ADMISSION_ID_ANNOTATION,
     ADMISSION_LABEL,
     API_VERSIONS,
     JOB_KINDS,
@@ -113,6 +114,7 @@ def member_job(
             WORKLOAD_ANNOTATION: workload.key,
             UID_ANNOTATION: workload.uid,
             PRIORITY_ANNOTATION: str(workload.spec.get("priority") or 0),
+            ADMISSION_ID_ANNOTATION: str(workload.admission.get("id") or ""),
         },
     }
     sim = {k: str(v) for k, v in workload.annotations.items() if k in SIM_ANNOTATIONS}

@@ -17,6 +17,8 @@ MANAGED = f"{MANAGED_LABEL}=true"
 CLUSTER_UID_LABEL = "quartermaster.dev/cluster-uid"
 WORKLOAD_LABEL = "quartermaster.dev/workload"
 ADMISSION_LABEL = "quartermaster.dev/admission"
+#: The ledger id of the admission (its ``workload.admitted`` entry): what it ran is billed to.
+ADMISSION_ID_ANNOTATION = "quartermaster.dev/admission-id"
 WORKLOAD_ANNOTATION = "quartermaster.dev/workload"
 UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"

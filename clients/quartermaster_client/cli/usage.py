@@ -36,7 +36,9 @@ def usage(
     chart: Annotated[bool, typer.Option("--chart", help="Bars of the total per group.")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="table, json or yaml.")] = "table",
 ) -> None:
-    """Resource-hours per team and queue from the ledger, as a table or a chart."""
+    """Resource-hours per team and queue from the ledger, as a table or a chart:
+    HOURS what the admissions held (quota and fair sharing count this), RAN
+    what their pods ran by the members' own timestamps."""
     groups = by or ["namespace"]
     with STATE.client() as client:
         rows = client.usage(granularity, groups, as_of)
@@ -52,13 +54,14 @@ def usage(
     if chart:
         typer.echo(_chart(rows, groups))
         return
-    header = ["PERIOD", *(g.upper() for g in groups), "RESOURCE", "HOURS"]
+    header = ["PERIOD", *(g.upper() for g in groups), "RESOURCE", "HOURS", "RAN"]
     body = [
         [
             r.period[:16].replace("T", " "),
             *(str(r.group().get(g, "-")) for g in groups),
             r.resource,
             f"{r.hours:,.2f}",
+            "-" if r.ran is None else f"{r.ran:,.2f}",
         ]
         for r in rows
     ]
