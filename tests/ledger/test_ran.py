@@ -64,7 +64,9 @@ def ran(
         for a, b, g in runs
     ]
     return WorkloadRan(
-        **NAMES,
+        namespace="team-a",
+        local_queue="lq",
+        cluster_queue="cq",
         workload=f"w{w}",
         cluster="c1",
         admission=str(admission),
