@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from service.app.errors import AppError
 from service.console.config import ConsoleSettings
-from service.console.gate import ConsoleGate, Scope
+from service.console.gate import ROOT_KEY, ConsoleGate, Scope
 from service.console.live import live_router
 from service.console.pages import PAGES
 from service.console.pages.auth import auth_router
@@ -92,7 +92,7 @@ def install(app: FastAPI, settings: ConsoleSettings | None = None) -> FastAPI:
             headers.get(b"host", b"").decode("latin-1"),
             settings.console_insecure_localhost,
         )
-        return set_cookie_header(COOKIE, "", scope.get("root_path", "") + PREFIX, 0, secure)
+        return set_cookie_header(COOKIE, "", scope.get(ROOT_KEY, "") + PREFIX, 0, secure)
 
     app.add_middleware(
         ConsoleGate,

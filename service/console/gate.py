@@ -45,6 +45,8 @@ Render = Callable[[str, dict[str, Any]], bytes]
 
 #: Where the session is left for the console's routes.
 SESSION_KEY = "qm.console.session"
+#: The root path as the gate saw it (the mount rewrites the scope's own).
+ROOT_KEY = "qm.console.root"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: The largest form the gate reads to find a CSRF token or a sign-in token.
 MAX_FORM_BYTES = 64 * 1024
@@ -99,6 +101,7 @@ class ConsoleGate:
         if not (path == self.prefix or path.startswith(self.prefix + "/")):
             await self.app(scope, receive, send)
             return
+        scope[ROOT_KEY] = scope.get("root_path", "")
         headers = _headers(scope)
         # One way in: a bearer header sent to /ui is not the console's session.
         scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"authorization"]
@@ -150,7 +153,11 @@ class ConsoleGate:
         if not same_secret(form.get(CSRF_FIELD), cookies.get(SIGNIN_COOKIE)):
             await self._refuse(send, 403, "the sign-in form expired: load it again")
             return
-        again = {"csrf": cookies.get(SIGNIN_COOKIE), "next": form.get("next") or ""}
+        again = {
+            "csrf": cookies.get(SIGNIN_COOKIE),
+            "next": form.get("next") or "",
+            "root": scope.get(ROOT_KEY, ""),
+        }
         token = (form.get("token") or "").strip()
         if not token:
             page = self.render("signin.html", {**again, "error": "Enter a token."})
@@ -208,6 +215,10 @@ class ConsoleGate:
         status = int(start["status"])
         keep = [(k, v) for k, v in start.get("headers", []) if k.lower() == b"retry-after"]
         detail = str(problem.get("detail") or problem.get("title") or "")
+        if signing_in is not None and status == 401:
+            # Post/Redirect/Get: the form again, saying the token was refused.
+            await self._to_sign_in_again(send, signing_in)
+            return
         if signing_in is not None:
             page = self.render("signin.html", {**signing_in, "error": detail})
         else:
@@ -216,13 +227,20 @@ class ConsoleGate:
             )
         await _send_html(send, status, page, keep)
 
+    async def _to_sign_in_again(self, send: Send, signing_in: dict[str, Any]) -> None:
+        target = quote(str(signing_in.get("next") or ""), safe="")
+        location = f"{signing_in['root']}{self.prefix}/signin?refused=1&next={target}"
+        headers = [(b"location", location.encode()), (b"cache-control", b"no-store")]
+        await send({"type": "http.response.start", "status": 303, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
     async def _refuse(self, send: Send, status: int, detail: str) -> None:
         title = "Refused" if status == 403 else "Too large"
         page = self.render("error.html", {"status": status, "title": title, "detail": detail})
         await _send_html(send, status, page)
 
     async def _to_sign_in(self, scope: Scope, send: Send, htmx: bool, clear: bool = False) -> None:
-        root = scope.get("root_path", "")
+        root = scope.get(ROOT_KEY, "")
         path = scope.get("path", "")
         query = scope.get("query_string", b"").decode("latin-1")
         target = path + (f"?{query}" if query else "")

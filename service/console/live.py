@@ -6,12 +6,16 @@ visibility (a submitter's stream holds its namespaces' events only), the same
 resumption from ``Last-Event-ID`` (the browser's EventSource sends it when it
 reconnects), the same end of the stream when the token is revoked. Pages
 refresh a fragment when an event type they show arrives (htmx ``sse:<type>``
-triggers); nothing polls.
+triggers); nothing polls. Each event is sent slimmed to what a trigger
+needs — its position, type, kind, namespace and name — so that no page's
+stream carries an object's state (a preemptor's admission names its
+victims, of other namespaces too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -50,7 +54,7 @@ def live_router() -> APIRouter:
     ) -> Any:
         """Server-sent events after ``after`` (or the ``Last-Event-ID``)."""
         resumed = request.headers.get("last-event-id", "")
-        return await watch(
+        response = await watch(
             request=request,
             principal=viewer.principal,
             deps=services,
@@ -64,5 +68,36 @@ def live_router() -> APIRouter:
             timeout_seconds=settings.console_stream_seconds,
             last_event_id=resumed if resumed.isdigit() and len(resumed) <= 20 else None,
         )
+        response.body_iterator = slim(response.body_iterator)
+        return response
 
     return router
+
+
+_KEPT = ("kind", "namespace", "name")
+
+
+def slim_frame(frame: bytes) -> bytes:
+    """One server-sent event of the API's stream with only what names it."""
+    if not frame.startswith(b"id: "):
+        return frame  # retry, heartbeat, error: nothing of any object's state
+    lines = frame.rstrip(b"\n").split(b"\n")
+    return b"\n".join(_slim_line(line) for line in lines) + b"\n\n"
+
+
+def _slim_line(line: bytes) -> bytes:
+    if not line.startswith(b"data: "):
+        return line
+    event = json.loads(line[6:])
+    data = event.get("data") or {}
+    kept = {
+        "position": event.get("position"),
+        "type": event.get("type"),
+        "data": {k: data[k] for k in _KEPT if k in data},
+    }
+    return b"data: " + json.dumps(kept, separators=(",", ":")).encode()
+
+
+async def slim(frames: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    async for frame in frames:
+        yield slim_frame(frame if isinstance(frame, bytes) else str(frame).encode())

@@ -24,6 +24,8 @@ from service.console.session import (
 )
 from service.console.web import CurrentViewer, Settings_, render
 
+REFUSED = "That token was refused: it is unknown, revoked or expired."
+
 
 def secure_for(request: Request, insecure_localhost: bool) -> bool:
     client = request.client.host if request.client else None
@@ -47,11 +49,14 @@ def auth_router() -> APIRouter:
     router = APIRouter()
 
     @router.get("/signin")
-    async def sign_in_form(request: Request, settings: Settings_, next: str = "") -> Response:
+    async def sign_in_form(
+        request: Request, settings: Settings_, next: str = "", refused: str = ""
+    ) -> Response:
         """The sign-in form (public), with its double-submit CSRF cookie."""
         base = request.scope.get("root_path", "")
         csrf = new_csrf()
-        page = render(None, "signin.html", {"csrf": csrf, "next": next, "error": None}, base=base)
+        error = REFUSED if refused else None
+        page = render(None, "signin.html", {"csrf": csrf, "next": next, "error": error}, base=base)
         secure = secure_for(request, settings.console_insecure_localhost)
         page.headers.append(
             "set-cookie", set_cookie_header(SIGNIN_COOKIE, csrf, f"{base}/signin", 900, secure)
