@@ -2,17 +2,21 @@
 finding 9).
 
 Buckets are keyed on who is asking: the authenticated principal when its
-token is known without I/O (every request after its first), else the
-client's address, so that made-up tokens and spellings of the scheme share
-one bucket. They live in Redis, one script call (one round trip) per
-request: a token bucket, refilled from Redis's own clock so that API
-processes' clocks need not agree. When Redis cannot be reached, each
-process falls back to its own buckets (the limit is then per process) and
-says so once; it tries Redis again every ``RETRY_SECONDS``.
+token is known without I/O (``KnownCredentials``: every request after its
+first), else the client's address, so that made-up tokens and spellings of
+the scheme share one bucket. They live in Redis: a token bucket, refilled
+from Redis's own clock so that API processes' clocks need not agree, one
+script call (one round trip) per request that may be allowed. A refusal
+says when the bucket will next hold a token; until then this process
+refuses that key without asking Redis, so that a tenant far over its limit
+costs a round trip per token, not per request. When Redis cannot be
+reached, each process falls back to its own buckets (the limit is then per
+process) and says so once; it tries Redis again every ``RETRY_SECONDS``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
@@ -111,10 +115,15 @@ class RedisBuckets:
         self._local = LocalBuckets(rate, burst)
         self._retry_at = 0.0
         self._falling_back = False
+        self._refusing = Refusals()
 
     async def take(self, key: str) -> tuple[bool, float, float]:
         if self._falling_back and time.monotonic() < self._retry_at:
             return self._local.take_now(key)
+        asked = time.monotonic()
+        wait = self._refusing.wait(key, asked)
+        if wait > 0:
+            return False, 0.0, wait
         try:
             allowed, left = await self._script(
                 keys=[self.PREFIX + key], args=[self.rate, self.burst]
@@ -134,7 +143,70 @@ class RedisBuckets:
             self._falling_back = False
             log.warning("rate limits: Redis answers again; limits are shared by every process")
         tokens = float(left)
-        return bool(allowed), tokens, 0.0 if allowed else (1 - tokens) / self.rate
+        if allowed:
+            return True, tokens, 0.0
+        wait = (1 - tokens) / self.rate
+        # Redis counted the bucket after ``asked``: it holds no token before
+        # ``asked + wait`` whatever the other processes do (they only take).
+        self._refusing.until(key, asked + wait)
+        return False, tokens, wait
+
+
+class Refusals:
+    """Keys refused until a time (monotonic seconds): how long this process
+    answers them without asking Redis."""
+
+    MAX_KEYS = 100_000
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def wait(self, key: str, now: float) -> float:
+        """Seconds ``key`` is still refused for, or 0."""
+        until = self._until.get(key)
+        if until is None:
+            return 0.0
+        if now < until:
+            return until - now
+        del self._until[key]
+        return 0.0
+
+    def until(self, key: str, at: float) -> None:
+        if len(self._until) >= self.MAX_KEYS:
+            self._until.clear()  # at worst, Redis is asked once more per key
+        self._until[key] = at
+
+
+class KnownCredentials:
+    """The principal each bearer credential was last authenticated as, for
+    keying its rate limit only, for ``SECONDS``: the authenticator caches a
+    token for a second, and without this a token over its limit would fall
+    back each second to its client address's bucket (shared with every
+    client behind that address) and pass to the routes, looked up again, for
+    as long as that takes. A revoked token stays keyed on its former
+    principal here, which limits it, never admits it."""
+
+    SECONDS = 600.0
+    MAX_CREDENTIALS = 100_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._known: dict[bytes, tuple[str, float]] = {}
+
+    @staticmethod
+    def _digest(credential: str) -> bytes:
+        return hashlib.sha256(credential.encode()).digest()
+
+    def learn(self, credential: str, principal_key: str) -> None:
+        if len(self._known) >= self.MAX_CREDENTIALS:
+            self._known.clear()  # at worst, a token's next request is keyed on its address
+        self._known[self._digest(credential)] = (principal_key, self._clock() + self.SECONDS)
+
+    def principal_key(self, credential: str) -> str | None:
+        known = self._known.get(self._digest(credential))
+        if known is None or known[1] <= self._clock():
+            return None
+        return known[0]
 
 
 def retry_after(wait: float) -> int:
