@@ -15,6 +15,10 @@ app = typer.Typer(help="Quartermaster: fleet-wide admission for GPU gangs.", no_
 projections_app = typer.Typer(help="Read models built from the event log.", no_args_is_help=True)
 app.add_typer(projections_app, name="projections")
 app.add_typer(ledger_app, name="ledger")
+secrets_app = typer.Typer(
+    help="Member-cluster credentials at rest, sealed with QM_SECRET_KEY.", no_args_is_help=True
+)
+app.add_typer(secrets_app, name="secrets")
 console = Console(stderr=True)
 
 
@@ -150,6 +154,39 @@ def projections_list() -> None:
             typer.echo(f"{name}\t{services.projections.position(name)}")
     finally:
         services.close()
+
+
+@secrets_app.command("rotate")
+def secrets_rotate() -> None:
+    """Seal every stored member-cluster credential again, under QM_SECRET_KEY.
+
+    Run it once every API, worker and scheduler process has the new key as
+    QM_SECRET_KEY and the old one as QM_SECRET_KEY_PREVIOUS; then drop
+    QM_SECRET_KEY_PREVIOUS. One event per Cluster, through the usual write
+    path; running it again changes nothing. Exits 1 when a credential could
+    not be opened with either key (it is left as it was)."""
+    from service.app.bootstrap import bootstrap
+    from service.app.crypto import SecretBox
+    from service.app.rotation import rotate_credentials
+    from service.config import get_settings
+
+    settings = get_settings()
+    services = bootstrap(settings, _database_url())
+    try:
+        box = SecretBox(settings.secret_key, settings.secret_key_previous)
+        report = rotate_credentials(services.engine, services.unit_of_work, box)
+    finally:
+        services.close()
+    typer.echo(
+        f"key {report.key_id}: {len(report.rotated)} re-sealed, "
+        f"{len(report.current)} already current, {len(report.failed)} failed"
+    )
+    for name in report.rotated:
+        typer.echo(f"cluster/{name} re-sealed")
+    for name, why in sorted(report.failed.items()):
+        console.print(f"[red]cluster/{name} not re-sealed[/red]: {why}")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

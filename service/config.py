@@ -31,6 +31,12 @@ class Settings(BaseSettings):
         default="dev-insecure-secret-key-change-me",
         description="Encrypts member-cluster credentials at rest.",
     )
+    secret_key_previous: str | None = Field(
+        default=None,
+        description="The QM_SECRET_KEY before this one, while it is rotated: what it sealed is "
+        "still opened, nothing new is sealed with it; `quartermaster secrets rotate` re-seals "
+        "every stored credential under QM_SECRET_KEY, after which it may be dropped.",
+    )
     ledger_signing_key: str | None = Field(
         default=None,
         description="Ed25519 private key (base64, 32 bytes) that signs ledger checkpoints.",

@@ -43,7 +43,7 @@ class Connector:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self._settings = settings
-        self._box = SecretBox(settings.secret_key)
+        self._box = SecretBox(settings.secret_key, settings.secret_key_previous)
         self._members: dict[str, tuple[str, Member]] = {}
         self._lock = threading.Lock()
 

@@ -85,6 +85,11 @@ class WorkerSettings(BaseSettings):
         default="dev-insecure-secret-key-change-me",
         description="QM_SECRET_KEY, the service's: decrypts member-cluster credentials.",
     )
+    secret_key_previous: str | None = Field(
+        default=None,
+        description="QM_SECRET_KEY_PREVIOUS, the service's: during a rotation, decrypts what "
+        "the previous key sealed.",
+    )
     ledger_signing_key: str | None = Field(
         default=None,
         description="QM_LEDGER_SIGNING_KEY, the service's: signs the periodic ledger checkpoints "

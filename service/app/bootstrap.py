@@ -75,7 +75,8 @@ def bootstrap(settings: Settings, database_url: str | None = None) -> Services:
     def unit_of_work() -> SqlUnitOfWork:
         return SqlUnitOfWork(engine)
 
-    resources = ResourceService(engine, unit_of_work, SecretBox(settings.secret_key))
+    secrets = SecretBox(settings.secret_key, settings.secret_key_previous)
+    resources = ResourceService(engine, unit_of_work, secrets)
     return Services(
         settings=settings,
         engine=engine,

@@ -152,6 +152,9 @@ CLUSTER_COLLECTED = declare(
 CLUSTER_COLLECTION_FAILED = declare(
     "ClusterCollectionFailed", _CLUSTER, _OBJECT, "a deleted Cluster's sweep given up"
 )
+CLUSTER_CREDENTIALS_ROTATED = declare(
+    "ClusterCredentialsRotated", _CLUSTER, _OBJECT, "its credentials sealed under a new key"
+)
 
 # -- the rest: tokens, refusals, dead letters ------------------------------------------------
 _TOKENS = frozenset({"token"})

@@ -88,7 +88,10 @@ def send(celery_client: Celery) -> Send:
 
 
 @contextmanager
-def celery_worker(database_url: str, redis_url: str) -> Iterator[subprocess.Popen[bytes]]:
+def celery_worker(
+    database_url: str, redis_url: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``env``: more QM_ settings for the worker (a key rotation's, say)."""
     log = tempfile.NamedTemporaryFile(prefix="qm-celery-", suffix=".log", delete=False)  # noqa: SIM115
     env = {
         **os.environ,
@@ -96,6 +99,7 @@ def celery_worker(database_url: str, redis_url: str) -> Iterator[subprocess.Pope
         "QM_DATABASE_URL": database_url,
         "QM_BROKER_URL": redis_url,
         "PYTHONPATH": str(ROOT),
+        **(env or {}),
     }
     command = [
         sys.executable,
