@@ -11,7 +11,10 @@ while the status still holds an admission, and the entry's id is derived
 from that admission (:func:`closing_entry_id`), so a second close of the
 same admission — a retry, or two paths racing — is not stored again by the
 ledger. ``service.ledger.accounting.open_usage`` is the check that this
-holds: the ledger's open usage equals what the members run.
+holds: the ledger's open usage equals what the members run. What the pods
+*ran* is a ledger entry of its own (``workload.ran``, service/app/ran.py):
+measured by the worker when it removes the job, or estimated here when a
+cluster is lost (:func:`lose_cluster`).
 
 Shapes are those documented in ``service/app/admission.py``. No I/O here:
 callers (the admission cycle, submissions, reconcile, sync, cluster
