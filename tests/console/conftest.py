@@ -65,16 +65,21 @@ class Watched:
 
 
 @pytest.fixture
-def browse(browser: Any) -> Iterator[Callable[[], Any]]:
+def browse(browser: Any) -> Iterator[Callable[..., Any]]:
     """``browse()`` opens a page in a fresh context (its own cookies); the
     test fails if any page it opened logged an error or lost a request."""
     watched = Watched()
     contexts: list[Any] = []
 
-    def open_page() -> Any:
-        context = browser.new_context()
-        context.set_default_timeout(WAIT_MS)
-        contexts.append(context)
+    def open_page(beside: Any = None) -> Any:
+        """A page in a context of its own, or ``beside`` another page (a
+        second tab of the same session)."""
+        if beside is not None:
+            context = beside.context
+        else:
+            context = browser.new_context()
+            context.set_default_timeout(WAIT_MS)
+            contexts.append(context)
         page = context.new_page()
         watched.attach(page)
         return page
