@@ -144,7 +144,16 @@ class Generator:
             name="kueue-perf-generator",
         )
         self.process.start()
-        self.count = int(self._queue.get(timeout=600))
+        self.count = self._ready()
+
+    def _ready(self) -> int:
+        """The number of requests it built, once it has (or its death)."""
+        while True:
+            try:
+                return int(self._queue.get(timeout=1.0))
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RuntimeError(f"the generator exited ({self.process.exitcode})") from None
 
     def begin(self, start: float) -> None:
         """Submissions are due from ``start`` (wall time) on."""

@@ -52,6 +52,8 @@ class Life:
     running: list[tuple[float, str]] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)
     preempted: list[float] = field(default_factory=list)
+    #: Finished, preempted, evicted: each releases its admission.
+    released: list[float] = field(default_factory=list)
     #: Per admission that ran on a member, by its kubelet: when its last pod
     #: began running (the gang started), when its last pod ended, the cluster.
     runs: list[tuple[float, float, str]] = field(default_factory=list)
@@ -94,6 +96,8 @@ def lives(raw: Raw) -> dict[str, Life]:
             life.finished.append(at)
         elif kind == "WorkloadPreempted":
             life.preempted.append(at)
+        if kind in ("WorkloadFinished", "WorkloadPreempted", "WorkloadEvicted"):
+            life.released.append(at)
     for (key, cluster, _), pods in _gangs(raw).items():
         life = out.get(key)
         if life is not None and len(pods) >= life.arrival.cls.pods:
@@ -243,31 +247,49 @@ def recovery(raw: Raw, all_lives: Mapping[str, Life]) -> dict[str, Any] | None:
         ),
         None,
     )
-    stranded = set(kill.holding)
-    late = 0
+    stranded = {k for k, life in all_lives.items() if _held_at(life, kill.at, kill.member)}
+    at_kill = set(stranded)
     for key, life in all_lives.items():
         if any(at > kill.at and c == kill.member for at, c in life.admitted):
-            late += key not in stranded
             stranded.add(key)
 
     def elsewhere(life: Life) -> float | None:
         return next((t for t, _, c in life.runs if t > kill.at and c != kill.member), None)
 
-    held = [elsewhere(all_lives[k]) for k in kill.holding if k in all_lives]
-    every = [elsewhere(all_lives[k]) for k in stranded if k in all_lives]
+    def done_there(life: Life) -> bool:
+        """Its run there had ended before the kill (the centre learned late)."""
+        return any(c == kill.member and e <= kill.at for _, e, c in life.runs)
+
+    held = [elsewhere(all_lives[k]) for k in at_kill]
+    every = {k: elsewhere(all_lives[k]) for k in stranded}
     return {
         "member": kill.member,
         "killed_at_s": round(kill.at - raw.start, 1),
         "lease_s": float(raw.options.env.get("QM_CLUSTER_LEASE") or 60),
         "lost_after_s": None if lost is None else round(lost - kill.at, 1),
-        "gangs_held_at_kill": len(kill.holding),
-        "gangs_admitted_there_after_kill": late,
+        "gangs_held_at_kill": len(at_kill),
+        "gangs_held_at_kill_by_read_model": len(kill.holding),
+        "gangs_admitted_there_after_kill": len(stranded - at_kill),
         "held_running_elsewhere_after_s": _stats([t - kill.at for t in held if t is not None]),
         "all_stranded_running_elsewhere_after_s": _stats(
-            [t - kill.at for t in every if t is not None]
+            [t - kill.at for t in every.values() if t is not None]
         ),
-        "never_ran_elsewhere": sum(1 for t in every if t is None),
+        "ran_there_before_the_kill": sum(
+            1 for k, t in every.items() if t is None and done_there(all_lives[k])
+        ),
+        "never_ran_elsewhere": sum(
+            1 for k, t in every.items() if t is None and not done_there(all_lives[k])
+        ),
     }
+
+
+def _held_at(life: Life, moment: float, cluster: str) -> bool:
+    """Whether its last admission before ``moment`` was to ``cluster`` and
+    nothing released it before then."""
+    before = [(at, c) for at, c in life.admitted if at <= moment]
+    if not before or before[-1][1] != cluster:
+        return False
+    return not any(before[-1][0] < at <= moment for at in life.released)
 
 
 def cpu_seconds(raw: Raw) -> dict[str, float]:
