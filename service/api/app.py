@@ -23,7 +23,7 @@ from service.api.events import EventHead, events_router
 from service.api.fastpath import SubmitFastPath
 from service.api.group_commit import DATABASE_DOWN, GroupCommit
 from service.api.idempotent import IdempotencyMiddleware
-from service.api.indoubt import CommitInDoubt, InDoubtCommit, Settlements
+from service.api.indoubt import CommitInDoubt, InDoubt, InDoubtCommit, Settlements
 from service.api.ledger import ledger_router
 from service.api.middleware import (
     AuthenticateMiddleware,
@@ -37,7 +37,8 @@ from service.api.middleware import (
 from service.api.outage import Outage
 from service.api.problems import problem
 from service.api.ratelimit import Buckets, LocalBuckets, RedisBuckets
-from service.api.routes import admin_router, token_router, workload_router
+from service.api.routes import admin_router, workload_router
+from service.api.tokens import token_router
 from service.app.bootstrap import Services
 from service.app.migrate import head_revision
 from service.config import Settings
@@ -105,13 +106,7 @@ def create_app(services: Services) -> FastAPI:
         redoc_url=None,
     )
     app.state.container = services
-    # A batch whose commit's outcome is unknown is every item's, as the
-    # database down is (service/api/indoubt.py).
-    app.state.group_commit = GroupCommit(
-        InDoubtCommit(services.engine, services.submissions.submit_parsed),
-        shared=(*DATABASE_DOWN, CommitInDoubt),
-    )
-    app.state.settlements = Settlements(services.engine)
+    _writes(app, services)
     app.state.event_head = EventHead(services.event_queries.head)
     expected_revision = head_revision()
     metrics = Metrics()
@@ -189,3 +184,16 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(DatabaseDownMiddleware, outage=outage)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return console.install(app)  # the web console at /ui, its session gate outermost
+
+
+def _writes(app: FastAPI, services: Services) -> None:
+    """The group commit of single submissions, and the settling of every
+    write whose COMMIT's outcome is unknown (service/api/indoubt.py)."""
+    app.state.in_doubt = InDoubt(services.engine)
+    # A batch whose commit's outcome is unknown is every item's, as the
+    # database down is.
+    app.state.group_commit = GroupCommit(
+        InDoubtCommit(app.state.in_doubt, services.submissions.submit_parsed),
+        shared=(*DATABASE_DOWN, CommitInDoubt),
+    )
+    app.state.settlements = Settlements(services.engine)

@@ -58,7 +58,10 @@ def principal_key(scope: Scope) -> str:
     return "credential:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
 
 
-_KEEP_HEADERS = {b"content-type", b"etag", b"location"}
+_KEEP_HEADERS = {b"content-type", b"etag", b"location", b"warning"}
+#: The methods a key applies to: every write (a PUT or DELETE with
+#: If-Match is not idempotent in its answer: its retry would meet 409 or 404).
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class IdempotencyMiddleware:
@@ -79,7 +82,7 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = header(scope, b"idempotency-key") if scope["type"] == "http" else None
-        if key is None or scope["method"] != "POST":
+        if key is None or scope["method"] not in WRITE_METHODS:
             await self.app(scope, receive, send)
             return
         if not 1 <= len(key) <= 255:
@@ -177,11 +180,11 @@ class IdempotencyMiddleware:
     async def _settle(self, principal: str, key: str, unknown: OutcomeUnknown) -> None:
         """Store the original answer of a request whose commit's outcome was
         unknown, once it is known; or release its key if nothing committed."""
-        created = await unknown.later()
-        if created is None:
+        result = await unknown.later()
+        if result is None:
             await self._retrying(lambda: self.store.release(principal, key))
             return
-        rendered = unknown.render(created)
+        rendered = await unknown.render(result)
         headers = [
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in rendered.raw_headers
@@ -281,10 +284,9 @@ async def _answer(outcome: Outcome, send: Send) -> None:
     else:
         assert isinstance(outcome, Replay)
         headers = [(k.encode(), v.encode()) for k, v in outcome.headers]
-        headers += [
-            (b"content-length", str(len(outcome.body)).encode()),
-            (b"idempotent-replayed", b"true"),
-        ]
+        if outcome.status_code not in (204, 304):  # which carry no Content-Length
+            headers.append((b"content-length", str(len(outcome.body)).encode()))
+        headers.append((b"idempotent-replayed", b"true"))
         await send(
             {"type": "http.response.start", "status": outcome.status_code, "headers": headers}
         )

@@ -1,16 +1,19 @@
-"""``/v1/ledger/…`` and ``/v1/usage``: the auditors' read-only API."""
+"""``/v1/ledger/…`` and ``/v1/usage``: the auditors' read-only API, and
+signing a checkpoint on demand."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 from starlette.concurrency import run_in_threadpool as run
 
+from service.api import recovery
 from service.api.deps import CurrentPrincipal, Deps
+from service.api.indoubt import settled
 from service.app.errors import Invalid
 from service.ledger.query import LedgerQuery
 
@@ -106,10 +109,10 @@ def ledger_router() -> APIRouter:
         return note
 
     @router.post("/v1/ledger/checkpoints", response_class=PlainTextResponse, status_code=201)
-    async def publish(principal: CurrentPrincipal, deps: Deps) -> str:
+    async def publish(request: Request, principal: CurrentPrincipal, deps: Deps) -> Response:
         """Sign a checkpoint now (admin); the same as the periodic one."""
-        note: str = await run(deps.audit.publish, principal)
-        return note
+        publish = deps.audit.publish
+        return await settled(request, recovery.checkpoint(), _published, publish, principal)
 
     @router.get("/v1/ledger/proofs/inclusion")
     async def inclusion(
@@ -147,3 +150,7 @@ def ledger_router() -> APIRouter:
         return {"items": rows}
 
     return router
+
+
+async def _published(note: str) -> Response:
+    return PlainTextResponse(note, status_code=201)

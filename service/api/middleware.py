@@ -293,7 +293,9 @@ class RateLimitMiddleware:
 
 # -- authentication --------------------------------------------------------------------
 
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Authenticated here: whatever may carry a body, and DELETE (whose
+#: Idempotency-Key is scoped by its principal too).
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def has_body(scope: Scope) -> bool:
@@ -302,10 +304,11 @@ def has_body(scope: Scope) -> bool:
 
 
 class AuthenticateMiddleware:
-    """Authenticates every request that may carry a body before a byte of
-    it is read (a made-up token with a 100 MB body is answered 401 from its
-    headers), leaving the principal where the routes' dependency finds it.
-    Routes then authorise before they read (``read_body``)."""
+    """Authenticates every write, and every request with a body, before a
+    byte of it is read (a made-up token with a 100 MB body is answered 401
+    from its headers), leaving the principal where the routes' dependency
+    and the Idempotency-Key middleware find it. Routes then authorise before
+    they read (``read_body``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -314,7 +317,7 @@ class AuthenticateMiddleware:
         if (
             scope["type"] == "http"
             and scope["path"] not in PUBLIC_PATHS
-            and (scope["method"] in _BODY_METHODS or has_body(scope))
+            and (scope["method"] in _WRITE_METHODS or has_body(scope))
         ):
             from service.api.deps import current_principal
 

@@ -1,7 +1,8 @@
 """Routers: thin translations of HTTP to ``service.app`` calls.
 
 Admin kinds share one set of generated routes (list, create, get, replace,
-patch, delete); workloads, tokens and events have their own. Bodies are read
+patch, delete); workloads have their own, and tokens (service/api/tokens.py)
+and events theirs. Bodies are read
 by ``read_body`` (JSON or YAML) and validated in the app layer, so that every
 error names its field the same way whatever the media type.
 """
@@ -12,27 +13,25 @@ import functools
 import inspect
 import json
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Annotated, Any
-from uuid import UUID
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool as run
 
+from service.api import recovery
 from service.api.deps import CurrentActor, CurrentPrincipal, Deps, read_body
-from service.api.group_commit import GroupCommit
-from service.api.indoubt import CommitInDoubt, OutcomeUnknown, Settlements
+from service.api.group_commit import DATABASE_DOWN, GroupCommit
+from service.api.indoubt import CommitInDoubt, OutcomeUnknown, Settlements, settled
 from service.api.openapi import body_schema, list_schema, object_schema
-from service.app.auth import Principal, Role, TokenService, require
+from service.app.auth import Principal, require
 from service.app.bootstrap import Services as Container
 from service.app.errors import AppError, Invalid
 from service.app.kinds import ADMIN_KINDS, KINDS, Kind
 from service.app.resources import Actor, Page
-from service.app.submissions import MAX_BULK, Outcome, Submission
-from service.app.workloads import validation_problems
+from service.app.submissions import MAX_BULK, ItemResult, Outcome, Submission
 
+T = TypeVar("T")
 NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 NameParam = Annotated[str, Query(max_length=253, pattern=NAME)]
 Limit = Annotated[int | None, Query(ge=1, le=1000, description="Page size (max 1000)")]
@@ -82,11 +81,20 @@ def _etag(obj: dict[str, Any], status: int = 200) -> Response:
     )
 
 
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(json_bytes(obj), status_code=status, media_type="application/json")
+
+
 async def _warned(deps: Container, response: Response, obj: dict[str, Any]) -> Response:
     """A ClusterQueue whose quota no node can use, warned of as Kubernetes
-    warns (``Warning: 299 - "..."``, RFC 7234), for ``qmctl apply`` to print."""
+    warns (``Warning: 299 - "..."``, RFC 7234), for ``qmctl apply`` to print.
+    Advisory: with the database gone since the write, none (the write stands)."""
     if obj.get("kind") == "ClusterQueue":
-        for text in await run(deps.submissions.quota_warnings, obj):
+        try:
+            warnings = await run(deps.submissions.quota_warnings, obj)
+        except DATABASE_DOWN:
+            warnings = []
+        for text in warnings:
             quoted = text.replace("\\", "\\\\").replace('"', '\\"')
             response.headers.append("Warning", f'299 - "{quoted}"')
     return response
@@ -141,8 +149,13 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
     ) -> Any:
         require(actor.principal, kind.write, namespace if kind.namespaced else None)
         body = await read_body(request, deps.settings.max_body_bytes)
-        obj = await run(deps.resources.create, actor, kind.plural, namespace, body)
-        return await _warned(deps, _etag(obj, 201), obj)
+
+        async def render(obj: dict[str, Any]) -> Response:
+            return await _warned(deps, _etag(obj, 201), obj)
+
+        recover = recovery.resource(kind, namespace, recovery.name_of(body))
+        create = deps.resources.create
+        return await settled(request, recover, render, create, actor, kind.plural, namespace, body)
 
     async def list_(
         principal: CurrentPrincipal,
@@ -187,8 +200,13 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
             require(actor.principal, kind.write, namespace if kind.namespaced else None)
             body = await read_body(request, deps.settings.max_body_bytes)
             handler = getattr(deps.resources, method)
-            obj = await run(handler, actor, kind.plural, namespace, name, body, if_match)
-            return await _warned(deps, _etag(obj), obj)
+
+            async def render(obj: dict[str, Any]) -> Response:
+                return await _warned(deps, _etag(obj), obj)
+
+            recover = recovery.resource(kind, namespace, name)
+            args = (actor, kind.plural, namespace, name, body, if_match)
+            return await settled(request, recover, render, handler, *args)
 
         update.__name__ = method
         return update
@@ -196,9 +214,16 @@ def _admin_routes(router: APIRouter, kind: Kind) -> None:
     replace, patch = _update("replace"), _update("patch")
 
     async def delete(
-        actor: CurrentActor, deps: Deps, name: str, if_match: IfMatch = None, namespace: str = ""
+        request: Request,
+        actor: CurrentActor,
+        deps: Deps,
+        name: str,
+        if_match: IfMatch = None,
+        namespace: str = "",
     ) -> Any:
-        return await run(deps.resources.delete, actor, kind.plural, namespace, name, if_match)
+        recover = recovery.resource(kind, namespace, name)
+        args = (actor, kind.plural, namespace, name, if_match)
+        return await settled(request, recover, _rendered, deps.resources.delete, *args)
 
     create, list_, get, replace, patch, delete = (
         _scoped(f, kind.namespaced) for f in (create, list_, get, replace, patch, delete)
@@ -307,8 +332,8 @@ async def submit_workload(request: Request, namespace: str, principal: Principal
         outcome = await committer.submit(submission)
     except CommitInDoubt as doubt:
         settlements: Settlements = request.app.state.settlements
-        later = functools.partial(settlements.outcome, doubt, submission)
-        raise OutcomeUnknown(later, functools.partial(_etag, status=201)) from None
+        later = functools.partial(settlements.item_outcome, doubt, submission)
+        raise OutcomeUnknown(later, _created) from None
     if isinstance(outcome, AppError):
         raise outcome
     return _etag(outcome, 201)
@@ -386,23 +411,25 @@ def workload_router() -> APIRouter:
     async def cancel_workload(
         namespace: NamespacePath,
         name: NamePath,
+        request: Request,
         actor: CurrentActor,
         deps: Deps,
         if_match: IfMatch = None,
     ) -> Any:
         """Cancel: a pending workload is dropped; an admitted one is evicted."""
-        return await run(deps.submissions.cancel, actor, namespace, name, if_match)
+        return await _cancel(request, deps, actor, namespace, name, if_match)
 
     @router.post(base + "/{name}/cancel", responses={200: object_schema(kind)})
     async def cancel_workload_post(
         namespace: NamespacePath,
         name: NamePath,
+        request: Request,
         actor: CurrentActor,
         deps: Deps,
         if_match: IfMatch = None,
     ) -> Any:
         """The same as DELETE, for clients that prefer a verb."""
-        return await run(deps.submissions.cancel, actor, namespace, name, if_match)
+        return await _cancel(request, deps, actor, namespace, name, if_match)
 
     @router.get(base + "/{name}/explain")
     async def explain(
@@ -456,99 +483,46 @@ def workload_router() -> APIRouter:
             raise Invalid(
                 f"at most {MAX_BULK} items per request", [("items", f"{len(items)} items")]
             )
-        results = await run(deps.submissions.bulk, actor, namespace, items)
-        out = []
-        for r in results:
-            entry: dict[str, Any] = {"index": r.index, "name": r.name, "status": r.status}
-            if r.error is not None:
-                entry["error"] = {
-                    "type": "https://quartermaster.dev/problems/" + r.error.kind,
-                    "title": r.error.title,
-                    "detail": r.error.detail,
-                    "errors": [{"field": f, "message": m} for f, m in r.error.errors],
-                }
-            elif r.object is not None:
-                entry["resourceVersion"] = r.object["metadata"]["resourceVersion"]
-                entry["uid"] = r.object["metadata"]["uid"]
-            out.append(entry)
-        created = sum(1 for r in results if r.error is None)
-        status = 200 if created == len(results) else 207
-        return Response(
-            json_bytes({"created": created, "failed": len(results) - created, "results": out}),
-            status_code=status,
-            media_type="application/json",
-        )
+        recover = recovery.bulk(namespace, items)
+        args = (actor, namespace, items)
+        return await settled(request, recover, _bulk_answer, deps.submissions.bulk, *args)
 
     return router
 
 
-# -- tokens ------------------------------------------------------------------------------
+async def _created(obj: dict[str, Any]) -> Response:
+    return _etag(obj, 201)
 
 
-class TokenRequest(BaseModel):
-    model_config = {"extra": "forbid"}
-    name: str = Field(min_length=1, max_length=128, pattern=NAME)
-    role: Role
-    namespaces: list[str] = Field(default_factory=list, max_length=256)
-    expiresInSeconds: int | None = Field(  # noqa: N815 (the API's camelCase)
-        default=None,
-        ge=1,
-        le=int(TokenService.MAX_TTL.total_seconds()),
-        description="How long the token lives; 90 days when not given.",
-    )
+async def _rendered(obj: dict[str, Any]) -> Response:
+    return json_response(obj)
 
 
-def token_router() -> APIRouter:
-    router = APIRouter(tags=["Token"])
-    admin = frozenset({Role.ADMIN})
+async def _cancel(
+    request: Request, deps: Container, actor: Actor, namespace: str, name: str, if_match: str | None
+) -> Response:
+    recover = recovery.resource(WORKLOADS, namespace, name)
+    args = (actor, namespace, name, if_match)
+    return await settled(request, recover, _rendered, deps.submissions.cancel, *args)
 
-    @router.post("/v1/tokens", status_code=201)
-    async def issue(request: Request, actor: CurrentActor, deps: Deps) -> Any:
-        """Issue a bearer token for a role (admin only). The secret is shown once."""
-        require(actor.principal, admin)
-        body = await read_body(request, deps.settings.max_body_bytes)
-        try:
-            wanted = TokenRequest.model_validate(body)
-        except ValidationError as error:
-            raise Invalid("invalid token request", validation_problems(error)) from None
-        issued = await run(
-            deps.authenticator.issue,
-            actor.principal.name,
-            wanted.name,
-            wanted.role,
-            wanted.namespaces,
-            actor.request_id,
-            None if wanted.expiresInSeconds is None else timedelta(seconds=wanted.expiresInSeconds),
-        )
-        return {
-            "id": str(issued.id),
-            "name": issued.name,
-            "role": issued.role.value,
-            "namespaces": issued.namespaces,
-            "token": issued.token,
-            "createdAt": issued.created_at.isoformat(),
-            "expiresAt": issued.expires_at.isoformat(),
-        }
 
-    @router.get("/v1/tokens")
-    async def list_tokens(principal: CurrentPrincipal, deps: Deps) -> Any:
-        """Issued tokens (never their secrets)."""
-        require(principal, admin)
-        return {"items": await run(deps.authenticator.list)}
-
-    @router.delete("/v1/tokens/{token_id}", status_code=204)
-    async def revoke(token_id: UUID, actor: CurrentActor, deps: Deps) -> Response:
-        require(actor.principal, admin)
-        await run(deps.authenticator.revoke, actor.principal.name, token_id, actor.request_id)
-        return Response(status_code=204)
-
-    @router.get("/v1/whoami")
-    async def whoami(principal: CurrentPrincipal) -> Any:
-        """The caller's name, roles and namespaces."""
-        return {
-            "name": principal.name,
-            "roles": sorted(principal.roles),
-            "namespaces": sorted(principal.namespaces),
-        }
-
-    return router
+async def _bulk_answer(results: list[ItemResult]) -> Response:
+    """200 when every item was created, else 207: a result per item."""
+    out = []
+    for r in results:
+        entry: dict[str, Any] = {"index": r.index, "name": r.name, "status": r.status}
+        if r.error is not None:
+            entry["error"] = {
+                "type": "https://quartermaster.dev/problems/" + r.error.kind,
+                "title": r.error.title,
+                "detail": r.error.detail,
+                "errors": [{"field": f, "message": m} for f, m in r.error.errors],
+            }
+        elif r.object is not None:
+            entry["resourceVersion"] = r.object["metadata"]["resourceVersion"]
+            entry["uid"] = r.object["metadata"]["uid"]
+        out.append(entry)
+    created = sum(1 for r in results if r.error is None)
+    status = 200 if created == len(results) else 207
+    answer = {"created": created, "failed": len(results) - created, "results": out}
+    return json_response(answer, status)

@@ -134,6 +134,11 @@ class OidcVerifier:
         return Principal(f"oidc:{claims['sub']}", roles, namespaces)
 
 
+def new_secret() -> str:
+    """A bearer token's secret."""
+    return "qm_" + secrets.token_urlsafe(32)
+
+
 def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and token.startswith("ey")
 
@@ -212,9 +217,12 @@ class TokenService:
         namespaces: Sequence[str],
         request_id: str | None,
         expires_in: timedelta | None = None,
+        secret: str | None = None,
     ) -> IssuedToken:
         """A new token; its name is never reused (the audit trail names a
-        token's holder by it), and it expires (``DEFAULT_TTL`` unless given)."""
+        token's holder by it), and it expires (``DEFAULT_TTL`` unless given).
+        ``secret`` (``new_secret()``) when the caller must know it should the
+        commit's answer be lost: only its hash is stored."""
         if role is Role.SUBMITTER and not namespaces:
             raise Invalid(
                 "a submitter token needs namespaces", [("namespaces", "at least one namespace")]
@@ -231,7 +239,7 @@ class TokenService:
             name,
             role,
             list(namespaces),
-            "qm_" + secrets.token_urlsafe(32),
+            secret or new_secret(),
             now,
             now + life,
         )

@@ -7,6 +7,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from typing import Any
 from uuid import uuid4
 
@@ -236,8 +237,12 @@ class SubmissionService:
         if len(submissions) <= BULK_CHUNK:
             return self.submit_parsed(submissions)
         chunks = [submissions[i : i + BULK_CHUNK] for i in range(0, len(submissions), BULK_CHUNK)]
+        # Each chunk runs in a copy of this context, as the caller's thread
+        # would run it (the API tracks a write's transactions in its context).
+        contexts = [copy_context() for _ in chunks]
         with ThreadPoolExecutor(2, thread_name_prefix="bulk") as pool:
-            return [o for outcomes in pool.map(self.submit_parsed, chunks) for o in outcomes]
+            done = pool.map(lambda c, chunk: c.run(self.submit_parsed, chunk), contexts, chunks)
+            return [o for outcomes in done for o in outcomes]
 
     def _record_refusal(
         self, actor: Actor, namespace: str, workload: WorkloadObject | None, refusal: AppError
