@@ -91,6 +91,9 @@ def api(
             port=port,
             workers=workers,
             http=HTTP_PROTOCOL,  # its own 400s are problem+json too
+            # X-Forwarded-For is the app's to read, from QM_TRUSTED_PROXIES
+            # alone: uvicorn's default would trust it from 127.0.0.1.
+            proxy_headers=False,
         )
 
 

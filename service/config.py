@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -75,6 +76,14 @@ class Settings(BaseSettings):
         description="Redis URL of the shared rate limits. Unset: the broker's, when it is Redis; "
         "else per API process.",
     )
+    trusted_proxies: str = Field(
+        default="",
+        description="Comma-separated addresses or CIDR networks of the reverse proxies whose "
+        "X-Forwarded-For names the client (the address unauthenticated requests are rate "
+        "limited by): the rightmost address in it that is not itself a trusted proxy, as "
+        "uvicorn's ProxyHeadersMiddleware reads it, and only when the peer is one. Empty: the "
+        "peer's address is the client's, whatever the headers say.",
+    )
     max_in_flight: int = Field(
         default=256,
         ge=1,
@@ -97,6 +106,23 @@ class Settings(BaseSettings):
     oidc_namespaces_claim: str = Field(
         default="namespaces", description="Claim holding a submitter's namespaces."
     )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or CIDR network") from None
+        return value
+
+    @property
+    def trusted_proxy_networks(self) -> list[str]:
+        """``trusted_proxies`` as networks, for uvicorn's ProxyHeadersMiddleware
+        (which would take ``10.0.0.1/8``, host bits set, for a host name)."""
+        parts = (part.strip() for part in self.trusted_proxies.split(","))
+        return [str(ipaddress.ip_network(part, strict=False)) for part in parts if part]
 
 
 @lru_cache(maxsize=1)

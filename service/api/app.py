@@ -16,6 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from service import console
 from service.api import docs, openapi, problems
@@ -183,7 +184,9 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(TextGuardMiddleware)
     app.add_middleware(DatabaseDownMiddleware, outage=outage)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return console.install(app)  # the web console at /ui, its session gate outermost
+    console.install(app)  # the web console at /ui, its session gate outermost
+    _trust_proxies(app, settings)
+    return app
 
 
 def _writes(app: FastAPI, services: Services) -> None:
@@ -197,3 +200,14 @@ def _writes(app: FastAPI, services: Services) -> None:
         shared=(*DATABASE_DOWN, CommitInDoubt),
     )
     app.state.settlements = Settlements(services.engine)
+
+
+def _trust_proxies(app: FastAPI, settings: Settings) -> None:
+    """X-Forwarded-For read from QM_TRUSTED_PROXIES alone, as uvicorn's
+    ProxyHeadersMiddleware reads it; outside even the console's gate, so that
+    every part sees the client's address and scheme, not its proxy's (the
+    unauthenticated are rate limited by address; the gate's cookies follow
+    the scheme). The server's own reading of these headers is off
+    (service/cli.py)."""
+    if settings.trusted_proxy_networks:
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxy_networks)
