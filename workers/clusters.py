@@ -335,10 +335,11 @@ class Member:
             if not 200 <= answer.status <= 299:
                 raise ApiException.from_response(http_resp=answer, body=None, data=None)
 
-    def pods(self, label_selector: str) -> list[Obj]:
+    def pods(self, label_selector: str, field_selector: str | None = None) -> list[Obj]:
         with self._call("list pods"):
             raw: Any = self._core.list_pod_for_all_namespaces(
                 label_selector=label_selector,
+                field_selector=field_selector,
                 _preload_content=False,
                 _request_timeout=self.timeout,
             )

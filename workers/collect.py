@@ -41,6 +41,7 @@ from service.domain.events import CLUSTER_COLLECTED, CLUSTER_COLLECTING, CLUSTER
 from service.domain.times import parse_time, rfc3339
 from service.eventstore.port import ConcurrencyConflict
 from workers.clusters import Member, MemberError
+from workers.metering import Meter
 from workers.plan import (
     CLUSTER_UID_LABEL,
     JOB_KINDS,
@@ -160,7 +161,10 @@ def collect(
     attempts = int(previous.get("attempts") or 0) + 1
     left: list[Mapping[str, Any]] = []
     try:
-        report.removed, left = sweep(connect(row), row.uid)
+        member = connect(row)
+        report.removed, left = sweep(member, row.uid)
+        if not left:  # its pods, ended, wait for what they ran to be read: docs/billing.md
+            Meter(member, engine, lambda: now).let_go()
     except Exception as error:  # every failure is retried, and recorded without secrets
         report.error = _error(error)
     report.left = sorted(str(Ref.of(o)) for o in left)

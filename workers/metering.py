@@ -1,21 +1,22 @@
 """What ran, read back from a member before its pods go (docs/billing.md).
 
-A job that reconcile removes (finished, cancelled, preempted, evicted, or
-stale after its cluster was lost) takes its pods with it, and with them the
-only record of when each one ended. So before such a job is deleted, its
-pods are *held*: our finalizer (``quartermaster.dev/usage``, as Kueue holds
-the plain pods it manages with ``kueue.x-k8s.io/managed``) keeps each pod
-after its kubelet has terminated it, with its ``finishedAt``, until the
-centre has read it. Once every pod of an admission has ended, what they ran
-— each pod from its ``status.startTime`` to its containers' last
-``terminated.finishedAt``, times its requests — is written to the ledger
-(``workload.ran``, in a transaction of its own), and only then are the
-holds let go. A crash between the two writes nothing twice (the entry's id
-is the admission's) and leaves nothing held for ever: held pods carry a
-label, and every fleet-loop pass looks for them (:meth:`Meter.sweep`).
+Every pod of ours carries our finalizer, ``quartermaster.dev/usage``, from
+its creation (the job's pod templates: workers/plan/jobs.py), as the Job
+controller holds its pods with ``batch.kubernetes.io/job-tracking`` and
+Kueue the plain pods it manages with ``kueue.x-k8s.io/managed``: whoever
+deletes the pod (reconcile removing a stopped job, the member's own
+eviction, the fence agent), its kubelet terminates it and writes
+``finishedAt``, and the terminated pod stays until the centre has read it.
+Once every pod of an admission has ended and its job is being removed,
+what they ran — each pod from its ``status.startTime`` to its containers'
+last ``terminated.finishedAt``, times its requests — is written to the
+ledger (``workload.ran``, in a transaction of its own), and only then is
+the finalizer removed. A crash between the two writes nothing twice (the
+entry's id is the admission's). A pod without the finalizer (a job of an
+older version) is *held* with it before its job is deleted.
 
-Pods the member removed before the centre could hold them (its own
-eviction, the fence agent's deletion) are not read: docs/billing.md.
+Ended pods whose job is gone (deleted by the fence agent, or by a pass
+that did not finish) are found by every fleet-loop pass (:meth:`Meter.sweep`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ from service.ledger.chain import NewLedgerEntry
 from service.ledger.schema import ledger_entries
 from workers.clusters import Member, MemberError
 from workers.plan import ADMISSION_LABEL, JOB_KINDS, WorkloadView, admission_id
-from workers.plan.names import ADMISSION_ID_ANNOTATION
+from workers.plan.names import ADMISSION_ID_ANNOTATION, USAGE_FINALIZER
 from workers.plan.views import Ref
 
 log = logging.getLogger(__name__)
 
-HOLD_FINALIZER = "quartermaster.dev/usage"
+HOLD_FINALIZER = USAGE_FINALIZER
 HOLD_LABEL = "quartermaster.dev/usage-hold"
 _TERMINAL = ("Succeeded", "Failed")
 #: Admissions in one label selector (its request line stays a few kB).
@@ -185,17 +186,33 @@ class Meter:
         by = _by_admission(self._pods(admissions))
         self._record({a: pods for a, pods in by.items() if all(ended(p) for p in pods)})
 
-    def sweep(self) -> None:
-        """Record and let go the held pods whose admission's pods have all
-        ended (left held by a pass that did not finish)."""
-        held = _by_admission(self.member.pods(HOLD_LABEL))
-        for admission, pods in held.items():
-            for pod in pods:
-                annotation = (_meta(pod).get("annotations") or {}).get(ADMISSION_ID_ANNOTATION)
-                if annotation:
-                    self.ids.setdefault(admission, str(annotation))
-        everyone = _by_admission(self._pods(sorted(held)))
+    def sweep(self, present: Iterable[str]) -> None:
+        """Record and let go the pods of admissions whose job is gone from
+        the member (``present``: the admissions whose job is there), once
+        they have all ended."""
+        held = _by_admission(
+            p for p in self.member.pods(ADMISSION_LABEL, "status.phase!=Running") if _held(p)
+        )
+        gone = sorted(set(held) - set(present))
+        self._learn(p for a in gone for p in held[a])
+        everyone = _by_admission(self._pods(gone))
         self._record({a: p for a, p in everyone.items() if all(ended(x) for x in p)})
+
+    def let_go(self) -> None:
+        """Record what has ended and release every pod of ours (the member
+        leaves the fleet: no pass will read them again)."""
+        pods = self.member.pods(ADMISSION_LABEL)
+        self._learn(pods)
+        by = _by_admission(pods)
+        self._record({a: p for a, p in by.items() if all(ended(x) for x in p)})
+        self._release(p for a, group in by.items() if a not in self.recorded for p in group)
+
+    def _learn(self, pods: Iterable[Obj]) -> None:
+        """Ledger admission ids from the pods' own annotation."""
+        for pod in pods:
+            annotation = (_meta(pod).get("annotations") or {}).get(ADMISSION_ID_ANNOTATION)
+            if annotation and _admission_of(pod):
+                self.ids.setdefault(_admission_of(pod), str(annotation))
 
     def wait_stopped(self, refs: list[Ref], admissions: Sequence[str], timeout: float) -> list[str]:
         """Poll until every one of ``refs`` is gone and every pod of

@@ -155,7 +155,7 @@ def reconcile(
     actions = plan(view, actual, memo)
     meter = Meter(member, engine, clock, admission_ids(actual, rows))
     if strays:
-        meter.sweep()
+        meter.sweep(_admission_of(o) for o in actual if o.get("kind") in JOB_KINDS)
     if actions.draining:
         # What the pods ran is read before they go: recorded now if they
         # have all ended, else held until they have (workers/metering.py).

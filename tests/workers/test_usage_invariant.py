@@ -1,8 +1,10 @@
 """Issue 17's "Must show" for finding 1: after random submissions, cancels,
 preemptions, finishes and cluster losses, run by real workers against
 stand-in members, the ledger's open usage equals what the members run; and
-once all has stopped, no gang is billed further, none was closed twice, and
-none was billed less than its member reports it ran, to the second.
+once all has stopped, no gang is billed further, none was closed twice,
+none was held for less than its member reports it ran, and what the ledger
+says ran (``workload.ran``) equals, per workload and in total, the
+GPU-seconds the members' kubelets ran, to the second.
 
 One stack serves every example (starting it is most of the cost); each
 example's gangs have names of their own, and the checks are over the whole
@@ -21,12 +23,21 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from service.app.bootstrap import Services
-from service.ledger.accounting import UsageRollup, allocations, audit, double_closes, open_usage
+from service.ledger.accounting import (
+    UsageRollup,
+    allocations,
+    audit,
+    double_closes,
+    open_usage,
+    ran_by_workload,
+    ran_mismatches,
+    ran_problems,
+)
 from sim.kubesim.testing import RunningCluster
 from tests.workers.conftest import ADMIN, celery_worker, wait_for
 from tests.workers.members import gang, members, scheduling, setup_central
 from tests.workers.members import settings as worker_settings
-from tests.workers.usage import GPU, entries, running
+from tests.workers.usage import GPU, entries, reported, running
 from workers.outbox import Send
 
 _NAMES = itertools.count()
@@ -149,6 +160,52 @@ def _billed_at_least_what_members_ran(ledger: list[Any]) -> list[str]:
     return problems
 
 
+def _ran_mismatches(engine: sa.Engine, clusters: list[RunningCluster]) -> list[str]:
+    """The ledger's ``ran`` GPU-seconds against the members' kubelets', per
+    workload and in total (empty when equal, every pod ended)."""
+    ledger = entries(engine)
+    workloads = sorted(
+        {
+            f"{e.body['namespace']}/{e.body['workload']}"
+            for e in ledger
+            if e.kind == "workload.admitted"
+        }
+    )
+    members_ran, still = reported(clusters, workloads)
+    if still:
+        return [f"pods still running: {sorted(still)}"]
+    return ran_mismatches(ran_by_workload(ledger, GPU), members_ran)
+
+
+def _wait_ran(engine: sa.Engine, clusters: list[RunningCluster]) -> None:
+    """Until the ledger's ``ran`` equals what the members ran (the last
+    removals' records are written by reconcile passes still to come)."""
+    last: list[str] = []
+
+    def agreed() -> bool:
+        last[:] = _ran_mismatches(engine, clusters)
+        return not last
+
+    try:
+        wait_for(agreed, 90, interval=0.5)
+    except AssertionError:
+        raise AssertionError(
+            f"ledger ran and members' kubelets never agreed: {last}\n{_story(engine, last)}"
+        ) from None
+
+
+def _story(engine: sa.Engine, problems: list[str]) -> str:
+    """The ledger entries of the workloads in ``problems``, to see why."""
+    named = {p.split(":")[0] for p in problems}
+    lines = []
+    for e in entries(engine):
+        key = f"{e.body.get('namespace')}/{e.body.get('workload')}"
+        if key in named or (e.kind == "cluster.lost"):
+            shown = {k: e.body.get(k) for k in ("cluster", "measured", "runs", "requeued")}
+            lines.append(f"{e.seq} {e.recorded_at:%H:%M:%S.%f} {e.kind} {key} {shown}")
+    return "\n".join(lines)
+
+
 def test_the_ledger_bills_exactly_what_the_members_run(
     engine: sa.Engine,
     services: Services,
@@ -192,5 +249,9 @@ def test_the_ledger_bills_exactly_what_the_members_run(
             now = ledger[-1].recorded_at
             later = rollup.hours(now + timedelta(hours=6))
             assert later == rollup.hours(now)
+            _wait_ran(engine, clusters)
+            ledger = entries(engine)
+            assert ran_problems(ledger) == []
+            assert _ran_mismatches(engine, clusters) == []
 
         example()

@@ -1,5 +1,6 @@
-"""What the stand-in members run, and the ledger as auditors read it, for
-the usage tests: the two sides of ``service.ledger.accounting.audit``."""
+"""What the stand-in members run and ran, and the ledger as auditors read
+it, for the usage tests: the two sides of ``service.ledger.accounting.audit``
+and of ``ran_mismatches``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from service.ledger.chain import LedgerEntry
 from service.ledger.postgres import PostgresLedgerReader
 from sim.kubesim.testing import RunningCluster
 from tests.workers.members import jobs
-from workers.plan import WORKLOAD_ANNOTATION, member_status
+from workers.plan import WORKLOAD_ANNOTATION, WORKLOAD_LABEL, member_status, workload_label
 
 GPU = "nvidia.com/gpu"
 
@@ -51,3 +52,38 @@ def closes(engine: sa.Engine, key: str) -> list[tuple[str, dict[str, Any]]]:
         for e in entries(engine)
         if e.kind in kinds and f"{e.body['namespace']}/{e.body['workload']}" == key
     ]
+
+
+def intervals(cluster: RunningCluster) -> list[dict[str, Any]]:
+    """The stand-in kubelet's record of every pod's running intervals (what
+    ``/_admin/intervals`` serves), read in its process."""
+
+    def read() -> list[dict[str, Any]]:
+        hooks = (getattr(c, "running_intervals", None) for c in cluster.cluster.controllers)
+        return next((hook() for hook in hooks if hook is not None), [])
+
+    return cluster.run(read)
+
+
+def reported(
+    clusters: list[RunningCluster], workloads: list[str], resource: str = GPU
+) -> tuple[dict[str, int], list[str]]:
+    """``resource`` * seconds that the members' kubelets ran, per
+    ``namespace/name`` of ``workloads``: per pod, its request times its
+    interval truncated to whole seconds as its timestamps are
+    (``int(end) - int(start)``); and the pods still running."""
+    by_label = {workload_label(*key.split("/", 1)): key for key in workloads}
+    totals: dict[str, int] = {}
+    running: list[str] = []
+    for cluster in clusters:
+        for record in intervals(cluster):
+            key = by_label.get(str(record["labels"].get(WORKLOAD_LABEL, "")))
+            if key is None:
+                continue
+            if record["end"] is None:
+                running.append(f"{cluster.name}/{record['name']}")
+                continue
+            seconds = int(record["end"]) - int(record["start"])
+            amount = int(record["requests"].get(resource, 0)) * seconds
+            totals[key] = totals.get(key, 0) + amount
+    return totals, running

@@ -18,6 +18,7 @@ from workers.plan.names import (
     QUEUE_LABEL,
     SIM_ANNOTATIONS,
     UID_ANNOTATION,
+    USAGE_FINALIZER,
     WORKLOAD_ANNOTATION,
     WORKLOAD_LABEL,
     dns_label,
@@ -39,7 +40,8 @@ def _pin(
     labels: Mapping[str, str],
 ) -> Obj:
     """A pod template pinned to its flavors' (and island's) node labels, its
-    pods labelled with the workload and admission they belong to."""
+    pods labelled with the workload and admission they belong to, and held
+    by our finalizer until what they ran is read (workers/metering.py)."""
     # Copies of what changes only (metadata, its labels and annotations, the
     # spec's top level); the rest (containers, volumes) is shared with the
     # workload's spec, which nothing writes to: a deep copy of every
@@ -47,6 +49,7 @@ def _pin(
     out = dict(template)
     meta = out["metadata"] = dict(out.get("metadata") or {})
     meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    meta["finalizers"] = sorted({*(meta.get("finalizers") or ()), USAGE_FINALIZER})
     annotations = meta["annotations"] = dict(meta.get("annotations") or {})
     for key, value in extra.items():
         annotations.setdefault(key, value)
@@ -118,6 +121,8 @@ def member_job(
         },
     }
     sim = {k: str(v) for k, v in workload.annotations.items() if k in SIM_ANNOTATIONS}
+    if workload.admission.get("id"):
+        sim[ADMISSION_ID_ANNOTATION] = str(workload.admission["id"])
     pods = {k: meta["labels"][k] for k in (WORKLOAD_LABEL, ADMISSION_LABEL)}
     source = workload.spec.get("job")
     if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:

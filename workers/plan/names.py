@@ -19,6 +19,9 @@ WORKLOAD_LABEL = "quartermaster.dev/workload"
 ADMISSION_LABEL = "quartermaster.dev/admission"
 #: The ledger id of the admission (its ``workload.admitted`` entry): what it ran is billed to.
 ADMISSION_ID_ANNOTATION = "quartermaster.dev/admission-id"
+#: On every pod of ours, from its creation: it stays, ended, until the centre has read
+#: what it ran (workers/metering.py).
+USAGE_FINALIZER = "quartermaster.dev/usage"
 WORKLOAD_ANNOTATION = "quartermaster.dev/workload"
 UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"

@@ -302,7 +302,7 @@ class JobController(Reconciler):
                 "labels": labels,
                 "annotations": annotations,
                 "ownerReferences": [owner_reference(job)],
-                "finalizers": [TRACKING_FINALIZER],
+                "finalizers": [*(metadata.get("finalizers") or ()), TRACKING_FINALIZER],
             },
             "spec": template.get("spec") or {},
         }
@@ -601,6 +601,8 @@ class ReplicaJobController(Reconciler):
             },
             "spec": template.get("spec") or {},
         }
+        if metadata.get("finalizers"):  # copied from the template, as GetPodFromTemplate does
+            pod["metadata"]["finalizers"] = list(metadata["finalizers"])
         pod["spec"].setdefault("restartPolicy", replica.get("restartPolicy", "Never"))
         if pod["spec"]["restartPolicy"] == "ExitCode":
             pod["spec"]["restartPolicy"] = "Never"
