@@ -64,6 +64,21 @@ resources = Table(
         "kind",
         text("((status -> 'eviction'::text) ->> 'cluster'::text)"),
     ),
+    # The workloads list by state or priority class, in its keyset order (0010).
+    Index(
+        "ix_resources_workload_state",
+        "kind",
+        text("(status ->> 'state'::text)"),
+        "namespace",
+        "name",
+    ),
+    Index(
+        "ix_resources_workload_priority_class",
+        "kind",
+        text("(spec ->> 'priorityClassName'::text)"),
+        "namespace",
+        "name",
+    ),
 )
 
 # Bearer tokens, stored as SHA-256 of the secret (tokens are 256-bit random,
