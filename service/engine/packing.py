@@ -9,7 +9,7 @@ by name, then islands by flavor and name), which keeps decisions deterministic.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from service.domain.inventory import HOSTNAME_LABEL
@@ -342,6 +342,8 @@ def pristine_fits(
     def capacity(island: Island, shape: Shape) -> int:
         return pristine_capacity_of(island, shape, cache)
 
+    if len(requests) == 1:
+        return _pristine_fits_one(requests[0], capacity)
     clusters: set[str] | None = None
     for request in requests:
         ok: set[str] = set()
@@ -361,6 +363,24 @@ def pristine_fits(
         if not clusters:
             return False
     return bool(clusters)
+
+
+def _pristine_fits_one(request: PodSetRequest, capacity: Callable[[Island, Shape], int]) -> bool:
+    """``pristine_fits`` of one pod set: true at the first island (or, for a
+    preferred topology, the first cluster) with room, instead of after all."""
+    per_cluster: dict[str, int] = {}
+    for island in request.eligible.values():
+        cap = capacity(island, request.shape)
+        if request.mode != "required":
+            total = per_cluster[island.cluster] = per_cluster.get(island.cluster, 0) + cap
+            if total >= request.count:
+                return True
+        elif request.level is None:
+            if cap >= request.count:
+                return True
+        elif _pristine_subdomain_fits(island, request):
+            return True
+    return False
 
 
 def _pristine_subdomain_fits(island: Island, request: PodSetRequest) -> bool:
