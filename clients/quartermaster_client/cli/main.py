@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from quartermaster_client import __version__
-from quartermaster_client.cli import contexts, ledger, objects, usage, workloads
+from quartermaster_client.cli import clusters, contexts, ledger, objects, usage, workloads
 from quartermaster_client.cli.shared import STATE
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.add_typer(contexts.commands)
 app.add_typer(usage.commands)
 app.add_typer(contexts.config, name="config")
 app.add_typer(ledger.commands, name="ledger")
+app.add_typer(clusters.commands, name="cluster")
 
 
 def _version(value: bool) -> None:
