@@ -22,7 +22,7 @@ from starlette.requests import Request
 from service.api.group_commit import DATABASE_DOWN
 from service.api.outage import RETRY_AFTER_SECONDS, Outage
 from service.api.problems import PROBLEM_JSON, TYPE_BASE
-from service.api.ratelimit import Buckets, retry_after
+from service.api.ratelimit import Buckets, KnownCredentials, retry_after
 from service.app.errors import AppError
 
 Scope = MutableMapping[str, Any]
@@ -225,6 +225,7 @@ class RateLimitMiddleware:
         self.buckets = buckets
         self.anonymous = anonymous
         self.shedding = shedding
+        self.known = KnownCredentials()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
@@ -285,7 +286,11 @@ class RateLimitMiddleware:
             authenticator = scope["app"].state.container.authenticator
             principal = authenticator.cached(credential)
             if principal is not None:
+                self.known.learn(credential, principal.key)
                 return self.buckets, "principal:" + principal.key, "this principal"
+            known = self.known.principal_key(credential)
+            if known is not None:  # its authentication is being looked up again
+                return self.buckets, "principal:" + known, "this principal"
         client = scope.get("client")
         address = str(client[0]) if client else "unknown"
         return self.anonymous, "address:" + address, "an unauthenticated client address"

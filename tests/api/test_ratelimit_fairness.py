@@ -9,12 +9,16 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import redis
 
 from service.api.ratelimit import RedisBuckets
+from service.app.auth import TokenService
 from service.runtime.embedded import embedded_redis
+from tests.api.conftest import ADMIN_TOKEN, serve, setup_quota
 
 
 @pytest.fixture
@@ -68,3 +72,49 @@ def test_refusals_answered_here_are_still_shared_by_every_process(own_redis: str
         return seen
 
     assert sum(asyncio.run(both())) == 3
+
+
+def test_a_tenant_over_its_limit_never_spends_its_address_bucket(
+    database_url: str, redis_url: str
+) -> None:
+    """Each time the authenticator's cache of a token ends (every second), a
+    flooding tenant's requests used to fall back to its client address's
+    bucket until one was looked up again; once that bucket was spent, every
+    other client behind the address was refused its first request."""
+    redis.Redis.from_url(redis_url).flushdb()
+    limits: dict[str, Any] = {
+        "rate_limit_per_second": 2,
+        "rate_limit_burst": 8,  # the set-up's five requests among them
+        "rate_limit_anonymous_per_second": 0.01,
+        "rate_limit_anonymous_burst": 4,
+        "rate_limit_redis_url": redis_url,
+    }
+    with serve(database_url, **limits) as (url, _):
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60
+        ) as admin:
+            setup_quota(admin, namespace="noisy", cq="cq-noisy")
+            tokens = [
+                admin.post(
+                    "/v1/tokens",
+                    json={"name": name, "role": "submitter", "namespaces": [name]},
+                ).json()["token"]
+                for name in ("noisy", "quiet")
+            ]
+        noisy, quiet = (
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {t}"}, timeout=60)
+            for t in tokens
+        )
+        with noisy, quiet:
+            path = "/v1/namespaces/noisy/workloads"
+            statuses, details = [], set()
+            until = time.monotonic() + 4 * TokenService.CACHE_SECONDS + 0.5
+            while time.monotonic() < until:
+                answer = noisy.get(path)
+                statuses.append(answer.status_code)
+                if answer.status_code == 429:
+                    details.add(answer.json()["detail"].split(" is limited")[0])
+            first_of_another = quiet.get("/v1/namespaces/quiet/workloads")
+    assert first_of_another.status_code == 200, first_of_another.text
+    assert details == {"this principal"}
+    assert set(statuses) == {200, 429}
