@@ -140,7 +140,12 @@ def pod_template(requests: Mapping[str, Any], duration: str | None = None) -> di
 
 
 def gang(
-    name: str, gpus: int, seconds: float, *, queue: str = "train", priority: int | None = None
+    name: str,
+    gpus: int,
+    seconds: float,
+    *,
+    queue: str = "train",
+    priority_class: str | None = None,
 ) -> dict[str, Any]:
     """A training gang of ``gpus`` GPUs (pods of at most 8), running
     ``seconds`` of simulated time; more than one pod asks for one island."""
@@ -158,8 +163,8 @@ def gang(
     if count > 1:
         pod_set["topologyRequest"] = {"required": ISLAND}
     spec: dict[str, Any] = {"queueName": queue, "podSets": [pod_set]}
-    if priority is not None:
-        spec["priority"] = priority
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
     return {
         "apiVersion": "quartermaster.dev/v1",
         "kind": "Workload",

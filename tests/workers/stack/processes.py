@@ -69,6 +69,10 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.kubeconfig = self.workdir / "clusters" / "kubeconfig"
+        # What a SIGKILLed child leaves in its temporary directory (Celery's
+        # pymp-* folders, a kubeconfig's CA file) stays in the test's folder.
+        scratch = self.workdir / "tmp"
+        scratch.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(
             PYTHONUNBUFFERED="1",
@@ -78,6 +82,7 @@ class Stack:
             QM_BOOTSTRAP_TOKEN=TOKEN,
             QM_SECRET_KEY="e2e-secret-key-e2e-secret-key-0123",
             QM_DATA_DIR=str(self.workdir),
+            TMPDIR=str(scratch),
         )
         env.update(self.env)
         self.supervisor = Supervisor(self.workdir / "logs", env)
