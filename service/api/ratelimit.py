@@ -10,8 +10,9 @@ script call (one round trip) per request that may be allowed. A refusal
 says when the bucket will next hold a token; until then this process
 refuses that key without asking Redis, so that a tenant far over its limit
 costs a round trip per token, not per request. When Redis cannot be
-reached, each process falls back to its own buckets (the limit is then per
-process) and says so once; it tries Redis again every ``RETRY_SECONDS``.
+reached (or answers too late ``LATE_ANSWERS`` times in a row), each process
+falls back to its own buckets (the limit is then per process) and says so
+once; it tries Redis again every ``RETRY_SECONDS``.
 """
 
 from __future__ import annotations
@@ -102,10 +103,18 @@ class RedisBuckets:
 
     RETRY_SECONDS = 5.0
     PREFIX = "qm:ratelimit:"
+    #: Answers later than the timeout in a row before this process limits
+    #: alone. One late answer is most often this process's own event loop
+    #: running late on a busy machine, not Redis: that request is limited
+    #: here, the next asks Redis again.
+    LATE_ANSWERS = 3
 
     def __init__(self, url: str, rate: float, burst: int, timeout: float = 0.25) -> None:
         import redis.asyncio as redis
+        from redis.exceptions import TimeoutError as Late
 
+        self._late_error = Late
+        self._late = 0
         self.rate = rate
         self.burst = burst
         self._client: Any = redis.Redis.from_url(
@@ -129,6 +138,10 @@ class RedisBuckets:
                 keys=[self.PREFIX + key], args=[self.rate, self.burst]
             )
         except Exception as error:  # any failure of Redis's: limit here instead
+            if isinstance(error, self._late_error) and self._late + 1 < self.LATE_ANSWERS:
+                self._late += 1
+                return self._local.take_now(key)
+            self._late = 0
             self._retry_at = time.monotonic() + self.RETRY_SECONDS
             if not self._falling_back:
                 self._falling_back = True
@@ -139,6 +152,7 @@ class RedisBuckets:
                     error,
                 )
             return self._local.take_now(key)
+        self._late = 0
         if self._falling_back:
             self._falling_back = False
             log.warning("rate limits: Redis answers again; limits are shared by every process")

@@ -6,6 +6,7 @@ trip per token, not per request. Real Postgres and Redis."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,29 @@ def test_refusals_answered_here_are_still_shared_by_every_process(own_redis: str
         return seen
 
     assert sum(asyncio.run(both())) == 3
+
+
+def test_one_late_answer_from_redis_keeps_the_limit_shared(
+    own_redis: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop running late on a busy machine times out a call Redis would
+    have answered: that request is limited here, and the next ones by Redis
+    again, not by a fresh bucket of this process's for seconds."""
+    pause_ms = 2000
+
+    async def run() -> tuple[list[bool], list[bool]]:
+        buckets = RedisBuckets(own_redis, 0.01, 2, timeout=0.1)
+        first = [(await buckets.take("k"))[0] for _ in range(2)]
+        redis.Redis.from_url(own_redis).client_pause(pause_ms)
+        await buckets.take("k")  # later than its timeout: limited here
+        await asyncio.sleep(pause_ms / 1000 + 0.1)
+        return first, [(await buckets.take("k"))[0] for _ in range(2)]
+
+    with caplog.at_level(logging.WARNING, "service.api.ratelimit"):
+        first, after = asyncio.run(run())
+    assert first == [True, True]
+    assert after == [False, False]
+    assert not [r for r in caplog.records if r.name == "service.api.ratelimit"]
 
 
 def test_a_tenant_over_its_limit_never_spends_its_address_bucket(
