@@ -112,6 +112,22 @@ class AuditService:
             raise NotFound("no checkpoint has been published yet")
         return latest[1]
 
+    def checkpoints(
+        self, principal: Principal, after_size: int = -1, limit: int = 100
+    ) -> list[str]:
+        """Published signed notes in order of tree size, after ``after_size``."""
+        require(principal, AUDITORS)
+        return self._checkpoints.notes(after_size, limit)
+
+    def verifier_key(self, principal: Principal) -> str | None:
+        """The verifier key (``name+id+key``) of the key this service signs
+        with, for an auditor to compare with the one they keep; None without one."""
+        require(principal, AUDITORS)
+        try:
+            return NoteSigner.from_seed(DEFAULT_ORIGIN, self._signing_key or "").verifier_key
+        except CheckpointError:
+            return None
+
     def publish(self, principal: Principal) -> str:
         """Sign a checkpoint of the whole ledger now (also done periodically)."""
         require(principal, PUBLISHERS)

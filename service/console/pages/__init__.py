@@ -4,9 +4,9 @@ roles that may open it) and its templates; list it below."""
 
 from __future__ import annotations
 
-from service.console.pages import fleet, queues, workloads
+from service.console.pages import fleet, ledger, queues, usage, workloads
 from service.console.web import Page
 
-PAGES: list[Page] = [fleet.PAGE, queues.PAGE, workloads.PAGE]
+PAGES: list[Page] = [fleet.PAGE, queues.PAGE, workloads.PAGE, ledger.PAGE, usage.PAGE]
 
 __all__ = ["PAGES"]
