@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,9 @@ class Watched:
     #: Requests the browser itself ends when a page is left: a live stream
     #: open at navigation is aborted, which is no failure of the page.
     left_streams: list[str] = field(default_factory=list)
+    #: Set while a test cuts the connection on purpose: the live stream's
+    #: failures to reconnect are then what is tested, not a fault.
+    streams_may_fail: bool = False
 
     def attach(self, page: Any) -> None:
         page.on("console", self._console)
@@ -53,41 +56,50 @@ class Watched:
         page.on("requestfailed", self._failed)
 
     def _console(self, message: Any) -> None:
+        where = str((message.location or {}).get("url", ""))
+        if self.streams_may_fail and "/ui/events" in message.text + where:
+            self.left_streams.append(message.text)
+            return
         if message.type == "error":
             self.problems.append(f"console error: {message.text} ({message.location})")
 
     def _failed(self, request: Any) -> None:
         failure = request.failure or ""
-        if "/ui/events" in request.url and "ERR_ABORTED" in failure:
+        if "/ui/events" in request.url and ("ERR_ABORTED" in failure or self.streams_may_fail):
             self.left_streams.append(request.url)
             return
         self.problems.append(f"request failed: {request.method} {request.url}: {failure}")
 
 
-@pytest.fixture
-def browse(browser: Any) -> Iterator[Callable[..., Any]]:
-    """``browse()`` opens a page in a fresh context (its own cookies); the
-    test fails if any page it opened logged an error or lost a request."""
-    watched = Watched()
-    contexts: list[Any] = []
+class Browse:
+    """``browse()`` opens a page in a context of its own, ``browse(beside=p)``
+    a second tab of ``p``'s session; ``watched`` collects what went wrong."""
 
-    def open_page(beside: Any = None) -> Any:
-        """A page in a context of its own, or ``beside`` another page (a
-        second tab of the same session)."""
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self.watched = Watched()
+        self.contexts: list[Any] = []
+
+    def __call__(self, beside: Any = None) -> Any:
         if beside is not None:
             context = beside.context
         else:
-            context = browser.new_context()
+            context = self.browser.new_context()
             context.set_default_timeout(WAIT_MS)
-            contexts.append(context)
+            self.contexts.append(context)
         page = context.new_page()
-        watched.attach(page)
+        self.watched.attach(page)
         return page
 
-    yield open_page
-    for context in contexts:
+
+@pytest.fixture
+def browse(browser: Any) -> Iterator[Browse]:
+    """Pages for a test, which fails if any of them logged an error or lost a request."""
+    opened = Browse(browser)
+    yield opened
+    for context in opened.contexts:
         context.close()
-    assert watched.problems == [], "\n".join(watched.problems)
+    assert opened.watched.problems == [], "\n".join(opened.watched.problems)
 
 
 def sign_in(page: Any, base_url: str, token: str, start: str = "/ui/") -> None:

@@ -16,7 +16,9 @@ from service.api.deps import current_principal
 from service.console import PREFIX, PUBLIC
 from service.console.gate import ConsoleGate
 from tests.api.conftest import ADMIN_TOKEN, Api, setup_quota, workload
-from tests.console.conftest import sign_in
+from tests.api.tcp_proxy import TcpProxy
+from tests.console.conftest import Browse, sign_in
+from tests.waiting import wait_for
 
 
 def _depends_on(dependant: Any, target: Any) -> bool:
@@ -237,7 +239,7 @@ def test_a_submitters_pages_fragments_and_stream_carry_nothing_of_another_namesp
     assert "team-b" in _stream(admin, "/ui/events?after=0")
 
 
-def test_a_person_signs_in_and_out_in_a_real_browser(api: Api, browse: Any) -> None:
+def test_a_person_signs_in_and_out_in_a_real_browser(api: Api, browse: Browse) -> None:
     page = browse()
     sign_in(page, api.base_url, ADMIN_TOKEN, start="/ui/workloads")
     assert page.url.endswith("/ui/workloads")
@@ -251,3 +253,101 @@ def test_a_person_signs_in_and_out_in_a_real_browser(api: Api, browse: Any) -> N
     page.get_by_role("button", name="Sign in").click()
     page.get_by_text("That token was refused").wait_for()
     assert page.get_by_label("Token").get_attribute("aria-invalid") == "true"
+
+
+def _frames(http: Browser, path: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    """The events a live stream sends (id and decoded data) until it goes quiet."""
+    text = ""
+    timeout = httpx.Timeout(30, read=3)
+    with http.http.stream(
+        "GET", path, headers={**http._header(), **headers}, timeout=timeout
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        try:
+            for chunk in response.iter_text():
+                text += chunk
+        except httpx.ReadTimeout:
+            pass  # the backlog is sent at once; quiet after it
+    found = []
+    for frame in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
+        if "id" in fields:
+            found.append({"id": int(fields["id"]), "event": fields["event"], **_json(fields)})
+    return found
+
+
+def _json(fields: dict[str, str]) -> dict[str, Any]:
+    import json
+
+    decoded: dict[str, Any] = json.loads(fields["data"])
+    return decoded
+
+
+def test_the_live_stream_resumes_after_the_last_event_id_and_carries_no_state(
+    api: Api, http: Browser
+) -> None:
+    setup_quota(api.admin)
+    for name in ("first", "second", "third"):
+        created = api.admin.post("/v1/namespaces/team-a/workloads", json=workload(name))
+        assert created.status_code == 201, created.text
+    http.sign_in(ADMIN_TOKEN)
+    everything = _frames(http, "/ui/events?after=0&kind=Workload", {})
+    assert [f["data"]["name"] for f in everything] == ["first", "second", "third"]
+    assert everything[0] == {
+        "id": everything[0]["id"],
+        "event": "WorkloadSubmitted",
+        "position": everything[0]["id"],
+        "type": "WorkloadSubmitted",
+        "data": {"kind": "Workload", "namespace": "team-a", "name": "first"},
+    }
+    # A browser reconnecting says where it was: the stream goes on from there.
+    resumed = _frames(
+        http, "/ui/events?after=0&kind=Workload", {"Last-Event-ID": str(everything[0]["id"])}
+    )
+    assert [f["data"]["name"] for f in resumed] == ["second", "third"]
+
+
+def test_a_page_catches_up_after_its_live_stream_is_cut(api: Api, browse: Browse) -> None:
+    setup_quota(api.admin)
+    upstream = httpx.URL(api.base_url)
+    proxy = TcpProxy((upstream.host, upstream.port or 80))
+    try:
+        base = f"http://127.0.0.1:{proxy.port}"
+        page = browse()
+        sign_in(page, base, ADMIN_TOKEN, start="/ui/workloads?namespace=team-a")
+        page.locator("#live.on").wait_for()
+        # Every event the page hears, by id, and a mark a reload would lose.
+        page.evaluate(
+            """() => { window.__qmMark = 'kept'; window.__qmIds = [];
+            document.addEventListener('htmx:sseMessage',
+              (e) => window.__qmIds.push(Number(e.detail.lastEventId))); }"""
+        )
+
+        def submit(name: str) -> int:
+            created = api.admin.post("/v1/namespaces/team-a/workloads", json=workload(name))
+            assert created.status_code == 201, created.text
+            return int(created.json()["metadata"]["resourceVersion"])
+
+        submit("before")
+        page.locator('tr[data-workload="team-a/before"]').wait_for()
+        # From here the stream's failures to reconnect are the point, not faults.
+        browse.watched.streams_may_fail = True
+        proxy.cut()
+        page.locator("#live:not(.on)").wait_for()
+        submit("during")  # while the page cannot hear of it
+        proxy.restore()
+        page.locator('tr[data-workload="team-a/during"]').wait_for()
+        page.locator("#live.on").wait_for()
+        assert page.evaluate("window.__qmMark") == "kept"
+
+        def heard() -> list[int] | None:
+            ids: list[int] = page.evaluate("window.__qmIds")
+            return ids if len(ids) >= 2 else None
+
+        ids = wait_for(heard, what="two events heard")
+        # Resumed from the last event it had (Last-Event-ID), not replayed
+        # from where the page began: no event twice, the missed one heard.
+        assert ids == sorted(set(ids)) and len(ids) == 2, ids
+    finally:
+        proxy.close()

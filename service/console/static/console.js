@@ -13,7 +13,22 @@
     if (lastSeen !== null) {
       url = url.replace(/([?&])after=\d+/, "$1after=" + lastSeen);
     }
-    return new EventSource(url);
+    var source = new EventSource(url);
+    // The browser reconnects by itself after a dropped connection (the
+    // stream stays CONNECTING) and resumes with Last-Event-ID; only a stream
+    // it gave up on (CLOSED) is the extension's to reopen, and an error.
+    var handler = null;
+    Object.defineProperty(source, "onerror", {
+      configurable: true,
+      get: function () { return handler; },
+      set: function (fn) { handler = fn; }
+    });
+    source.addEventListener("error", function (event) {
+      live("reconnecting", false);
+      if (source.readyState === EventSource.CLOSED && handler) { handler(event); }
+    });
+    source.addEventListener("open", function () { document.body.dataset.qmLastSeen = lastSeen || ""; });
+    return source;
   };
 
   function live(text, ok) {
@@ -25,7 +40,7 @@
 
   document.addEventListener("htmx:sseMessage", function (event) {
     var id = event.detail && event.detail.lastEventId;
-    if (id && /^\d+$/.test(id)) { lastSeen = id; }
+    if (id && /^\d+$/.test(id)) { lastSeen = id; document.body.dataset.qmLastSeen = id; }
   });
 
   document.addEventListener("htmx:sseOpen", function () {
