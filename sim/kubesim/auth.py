@@ -10,13 +10,14 @@ verbs and resources it actually used, and which it was refused. Discovery
 (``/api``, ``/apis``, ``/version``, ``/openapi``) is open to every
 authenticated user, like the ``system:discovery`` role.
 
-The audit holds one record per authorization decision, denied ones (code 403)
-included. A server-side apply that creates its object is decided twice, as
-``patch`` and as ``create`` with the object's name, as the real server does
-(apiserver ``endpoints/handlers/patch.go``: ``createAuthorizerAttributes``).
-A user's rules may be changed while the server runs (:meth:`Authorizer.set_rules`);
-a request is authorized when it starts, so an open watch goes on, as it does
-on a real cluster.
+The audit holds one record per authorization decision, refusals included
+(``allowed``), each with the code its request was answered. A server-side
+apply that creates its object is decided twice, as ``patch`` and as
+``create`` with the object's name, as the real server does (apiserver
+``endpoints/handlers/patch.go``: ``createAuthorizerAttributes``). A user's
+rules may be changed while the server runs (:meth:`Authorizer.set_rules`);
+a request is authorized when it starts, so an open watch goes on, as it
+does on a real cluster (and is audited when it ends).
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["AuditRecord", "Authorizer", "User", "forbidden_reason", "grants", "rule_allows"]
-
-#: The code an audit record of a refused request carries.
-FORBIDDEN = 403
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +50,15 @@ class AuditRecord:
     subresource: str
     namespace: str
     name: str
+    #: What the request was answered (an apply refused ``create`` answers 403
+    #: to its ``patch``, which was allowed).
     code: int
+    #: The decision: whether the rules allowed ``verb`` here.
+    allowed: bool = True
 
     @property
     def denied(self) -> bool:
-        return self.code == FORBIDDEN
+        return not self.allowed
 
     def allowed_by(self, rule: Mapping[str, Any]) -> bool:
         """Whether ``rule`` grants what this record asked for."""

@@ -74,15 +74,20 @@ def test_an_apply_that_creates_needs_create_and_one_that_updates_does_not(
         )
         assert _apply(api, "rbac-new") == 201
         _refused(api, "rbac-other")
-    decisions = [(r.verb, r.name, r.code) for r in sim.audit("applier")]
+    # Refused create, and so the patch's answer: 403 (the patch itself was allowed).
+    decisions = [(r.verb, r.name, r.code, r.allowed) for r in sim.audit("applier")]
     assert decisions == [
-        ("create", "rbac-new", 403),
-        ("patch", "rbac-new", 403),
-        ("patch", "rbac-there", 200),
-        ("create", "rbac-new", 201),
-        ("patch", "rbac-new", 201),
-        ("create", "rbac-other", 403),
-        ("patch", "rbac-other", 403),
+        ("create", "rbac-new", 403, False),
+        ("patch", "rbac-new", 403, True),
+        ("patch", "rbac-there", 200, True),
+        ("create", "rbac-new", 201, True),
+        ("patch", "rbac-new", 201, True),
+        ("create", "rbac-other", 403, False),
+        ("patch", "rbac-other", 403, True),
+    ]
+    assert [(r.verb, r.name) for r in sim.audit("applier") if r.denied] == [
+        ("create", "rbac-new"),
+        ("create", "rbac-other"),
     ]
 
 

@@ -149,17 +149,18 @@ class KubeApp:
         target = self._target(group, version, rest)
         verb = verb_of(request, target)
         await self.cluster.faults.before(verb, target.resource.plural)
-        code = 200
-        try:  # a refusal is audited too (403)
+        code, allowed = 200, False
+        try:  # a refusal is audited too
             self._authorize(user, verb, target)
+            allowed = True
             code = await self._handle(verb, target, request, user, scope, receive, send)
         except ApiError as error:
             code = error.code
             raise
         finally:
-            self._audit(user, verb, target, code)
+            self._audit(user, verb, target, code, allowed)
 
-    def _audit(self, user: User, verb: str, target: Target, code: int) -> None:
+    def _audit(self, user: User, verb: str, target: Target, code: int, allowed: bool) -> None:
         resource = target.resource
         self.cluster.auth.record(
             AuditRecord(
@@ -171,6 +172,7 @@ class KubeApp:
                 target.namespace,
                 target.name,
                 code,
+                allowed,
             )
         )
 
@@ -280,9 +282,10 @@ class KubeApp:
     ) -> int:
         """A server-side apply of an object not there yet: authorized as
         ``create`` too (audited as such), answered 201 as the real server does."""
-        code = 201
+        code, allowed = 201, False
         try:
             self._authorize(user, "create", target)
+            allowed = True
             content_type = content_type_of(request)
             obj = self.cluster.core.patch(
                 target.resource,
@@ -298,7 +301,7 @@ class KubeApp:
             code = error.code
             raise
         finally:
-            self._audit(user, "create", target, code)
+            self._audit(user, "create", target, code, allowed)
         await self._object(send, code, target.resource, obj, request, ctx.warnings)
         return code
 
