@@ -36,6 +36,7 @@ from workers.settings import WorkerSettings
 
 CENTRAL = pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 GUIDE = ROOT / "docs" / "operations.md"
+CENTRAL_BASE = ROOT / "deploy" / "central" / "base"
 #: Read by the QM_SECRET_KEY rotation (docs/operations.md), beside QM_SECRET_KEY.
 ROTATION = "QM_SECRET_KEY_PREVIOUS"
 SECRET_SETTINGS = {
@@ -76,15 +77,29 @@ def _variables(settings: type[BaseSettings]) -> dict[str, Any]:
 KNOWN = {**_variables(Settings), **_variables(WorkerSettings)}
 
 
-def test_the_configmap_holds_real_settings_at_their_defaults_and_none_secret() -> None:
-    data = find(list(render(OVERLAYS["production"])), "ConfigMap", "quartermaster-config")["data"]
-    assert set(data) - KNOWN.keys() == set(), "not settings"
-    assert set(data) & SECRET_SETTINGS == set(), "secrets belong in Secrets"
+def _settings_of(data: Mapping[str, str]) -> list[tuple[Any, Any, dict[str, str]]]:
+    """Each settings class parsed from the map's values (strings, as from the
+    environment; their validators run), with its defaults and its keys."""
+    parsed = []
     for settings in (Settings, WorkerSettings):
         mine = {n[3:].lower(): v for n, v in data.items() if n[3:].lower() in settings.model_fields}
-        parsed = settings(**mine)  # str values, as from the environment
-        defaults = settings()
+        # model_validate: the values alone, never this process's environment
+        parsed.append((settings.model_validate(mine), settings.model_validate({}), mine))
+    return parsed
+
+
+def test_the_bases_configmap_holds_the_codes_defaults() -> None:
+    data = find(list(render(CENTRAL_BASE)), "ConfigMap", "quartermaster-config")["data"]
+    for parsed, defaults, mine in _settings_of(data):
         assert {k: getattr(parsed, k) for k in mine} == {k: getattr(defaults, k) for k in mine}
+
+
+@CENTRAL
+def test_the_configmap_holds_real_settings_and_none_secret(overlay: str) -> None:
+    data = find(list(render(OVERLAYS[overlay])), "ConfigMap", "quartermaster-config")["data"]
+    assert set(data) - KNOWN.keys() == set(), "not settings"
+    assert set(data) & SECRET_SETTINGS == set(), "secrets belong in Secrets"
+    assert _settings_of(data)
 
 
 def _env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
