@@ -181,7 +181,7 @@ def _case(group: str, resource: str, verb: str) -> Case:
         ("nodes", "list"): ("sync lists the Nodes", "none"),
         ("nodes", "watch"): ("the fleet loop watches the Nodes", "rewatch"),
         ("pods", "list"): ("sync lists the pods others run", "none"),
-        ("pods", "patch"): ("reconcile holds a cancelled gang's pods", "cancel:Job"),
+        ("pods", "patch"): ("reconcile lets a cancelled gang's pods go", "cancel:Job"),
         ("namespaces", "list"): ("reconcile lists our Namespaces", "none"),
         ("namespaces", "create"): ("reconcile creates a team's Namespace", "new-namespace"),
         ("namespaces", "patch"): ("reconcile applies a team's Namespace", "new-namespace"),
