@@ -36,7 +36,7 @@ from bench.kueue_perf.configs import (
 )
 from bench.kueue_perf.manifests import UNSUPPORTED
 from bench.kueue_perf.measure import figures
-from bench.kueue_perf.run import ENV, Options, execute
+from bench.kueue_perf.run import API_ENV, ENV, Options, execute
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +45,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", choices=sorted(CONFIGS), default="baseline")
     parser.add_argument("--members", type=int, default=1)
+    parser.add_argument(
+        "--stand-ins",
+        choices=("controllers", "api"),
+        default="controllers",
+        help="members run each pod, or serve their API only with the bench as kubelet",
+    )
     parser.add_argument("--kill-at", type=float, default=None, help="s after the start")
     parser.add_argument("--cohorts", type=int, default=None)
     parser.add_argument("--queues", type=int, default=None, help="ClusterQueues per cohort")
@@ -70,6 +76,8 @@ def sized(args: argparse.Namespace) -> Config:
 def variant(args: argparse.Namespace, config: Config) -> str:
     full = CONFIGS[args.config]
     parts = [f"{args.members} member{'s' if args.members > 1 else ''}"]
+    if args.stand_ins == "api":
+        parts.append("stand-ins serve their API only, the bench completes each job")
     if args.kill_at is not None:
         parts.append(f"one killed at {args.kill_at:g} s")
     if config != full:
@@ -98,7 +106,7 @@ def compare(ours: dict[str, Any], kueue: dict[str, Any], limit: dict[str, Any]) 
 
 def document(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     config = sized(args)
-    env = {**ENV, **json.loads(args.env)}
+    env = {**ENV, **(API_ENV if args.stand_ins == "api" else {}), **json.loads(args.env)}
     capacity = args.capacity_factor or (2.0 if args.members > 1 else 1.5)
     load_before = os.getloadavg()
     began = time.time()
@@ -114,6 +122,7 @@ def document(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             timeout=args.timeout,
             env=env,
             py_spy=args.py_spy,
+            stand_ins=args.stand_ins,
         )
     )
     ours = figures(raw)
@@ -152,7 +161,14 @@ def document(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "scheduler": 1,
             "postgres": "private pg_ctl, synchronous_commit on, fsync off",
             "redis": "private, no persistence",
-            "stand_ins": "sim cluster with controllers, --time-scale 1, one process per member",
+            "stand_ins": (
+                "sim cluster with controllers (scheduler, kubelet, Job controller, Kueue-like "
+                "admission), --time-scale 1, one process per member"
+                if args.stand_ins == "controllers"
+                else "sim cluster --no-controllers (API server only), one process per member; "
+                "the bench marks each Job Complete its runtime after it appeared "
+                "(bench/kueue_perf/kubelet.py)"
+            ),
         },
         "box": {
             "cpus": os.cpu_count(),

@@ -29,6 +29,7 @@ from typing import Any
 from bench.kueue_perf.checks import (
     ADMISSION_LABEL,
     WORKLOAD_LABEL,
+    Check,
     check_finished_once,
     check_ledger,
     check_members_ran,
@@ -102,6 +103,10 @@ def lives(raw: Raw) -> dict[str, Life]:
         life = out.get(key)
         if life is not None and len(pods) >= life.arrival.cls.pods:
             life.runs.append((max(s for s, _ in pods), max(e for _, e in pods), cluster))
+    for cluster, namespace, name, created in raw.jobs:  # --stand-ins api: the job's run
+        life = out.get(f"{namespace}/{name}")
+        if life is not None:
+            life.runs.append((created, created + life.arrival.cls.runtime_ms / 1000, cluster))
     for life in out.values():
         life.runs.sort()
     return out
@@ -292,6 +297,28 @@ def _held_at(life: Life, moment: float, cluster: str) -> bool:
     return not any(before[-1][0] < at <= moment for at in life.released)
 
 
+def check_jobs_ran(all_lives: Iterable[Life]) -> Check:
+    """``--stand-ins api``: every workload's job appeared on a member, and
+    the centre finished it no sooner than its runtime after its last job
+    appeared (nothing finished before it could have run)."""
+    problems = []
+    for life in all_lives:
+        key = f"{life.arrival.namespace}/{life.arrival.name}"
+        runtime = life.arrival.cls.runtime_ms / 1000
+        if not life.runs:
+            problems.append(f"{key}: no job on any member")
+        elif life.finished and life.finished[-1] < life.runs[-1][0] + runtime - 0.01:
+            problems.append(
+                f"{key}: finished {life.finished[-1] - life.runs[-1][0]:.3f} s after its job "
+                f"appeared, its runtime is {runtime:g} s"
+            )
+    return Check(
+        "every workload's job ran its runtime on a member",
+        problems,
+        {"jobs": sum(len(x.runs) for x in all_lives)},
+    )
+
+
 def cpu_seconds(raw: Raw) -> dict[str, float]:
     out = {
         name: round(after - raw.cpu_before.get(name, 0.0), 1)
@@ -313,11 +340,16 @@ def figures(raw: Raw) -> dict[str, Any]:
     finished_events = Counter(
         f"{ns}/{n}" for kind, ns, n, _, _ in raw.events if kind == "WorkloadFinished"
     )
+    ran = (
+        check_members_ran(config, raw.intervals)
+        if raw.options.stand_ins == "controllers"
+        else check_jobs_ran(all_lives.values())
+    )
     checks = [
         check_submitted(config, statuses, raw.entries),
         check_finished_once(config, finished_events, raw.entries),
         check_quota(config, raw.entries),
-        check_members_ran(config, raw.intervals),
+        ran,
         check_ledger(raw.ledger_problems, raw.entries),
     ]
     return {
@@ -338,6 +370,7 @@ def figures(raw: Raw) -> dict[str, Any]:
         "cluster_loss": recovery(raw, all_lives),
         "cpu_seconds": cpu_seconds(raw),
         "states_at_end": raw.states,
+        "bench_kubelet": raw.completions or None,
         "checks": [c.to_json() for c in checks],
         "ok": all(c.ok for c in checks) and raw.finished_in_time,
     }

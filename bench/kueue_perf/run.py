@@ -6,7 +6,8 @@ Postgres (commits durable as the service asks; ``fsync`` off) and a private
 Redis; the member clusters are stand-ins (``quartermaster sim cluster``) with
 their controllers — scheduler, kubelet, Job controller, Kueue-like admission —
 at real time (``--time-scale 1``), one process each, so that one can be
-killed alone. A pod runs its workload's ``runtimeMs`` (its
+killed alone (or, with ``stand_ins="api"``, their API servers only and the
+bench as their kubelet: bench/kueue_perf/kubelet.py). A pod runs its workload's ``runtimeMs`` (its
 ``quartermaster.dev/sim-duration``), then its Job completes, sync sees it and
 the centre records the finish, releasing the quota.
 
@@ -33,7 +34,8 @@ import sqlalchemy as sa
 
 from bench.e2e import BoxCpu, _cpu_seconds
 from bench.kueue_perf.checks import ledger_sound
-from bench.kueue_perf.configs import Config
+from bench.kueue_perf.configs import Config, arrivals
+from bench.kueue_perf.kubelet import Kubelets
 from bench.kueue_perf.load import Answer, Generator
 from bench.kueue_perf.manifests import central_objects, fleet_yaml, member_names, node_count
 from bench.kueue_perf.profile import Profilers
@@ -58,6 +60,10 @@ ENV = {
     "QM_DB_POOL_SIZE": "16",
 }
 
+#: ``--stand-ins api``: no member Kueue, whose Workload updates wake sync the
+#: moment a job finishes; a resync every second stands in (as bench/e2e.py).
+API_ENV = {"QM_RESYNC_INTERVAL": "1"}
+
 
 @dataclass(frozen=True)
 class Options:
@@ -69,6 +75,11 @@ class Options:
     worker_concurrency: int = 2
     connections: int = 64
     kill_at: float | None = None
+    #: ``controllers``: the stand-ins run each pod (scheduler, kubelet, Job
+    #: controller, Kueue-like admission); ``api``: their API servers only, and
+    #: the bench completes each Job its runtime after it appeared
+    #: (bench/kueue_perf/kubelet.py says why).
+    stand_ins: str = "controllers"
     timeout: float = 3600.0
     env: dict[str, str] = field(default_factory=dict)
     #: A py-spy binary: the scheduler (and workers, API) are profiled.
@@ -102,6 +113,10 @@ class Raw:
     events: list[tuple[str, str, str, str | None, float]]
     entries: list[Any]
     intervals: dict[str, list[dict[str, Any]]]
+    #: ``--stand-ins api``: every job seen on a member (cluster, namespace,
+    #: name, wall time it appeared), and what the bench's kubelet did.
+    jobs: list[tuple[str, str, str, float]]
+    completions: dict[str, int]
     ledger_problems: list[str]
     kill: Kill | None
     nodes: int
@@ -135,7 +150,9 @@ _EVENTS = sa.text(
 )
 
 
-def start_members(stack: Stack, fleet: Path, names: list[str]) -> dict[str, Member]:
+def start_members(
+    stack: Stack, fleet: Path, names: list[str], controllers: bool = True
+) -> dict[str, Member]:
     """Each member a ``sim cluster`` process of its own at real time, as
     tests/workers/chaos_run.py starts its three."""
     (stack.workdir / "clusters").mkdir(parents=True, exist_ok=True)
@@ -146,6 +163,7 @@ def start_members(stack: Stack, fleet: Path, names: list[str]) -> dict[str, Memb
             *(sys.executable, "-m", "sim.cli", "cluster", "--fleet", str(fleet)),
             *("--cluster", name, "--port", "0", "--time-scale", "1"),
             *("--kubeconfig-out", str(kubeconfig)),
+            *(() if controllers else ("--no-controllers",)),
         ]
         started[name] = (stack.supervisor.start(f"member-{name}", argv), kubeconfig)
     members = {}
@@ -187,7 +205,9 @@ def _up(o: Options, exits: ExitStack) -> tuple[Stack, dict[str, Member], str, An
     nodes = node_count(o.config, o.capacity_factor)
     fleet = workdir / "fleet.yaml"
     fleet.write_text(fleet_yaml(o.config, o.members, nodes))
-    members = start_members(stack, fleet, member_names(o.members))
+    members = start_members(
+        stack, fleet, member_names(o.members), controllers=o.stand_ins == "controllers"
+    )
     stack.start_api(o.api_processes)
     for _ in range(o.workers):
         stack.start_worker(o.worker_concurrency)
@@ -213,6 +233,10 @@ def _execute(o: Options, exits: ExitStack) -> Raw:
         profilers = Profilers(o.py_spy, stack.workdir)
         for child in stack.supervisor.children:
             profilers.start(child.name, child.pid)
+    kubelets = None
+    if o.stand_ins == "api":
+        runtimes = {f"{a.namespace}/{a.name}": a.cls.runtime_ms / 1000 for a in arrivals(o.config)}
+        kubelets = Kubelets(members.values(), runtimes, exits)
     generator = Generator(o.config, int(stack.api_url.rsplit(":", 1)[1]), o.connections)
     exits.callback(generator.stop)
     box = BoxCpu(db, redis_server.process.pid if redis_server.process else None)
@@ -234,7 +258,10 @@ def _execute(o: Options, exits: ExitStack) -> Raw:
             for t, ns, n, c, at in conn.execute(_EVENTS, {"types": list(EVENT_TYPES)})
         ]
     entries, ledger_problems = ledger_sound(db)
-    intervals = {name: m.intervals() for name, m in members.items()}
+    controllers = o.stand_ins == "controllers"
+    intervals = {name: m.intervals() for name, m in members.items() if controllers}
+    seen = kubelets.jobs() if kubelets else []
+    jobs = [(j.cluster, j.namespace, j.name, j.created) for j in seen]
     return Raw(
         options=o,
         start=start,
@@ -249,6 +276,8 @@ def _execute(o: Options, exits: ExitStack) -> Raw:
         events=events,
         entries=entries,
         intervals=intervals,
+        jobs=jobs,
+        completions=kubelets.counts() if kubelets else {},
         ledger_problems=ledger_problems,
         kill=watched.kill,
         nodes=nodes,
@@ -281,7 +310,7 @@ def _watch(
             w.answers, w.statuses = result
             answered = True
         if o.kill_at is not None and w.kill is None and time.time() >= start + o.kill_at:
-            w.kill = _kill_busiest(db, members)
+            w.kill = _kill_busiest(o, db, members)
             o.say(f"killed member {w.kill.member}: it held {len(w.kill.holding)} gangs")
         states = _states(db)
         acknowledged = sum(1 for a in w.answers if a.status == 201)
@@ -305,7 +334,7 @@ def _states(db: sa.Engine) -> dict[str, int]:
         return {str(s): int(n) for s, n in conn.execute(_STATES)}
 
 
-def _kill_busiest(db: sa.Engine, members: dict[str, Member]) -> Kill:
+def _kill_busiest(o: Options, db: sa.Engine, members: dict[str, Member]) -> Kill:
     """SIGKILL the member the centre holds the most gangs on, for good."""
     with db.connect() as conn:
         holding = [(str(k), str(c)) for k, c in conn.execute(_HOLDING)]
@@ -313,7 +342,7 @@ def _kill_busiest(db: sa.Engine, members: dict[str, Member]) -> Kill:
     name = max(members, key=lambda n: (counts[n], n))
     member = members[name]
     cpu = _cpu_seconds(member.child.pid)
-    records = member.intervals()
+    records = member.intervals() if o.stand_ins == "controllers" else []
     at = time.time()
     kill(member.child)
     # What it ran, as read just before: a pod running then ended at the kill.
