@@ -55,6 +55,7 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
     "WorkloadFinished",
 )
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
+SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
 GPU_SUFFIX = "gpu"
 #: Names the closing entries of admissions stored before admissions had an id.
 _LEGACY = UUID("6f0c5f3e-6a43-4c1b-9a57-3b1f1e2f7a10")
@@ -244,6 +245,45 @@ def _consumed(
 
 
 # --- taking capacity ------------------------------------------------------------------------
+
+
+def submitted(cluster_queue: str, stamp: str) -> Status:
+    """A new Workload's status: Pending until the next admission cycle.
+    ``stamp`` is the submission time as RFC 3339 (formatted once per batch)."""
+    return Status(
+        {
+            "state": PENDING,
+            "clusterQueue": cluster_queue,
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "Waiting for the next admission cycle",
+                    "lastTransitionTime": stamp,
+                }
+            ],
+        }
+    )
+
+
+def pend(
+    status: Status, reason: str, message: str, cluster_queue: str | None, now: datetime
+) -> Transition:
+    """Pending for ``reason``: the cycle's words on why it waits (Kueue's
+    ``QuotaReserved=False`` condition), and the ClusterQueue it waits in."""
+    new = {
+        **status.raw,
+        "pendingReason": message,
+        "pendingReasonCode": reason,
+        "pendingReasonAt": rfc3339(now),
+        "conditions": set_condition(
+            status.conditions, "QuotaReserved", "False", reason, message, now
+        ),
+    }
+    if cluster_queue:
+        new["clusterQueue"] = cluster_queue
+    return Transition(PENDING_EVENT, Status(new))
 
 
 def admit(

@@ -20,7 +20,6 @@ from service.app.lifecycle import ADMITTED, EVICTED, PENDING
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from service.domain.events import RECONCILE_CLUSTER
-from service.domain.times import rfc3339
 from service.engine import (
     AdmissionDecision,
     CycleResult,
@@ -212,21 +211,8 @@ def _pend(out: CycleWrites, row: WorkloadRow, reason: PendingReason, now: dateti
         # every pending gang's words, and wrote each an event; the numbers
         # are refreshed now and then.
         return
-    new = dict(status)
-    new.update(
-        pendingReason=message,
-        pendingReasonCode=reason.reason,
-        pendingReasonAt=rfc3339(now),
-        conditions=lifecycle.set_condition(
-            status.get("conditions") or (),
-            "QuotaReserved",
-            "False",
-            reason.reason,
-            message,
-            now,
-        ),
+    change = lifecycle.pend(
+        lifecycle.Status(status), reason.reason, message, reason.cluster_queue, now
     )
-    if reason.cluster_queue:
-        new["clusterQueue"] = reason.cluster_queue
-    out.appends.append((_stream(row), row.version, "WorkloadPending", row.state(new)))
+    out.appends.append((_stream(row), row.version, change.event, row.state(change.status.raw)))
     out.pending_changed += 1

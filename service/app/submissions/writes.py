@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
+from service.app import lifecycle
 from service.app.kinds import KINDS
 from service.app.resources import stream_name, to_object
 from service.app.schemas import dump
@@ -30,24 +31,6 @@ def new_uuids(count: int) -> Iterator[UUID]:
     then waits for the GIL to come back."""
     data = os.urandom(16 * count)
     return (UUID(bytes=data[i : i + 16], version=4) for i in range(0, 16 * count, 16))
-
-
-def _pending_status(cluster_queue: str, stamp: str) -> Obj:
-    """A new Workload's status; ``stamp`` is the submission time as RFC 3339
-    (formatted once per unit of work)."""
-    return {
-        "state": "Pending",
-        "clusterQueue": cluster_queue,
-        "conditions": [
-            {
-                "type": "QuotaReserved",
-                "status": "False",
-                "reason": "Pending",
-                "message": "Waiting for the next admission cycle",
-                "lastTransitionTime": stamp,
-            }
-        ],
-    }
 
 
 def submitted_entry(
@@ -100,7 +83,7 @@ def stage_submissions(uow: SqlUnitOfWork, accepted: Sequence[Accepted]) -> list[
             meta = metas[key] = EventMetadata(actor.principal.name, now, actor.request_id)
         spec = dump(workload.spec)
         spec["priority"] = item.target.priority
-        status = _pending_status(item.target.cluster_queue, stamp)
+        status = lifecycle.submitted(item.target.cluster_queue, stamp).to_json()
         uid, version = str(next(ids)), item.version + 1
         data = {
             "kind": "Workload",
@@ -116,7 +99,7 @@ def stage_submissions(uow: SqlUnitOfWork, accepted: Sequence[Accepted]) -> list[
         }
         stream = stream_name("Workload", namespace, name)
         uow.events.append(
-            stream, item.version, [NewEvent(next(ids), "WorkloadSubmitted", data, meta)]
+            stream, item.version, [NewEvent(next(ids), lifecycle.SUBMITTED_EVENT, data, meta)]
         )
         rows.append(
             {
