@@ -48,5 +48,8 @@ class EmptyMember:
     def list_objects(self, kind: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         return []
 
+    def pods(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return []  # no pod of ours is left to read and let go
+
     def delete(self, ref: Any) -> None:  # pragma: no cover - nothing is ever listed
         raise AssertionError(f"nothing to delete, asked for {ref}")
