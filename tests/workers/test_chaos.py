@@ -39,6 +39,7 @@ from service.app.idempotency import (
 )
 from service.app.migrate import upgrade
 from service.runtime.embedded import free_port
+from tests.waiting import wait_for as wait_until
 from tests.workers.invariants import ledger_matches_events
 from tests.workers.stack import (
     FAST,
@@ -52,7 +53,6 @@ from tests.workers.stack import (
     private_postgres,
     private_redis,
     team_queue,
-    wait_until,
     write_fleet,
 )
 from workers.fleet import FleetLoop

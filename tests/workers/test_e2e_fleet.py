@@ -27,6 +27,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.waiting import CEILING, LONG_CEILING
+from tests.waiting import wait_for as wait_until
 from tests.workers.invariants import Queues, QuotaWatch, ledger_matches_events
 from tests.workers.stack import (
     FAST,
@@ -36,7 +37,6 @@ from tests.workers.stack import (
     gang,
     local_queue,
     team_queue,
-    wait_until,
     write_fleet,
 )
 

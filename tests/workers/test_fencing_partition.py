@@ -26,6 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 from service.runtime.demo import register_clusters
+from tests.waiting import wait_for as wait_until
 from tests.workers.stack import (
     FAST,
     Stack,
@@ -33,7 +34,6 @@ from tests.workers.stack import (
     gang,
     local_queue,
     team_queue,
-    wait_until,
     write_fleet,
 )
 from tests.workers.tcp_cut import tcp_cut
