@@ -68,8 +68,9 @@ def fleet_that_ran(
     redis_url: str,
     tmp_path: Path,
     running: tuple[str, ...] = (),
+    gangs: tuple[tuple[str, str, str], ...] = GANGS,
 ) -> Iterator[Fleet]:
-    """The fleet once ``GANGS`` have finished and a checkpoint covers them;
+    """The fleet once ``gangs`` have finished and a checkpoint covers them;
     ``running`` names gangs of team-a left running (for as long as it lasts)."""
     reset_database(engine)
     redis.Redis.from_url(redis_url).flushdb()
@@ -89,12 +90,12 @@ def fleet_that_ran(
         admin = stack.enter_context(
             httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         )
-        for namespace, name, duration in GANGS:
+        for namespace, name, duration in gangs:
             created = admin.post(
                 f"/v1/namespaces/{namespace}/workloads", json=gang(name, duration=duration)
             )
             assert created.status_code == 201, created.text
-        for namespace, name, _ in GANGS:
+        for namespace, name, _ in gangs:
             wait_for(
                 lambda: _state(admin, namespace, name) == "Finished",  # noqa: B023
                 LONG_CEILING,
