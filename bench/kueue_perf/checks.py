@@ -213,6 +213,36 @@ def check_members_ran(config: Config, intervals: Mapping[str, list[dict[str, Any
     )
 
 
+def check_topology(
+    config: Config, placements: Sequence[tuple[str, str, list[list[str]]]], racks: Mapping[str, str]
+) -> Check:
+    """TAS: every admission of a ``required`` (and ``balanced``, submitted as
+    required) pod set on nodes of one rack; how many ``preferred`` ones did."""
+    classes = {f"{a.namespace}/{a.name}": a.cls for a in arrivals(config)}
+    problems: list[str] = []
+    preferred = in_one = 0
+    for namespace, name, pod_sets in placements:
+        cls = classes.get(f"{namespace}/{name}")
+        if cls is None or cls.tas is None:
+            continue
+        for nodes in pod_sets:
+            spread = {racks.get(n, "?") for n in nodes}
+            if cls.tas == "preferred":
+                preferred += 1
+                in_one += len(spread) == 1
+            elif len(spread) != 1:
+                problems.append(f"{namespace}/{name} ({cls.tas}): pods in racks {sorted(spread)}")
+    return Check(
+        "TAS: required (and balanced) pod sets in one rack",
+        problems,
+        {
+            "admissions": len(placements),
+            "preferred_pod_sets": preferred,
+            "preferred_in_one_rack": in_one,
+        },
+    )
+
+
 def check_ledger(problems: list[str], entries: Sequence[LedgerEntry]) -> Check:
     return Check(
         "the ledger verifies and matches the events",

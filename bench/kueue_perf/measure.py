@@ -35,6 +35,7 @@ from bench.kueue_perf.checks import (
     check_members_ran,
     check_quota,
     check_submitted,
+    check_topology,
 )
 from bench.kueue_perf.configs import Arrival, arrivals
 from bench.kueue_perf.run import Raw
@@ -352,6 +353,8 @@ def figures(raw: Raw) -> dict[str, Any]:
         ran,
         check_ledger(raw.ledger_problems, raw.entries),
     ]
+    if config.topology is not None:
+        checks.append(check_topology(config, raw.placements, raw.racks))
     return {
         "wall_s": round(wall, 2),
         "finished_in_time": raw.finished_in_time,

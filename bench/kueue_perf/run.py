@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from bench.e2e import BoxCpu, _cpu_seconds
 from bench.kueue_perf.checks import ledger_sound
-from bench.kueue_perf.configs import Config, arrivals
+from bench.kueue_perf.configs import RACK_LABEL, Config, arrivals
 from bench.kueue_perf.kubelet import Kubelets
 from bench.kueue_perf.load import Answer, Generator
 from bench.kueue_perf.manifests import central_objects, fleet_yaml, member_names, node_count
@@ -43,6 +43,7 @@ from service.app.bootstrap import make_engine
 from service.app.migrate import upgrade
 from service.runtime.demo import register_clusters, stand_ins
 from service.runtime.supervisor import Child
+from sim.fleet import load_fleet
 from tests.waiting import LONG_CEILING
 from tests.waiting import wait_for as wait_until
 from tests.workers.chaos.members import Member, kill
@@ -116,6 +117,9 @@ class Raw:
     #: ``--stand-ins api``: every job seen on a member (cluster, namespace,
     #: name, wall time it appeared), and what the bench's kubelet did.
     jobs: list[tuple[str, str, str, float]]
+    #: TAS: each admission's nodes per pod set, and each node's rack.
+    placements: list[tuple[str, str, list[list[str]]]]
+    racks: dict[str, str]
     completions: dict[str, int]
     ledger_problems: list[str]
     kill: Kill | None
@@ -143,6 +147,10 @@ EVENT_TYPES = (
     "WorkloadEvicted",
     "WorkloadRequeued",
     "ClusterLost",
+)
+_PLACEMENTS = sa.text(
+    "SELECT data->>'namespace', data->>'name', data->'status'->'admission' FROM events "
+    "WHERE type = 'WorkloadAdmitted' ORDER BY position"
 )
 _EVENTS = sa.text(
     "SELECT type, data->>'namespace', data->>'name', data->'status'->'admission'->>'cluster', "
@@ -257,6 +265,7 @@ def _execute(o: Options, exits: ExitStack) -> Raw:
             (str(t), str(ns), str(n), c, float(at))
             for t, ns, n, c, at in conn.execute(_EVENTS, {"types": list(EVENT_TYPES)})
         ]
+        placements = _placements(conn) if o.config.topology is not None else []
     entries, ledger_problems = ledger_sound(db)
     controllers = o.stand_ins == "controllers"
     intervals = {name: m.intervals() for name, m in members.items() if controllers}
@@ -277,6 +286,8 @@ def _execute(o: Options, exits: ExitStack) -> Raw:
         entries=entries,
         intervals=intervals,
         jobs=jobs,
+        placements=placements,
+        racks=_racks(stack.workdir / "fleet.yaml") if placements else {},
         completions=kubelets.counts() if kubelets else {},
         ledger_problems=ledger_problems,
         kill=watched.kill,
@@ -327,6 +338,25 @@ def _watch(
         generator.stop()
         w.statuses = {"generator-unfinished": 1}
     return w
+
+
+def _placements(conn: sa.Connection) -> list[tuple[str, str, list[list[str]]]]:
+    out = []
+    for namespace, name, admission in conn.execute(_PLACEMENTS):
+        nodes = [
+            [f"{admission['cluster']}/{spot['node']}" for spot in ps.get("placement") or ()]
+            for ps in (admission or {}).get("podSetAssignments") or ()
+        ]
+        out.append((str(namespace), str(name), nodes))
+    return out
+
+
+def _racks(fleet: Path) -> dict[str, str]:
+    """``cluster/node`` → its rack label, from the fleet file the stand-ins serve."""
+    return {
+        f"{n.cluster}/{n.name}": n.labels.get(RACK_LABEL, "")
+        for n in load_fleet(fleet.read_text()).nodes()
+    }
 
 
 def _states(db: sa.Engine) -> dict[str, int]:

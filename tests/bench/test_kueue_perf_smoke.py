@@ -20,8 +20,13 @@ from uuid import uuid4
 
 import pytest
 
-from bench.kueue_perf.checks import check_finished_once, check_quota, check_submitted
-from bench.kueue_perf.configs import BASELINE, Config, arrivals, cq_name, physical_limit
+from bench.kueue_perf.checks import (
+    check_finished_once,
+    check_quota,
+    check_submitted,
+    check_topology,
+)
+from bench.kueue_perf.configs import BASELINE, TAS, Config, arrivals, cq_name, physical_limit
 from bench.kueue_perf.measure import figures
 from bench.kueue_perf.run import ENV, Options, execute
 from service.ledger.chain import LedgerEntry
@@ -99,6 +104,21 @@ def test_finished_and_submitted_checks_catch_twice_never_and_strangers() -> None
     statuses = {k: 201 for k in keys[1:]} | {keys[0]: 422}
     problems = check_submitted(config, statuses, entries).problems
     assert [p.split(":")[0] for p in problems] == [keys[0], "stranger/x"]
+
+
+def test_topology_check_catches_a_required_pod_set_across_racks() -> None:
+    config = TAS.scaled(1, 1, 0.01)
+    by_kind = {a.cls.tas: a for a in arrivals(config)}
+    racks = {"m1/a": "r0", "m1/b": "r0", "m1/c": "r1"}
+
+    def placed(kind: str, nodes: list[str]) -> tuple[str, str, list[list[str]]]:
+        return (by_kind[kind].namespace, by_kind[kind].name, [nodes])
+
+    within = [placed("required", ["m1/a", "m1/b"]), placed("preferred", ["m1/a", "m1/c"])]
+    result = check_topology(config, within, racks)
+    assert result.ok and result.counts["preferred_in_one_rack"] == 0
+    across = [placed("required", ["m1/a", "m1/c"]), placed("balanced", ["m1/b", "m1/c"])]
+    assert len(check_topology(config, across, racks).problems) == 2
 
 
 def test_the_physical_limit_of_the_baseline_is_its_work_over_its_quota_or_later() -> None:
