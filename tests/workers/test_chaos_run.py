@@ -2,7 +2,9 @@
 it full size): the whole stack under load through a worker, the admission
 leader and an API process SIGKILLed, Redis and Postgres restarted, a member
 killed and one partitioned with its fence agent running — checked from the
-ledger and from the running intervals the members' kubelets recorded.
+ledger and from the running intervals the members' kubelets recorded; the
+load also cancels gangs and, with high priorities and teams borrowing from
+each other, makes the scheduler preempt and reclaim.
 
 The checks are first shown to fail, each on evidence that holds what it is
 for (a gang acknowledged and never finished, one nobody submitted, one
@@ -90,10 +92,33 @@ def test_lost_catches_an_acknowledged_gang_missing_from_the_ledger_or_never_ende
         _evidence(entries, acknowledged=acked, running={"team-a/runs": Holding("m1", {GPU: 8})})
     )
     assert [p.split(":")[0] for p in result.problems] == ["team-a/vanished", "team-a/stuck"]
-    assert result.counts == {"acknowledged": 4, "in_ledger": 3, "finished": 1, "running": 1}
+    assert result.counts == {
+        "acknowledged": 4,
+        "in_ledger": 3,
+        "finished": 1,
+        "cancelled": 0,
+        "running": 1,
+    }
     # Running elsewhere than the ledger says is not running.
     elsewhere = {"team-a/runs": Holding("m2", {GPU: 8})}
     assert len(check_lost(_evidence(entries, acknowledged=acked, running=elsewhere)).problems) == 3
+
+
+def test_lost_counts_a_pending_gang_cancelled_on_request_and_catches_one_never_asked() -> None:
+    entries = _entries(
+        ("workload.submitted", "team-a/asked", {}),
+        ("workload.submitted", "team-a/unasked", {}),
+    )
+    evidence = _evidence(entries, acknowledged={"team-a/asked", "team-a/unasked"})
+    evidence.states = {k: ("Cancelled", None) for k in evidence.acknowledged}
+    evidence.cancel_asked = evidence.cancelled = {"team-a/asked"}
+    result = check_lost(evidence)
+    assert result.problems == [
+        "team-a/unasked: acknowledged, neither finished nor running (state Cancelled, "
+        "last entry workload.submitted)",
+        "team-a/unasked: cancelled, never asked",
+    ]
+    assert result.counts["cancelled"] == 2
 
 
 def test_unexpected_catches_what_no_client_submitted() -> None:
@@ -175,7 +200,7 @@ def test_members_match_catches_usage_billed_but_not_running() -> None:
 # --- the runs ------------------------------------------------------------------------------
 
 
-def _assert_sound(runner: Runner) -> None:
+def _assert_sound(runner: Runner, *, cancels: bool = False, preemptions: bool = False) -> None:
     run = runner.execute()
     report = table(run.checks)
     assert run.checks and run.ok, f"{report}\n{run.to_json()}"
@@ -189,6 +214,11 @@ def _assert_sound(runner: Runner) -> None:
     assert run.failures == [], run.failures
     assert not any(a.startswith("500") for a in run.answers), run.answers
     assert run.processes_left == [], run.processes_left
+    if cancels:  # the load cancelled gangs, and some were holding capacity then
+        assert run.check("lost").counts["cancelled"] > 0, run.check("lost").counts
+        assert any(a.startswith("cancel 200") for a in run.answers), run.answers
+    if preemptions:
+        assert run.check("admitted twice without a release between").counts["preempted"] > 0
 
 
 @pytest.mark.timeout(900)
@@ -208,8 +238,12 @@ def test_the_fault_sequence_loses_nothing_adds_nothing_and_runs_nothing_twice(
         long_seconds=(18.0, 22.0),
         fresh=4.0,
         nodes=4,
+        cancel_every=7,
+        high_every=5,
+        nominal_fraction=0.5,
+        preemption=True,
     )
-    _assert_sound(Runner(tmp_path, size))
+    _assert_sound(Runner(tmp_path, size), cancels=True, preemptions=True)
 
 
 @pytest.mark.slow

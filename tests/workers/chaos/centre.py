@@ -25,6 +25,11 @@ _RECONCILED_AFTER = sa.text(
     "SELECT count(*) FROM processed_messages WHERE outcome = 'done' "
     "AND consumer = 'reconcile.cluster' AND processed_at > :at"
 )
+_ADMITTED_ELSEWHERE = sa.text(
+    "SELECT DISTINCT data->>'namespace' || '/' || (data->>'name') FROM events "
+    "WHERE type = 'WorkloadAdmitted' AND recorded_at > :at "
+    "AND data->'status'->'admission'->>'cluster' <> :cluster"
+)
 HOLDING = ("Admitted", "Running", "Cancelling")
 
 
@@ -65,6 +70,17 @@ class Centre:
             "admitted": int(self._scalar(_ADMITTED_AFTER, at=moment) or 0),
             "reconciled": int(self._scalar(_RECONCILED_AFTER, at=moment) or 0),
         }
+
+    def admitted_elsewhere(self, cluster: str, since: float) -> set[str]:
+        """The gangs admitted to a member other than ``cluster`` after ``since`` (wall time)."""
+        at = datetime.fromtimestamp(since, UTC)
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(_ADMITTED_ELSEWHERE, {"at": at, "cluster": cluster}).all()
+        except sa.exc.DBAPIError:
+            self.engine.dispose()
+            return set()
+        return {str(key) for (key,) in rows}
 
     def holding_on(self, cluster: str) -> int:
         return sum(1 for s, c in self.states().values() if s in HOLDING and c == cluster)

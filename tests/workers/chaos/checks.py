@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from service.ledger.accounting import RELEASING, Holding, audit, double_closes
@@ -42,6 +42,9 @@ class Evidence:
     running: dict[str, Holding]
     #: Jobs of ours still on live members.
     leftover_jobs: list[str]
+    #: Gangs the client asked to cancel, and those whose cancel it was answered.
+    cancel_asked: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)
 
     @classmethod
     def collect(cls, centre: Centre, members: Iterable[Member], load: Load) -> Evidence:
@@ -78,7 +81,11 @@ class Evidence:
                 running[gang] = Holding(member.name, {GPU: gpus})
         with load.lock:
             acknowledged, attempted = set(load.acknowledged), set(load.attempted)
-        return cls(acknowledged, attempted, entries, centre.states(), runs, running, leftovers)
+            asked, cancelled = set(load.cancel_asked), set(load.cancelled)
+        states = centre.states()
+        return cls(
+            acknowledged, attempted, entries, states, runs, running, leftovers, asked, cancelled
+        )
 
 
 def running_gangs(records: Iterable[Mapping[str, Any]], since: float = 0.0) -> set[str]:
@@ -129,14 +136,17 @@ def _key(entry: LedgerEntry) -> str:
 
 
 def check_lost(evidence: Evidence) -> CheckResult:
-    """Every acknowledged submission is in the ledger and has finished, or
-    runs (open in the ledger and running on the member the ledger says)."""
+    """Every acknowledged submission is in the ledger and has finished (a
+    cancel answered 200 ends it cancelled), or runs (open in the ledger and
+    running on the member the ledger says); none ended cancelled that no
+    client asked to cancel."""
     submitted = {_key(e) for e in evidence.entries if e.kind == "workload.submitted"}
-    last: dict[str, LedgerEntry] = {}
+    last: dict[str, LedgerEntry] = {}  # the last submission, admission or release
     for entry in evidence.entries:
-        if entry.kind.startswith("workload."):
+        if entry.kind in ("workload.submitted", "workload.admitted") or entry.kind in RELEASING:
             last[_key(entry)] = entry
     finished = {k for k, e in last.items() if e.kind == "workload.finished"}
+    cancelled = {k for k, (state, _) in evidence.states.items() if state == "Cancelled"}
     runs_now = {
         k
         for k, e in last.items()
@@ -144,6 +154,7 @@ def check_lost(evidence: Evidence) -> CheckResult:
         and k in evidence.running
         and evidence.running[k].cluster == e.body.get("cluster")
     }
+    ended = finished | (cancelled & evidence.cancelled)
     problems = [
         f"{k}: acknowledged, no workload.submitted entry"
         for k in sorted(evidence.acknowledged - submitted)
@@ -152,8 +163,9 @@ def check_lost(evidence: Evidence) -> CheckResult:
         f"{k}: acknowledged, neither finished nor running (state "
         f"{evidence.states.get(k, ('absent', None))[0]}, last entry "
         f"{last[k].kind if k in last else 'none'})"
-        for k in sorted((evidence.acknowledged & submitted) - finished - runs_now)
+        for k in sorted((evidence.acknowledged & submitted) - ended - runs_now)
     ]
+    problems += [f"{k}: cancelled, never asked" for k in sorted(cancelled - evidence.cancel_asked)]
     return CheckResult(
         "lost",
         problems,
@@ -161,6 +173,7 @@ def check_lost(evidence: Evidence) -> CheckResult:
             "acknowledged": len(evidence.acknowledged),
             "in_ledger": len(evidence.acknowledged & submitted),
             "finished": len(evidence.acknowledged & finished),
+            "cancelled": len(evidence.acknowledged & cancelled),
             "running": len(evidence.acknowledged & runs_now),
         },
     )

@@ -11,6 +11,8 @@ from tests.workers.stack import (
 WORKLOAD_LABEL = "quartermaster.dev/workload"
 ADMISSION_LABEL = "quartermaster.dev/admission"
 TEAMS = ("team-a", "team-b")
+#: The WorkloadPriorityClass of the high-priority gangs (``Size.high_every``).
+HIGH = "high"
 MEMBERS = ("m1", "m2", "m3")
 #: Quick cycles and heartbeats, and fencing consistent as workers/settings.py
 #: demands: the write window W = 2 x 1 s heartbeats + 1 s + 3 s timeouts = 6 s;
@@ -63,3 +65,16 @@ class Size:
     faults: tuple[str, ...] = FAULTS
     #: Workloads created behind the client's back (to see ``unexpected`` catch them).
     rogue: int = 0
+    #: Every n-th acknowledged gang is cancelled within ``cancel_within``
+    #: seconds of its 201 (pending, starting or running by then); 0: none.
+    cancel_every: int = 0
+    cancel_within: float = 6.0
+    #: Every n-th gang has a high priority (its ClusterQueue preempts lower
+    #: ones for it); 0: none.
+    high_every: int = 0
+    #: Each team's nominal quota as a share of the fleet's GPUs split evenly,
+    #: with as much again to borrow; below 1, and with ``preemption``, teams
+    #: borrow and reclaim from each other (reclaimWithinCohort: Any,
+    #: withinClusterQueue: LowerPriority).
+    nominal_fraction: float = 1.0
+    preemption: bool = False

@@ -32,7 +32,7 @@ from tests.workers.chaos.checks import (
     running_gangs,
     table,
 )
-from tests.workers.chaos.config import FAULTS, MEMBERS, SETTINGS, TEAMS, Size
+from tests.workers.chaos.config import FAULTS, HIGH, MEMBERS, SETTINGS, TEAMS, Size
 from tests.workers.chaos.load import Load
 from tests.workers.chaos.members import Member, kill, start_agent, start_members
 from tests.workers.stack import (
@@ -43,6 +43,7 @@ from tests.workers.stack import (
     base_manifests,
     gang,
     local_queue,
+    manifest,
     private_postgres,
     private_redis,
     team_queue,
@@ -186,8 +187,12 @@ class Runner:
             stack.start_scheduler(standby=True)
             gpus = len(MEMBERS) * size.nodes * 8
             manifests = [*base_manifests()]
+            if size.high_every:
+                high = manifest("WorkloadPriorityClass", HIGH, {})
+                del high["spec"]  # its value is at the top level, as in Kueue
+                manifests.append({**high, "value": 1000})
             for team in TEAMS:
-                manifests += [team_queue(team, gpus // len(TEAMS)), local_queue(team, team)]
+                manifests += [_team_queue(team, gpus, size), local_queue(team, team)]
             registered = [
                 dataclasses.replace(m.stand_in, server=f"https://{relays[m.name].address}")
                 for m in members.values()
@@ -392,19 +397,20 @@ class Runner:
         }
 
     @staticmethod
-    def _requeued_from(c: _Context, name: str) -> bool:
+    def _requeued_from(c: _Context, name: str, since: float) -> bool:
         """The member is Lost, holds nothing, and every gang that ran there
-        at the fault runs on another member or has ended."""
+        at the fault has ended, or was admitted to another member since
+        (where a higher-priority gang may have preempted it again)."""
         if c.centre.cluster_state(name) != "Lost":
             return False
         states = c.centre.states()
         if any(s in HOLDING and at == name for s, at in states.values()):
             return False
-        return all(
-            (states[g][0] == "Running" and states[g][1] != name) or states[g][0] in ENDED
-            for g in c.moved.get(name, ())
-            if g in states
-        )
+        moved = [g for g in c.moved.get(name, ()) if g in states]
+        if all(states[g][0] in ENDED for g in moved):
+            return True
+        elsewhere = c.centre.admitted_elsewhere(name, since)
+        return all(states[g][0] in ENDED or g in elsewhere for g in moved)
 
     def _member_kill(self, c: _Context) -> None:
         name = self._target(c, long=False)
@@ -412,7 +418,7 @@ class Runner:
             "member-kill",
             f"SIGKILL the busiest member, {name}, and its fence agent, for good",
             lambda: self._kill_member(c, name),
-            lambda at: self._requeued_from(c, name),
+            lambda at: self._requeued_from(c, name, at),
         )
 
     def _partition(self, c: _Context) -> None:
@@ -422,7 +428,7 @@ class Runner:
             f"cut the centre's link to {name}, running the most long gangs (its agent "
             "runs on), until its gangs are requeued",
             lambda: self._cut(c, name),
-            lambda at: self._requeued_from(c, name),
+            lambda at: self._requeued_from(c, name, at),
         )
         self._heal(c, name)
 
@@ -488,3 +494,13 @@ class _Context:
     cut: set[str] = field(default_factory=set)
     #: The gangs running on a member when it was killed or cut off.
     moved: dict[str, set[str]] = field(default_factory=dict)
+
+
+def _team_queue(team: str, fleet_gpus: int, size: Size) -> dict[str, Any]:
+    """A team's ClusterQueue: its share of the fleet, and with ``preemption``
+    as much again to borrow, reclaimed and preempted for by priority."""
+    nominal = int(fleet_gpus * size.nominal_fraction) // len(TEAMS)
+    if not size.preemption:
+        return team_queue(team, nominal)
+    policy = {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"}
+    return team_queue(team, nominal, borrowing_limit=nominal, preemption=policy)
