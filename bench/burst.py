@@ -235,6 +235,10 @@ def _ms(value: float) -> float | None:
 
 
 def _ratio(over: float, under: float) -> float:
+    """``over / under``; a failed ``under`` leaves it undefined (nan), a
+    failed ``over`` alone makes it infinite."""
+    if math.isinf(under):
+        return math.nan
     return math.inf if math.isinf(over) else round(over / under, 3)
 
 
@@ -274,7 +278,9 @@ def _noisy_summary(records: list[list[Any]]) -> dict[str, Any]:
 def _spread(values: list[float]) -> dict[str, float | None]:
     """Median, quartiles and range; a round whose p99 failed counts as
     larger than any (null in JSON)."""
-    ordered = sorted(values)
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return {"median": None, "min": None, "max": None, "q1": None, "q3": None}
     quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else ordered * 3
     return {
         "median": _ms3(statistics.median(ordered)),
@@ -491,6 +497,7 @@ def _report(
         "command": "flock /tmp/qm-bench.lock .venv/bin/python "
         + " ".join(["bench/burst.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _commit(),
         "settings": {
             "api_processes": 2,
             "good_tenants": args.tenants,
@@ -508,7 +515,31 @@ def _report(
                 [r["quiet_after_over_before_p99"] for r in rounds]
             ),
             "pooled": {**pooled, "p99_ratio": _ms3(pooled_ratio)},
-            "target_met": statistics.median(ratios) <= 1.2,
+            "rounds_undefined": sum(math.isnan(r) for r in ratios),
+            "target_met": bool(
+                [r for r in ratios if not math.isnan(r)]
+                and statistics.median(r for r in ratios if not math.isnan(r)) <= 1.2
+            ),
+            "api_cpu_share": {
+                kind: round(
+                    statistics.mean(
+                        f["cpu"]["api_s"] / f["seconds"] for f in measured if f["kind"] == kind
+                    ),
+                    3,
+                )
+                for kind in ("quiet", "burst")
+            },
+            "noisy_2xx_per_s": {
+                kind: round(
+                    statistics.mean(
+                        f["noisy"]["answered_2xx"] / f["seconds"]
+                        for f in measured
+                        if f["kind"] == kind
+                    ),
+                    1,
+                )
+                for kind in ("quiet", "burst")
+            },
             "good_unanswered": good_run["unanswered"],
             "api_log": api_log,
         },
@@ -523,6 +554,17 @@ def _report(
     }
 
 
+def _commit() -> str | None:
+    """The code measured: this checkout's commit, or QM_BENCH_COMMIT for a copy."""
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return found.stdout.strip() or os.environ.get("QM_BENCH_COMMIT")
+
+
 def table(result: dict[str, Any]) -> str:
     """The per-round table of bench/results/README.md."""
     phases = result["phases"][1:]
@@ -533,8 +575,10 @@ def table(result: dict[str, Any]) -> str:
         "| load average |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rounds"]:
-        before, burst, after = phases[2 * r["round"] - 2 : 2 * r["round"] + 1]
+    for shown in result["rounds"]:
+        r: dict[str, Any] = {k: "—" if v is None else v for k, v in shown.items()}
+        at = 2 * shown["round"]
+        before, burst, after = phases[at - 2 : at + 1]
         quiet_api = (before["cpu"]["api_s"] + after["cpu"]["api_s"]) / 2
         seconds = burst["seconds"]
         lines.append(
