@@ -317,3 +317,23 @@ def test_an_entry_resealed_in_the_database_fails_the_check(fleet: Fleet, auditor
         _reseal(fleet.services.engine, original)
     page.goto(url)
     assert verdict(page)[0] == "verified"
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("/ui/ledger?since=yesterday", "since"),
+        ("/ui/ledger?since=2026-12-02T10:00&until=2026-12-01T10:00", "until"),
+        ("/ui/ledger?kind=workload.teleported", "kind"),
+        ("/ui/ledger?namespace=Team_A", "namespace"),
+        ("/ui/ledger?before=0", "before"),
+        ("/ui/ledger/entries/0", "seq"),
+        ("/ui/ledger/export?format=xml", "format"),
+    ],
+)
+def test_bad_input_is_an_error_page_naming_the_field(
+    fleet: Fleet, auditor: Any, query: str, field: str
+) -> None:
+    answer = auditor.request.get(fleet.base_url + query)
+    assert answer.status == 422, answer.text()
+    assert f"<code>{field}</code>" in answer.text()

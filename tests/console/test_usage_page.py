@@ -152,3 +152,23 @@ def test_a_chosen_period_keeps_its_own_rows(
         "rows => rows.map(r => r.dataset.period)"
     )
     assert periods and {p[:10] for p in periods} == {today}
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("/ui/usage?granularity=week", "granularity"),
+        ("/ui/usage?asOf=soon", "asOf"),
+        ("/ui/usage?since=2026-02-30", "since"),
+        ("/ui/usage?resource=GPU%20please", "resource"),
+        ("/ui/usage.csv?by=planet", "by"),
+    ],
+)
+def test_bad_input_is_an_error_page_naming_the_field(
+    fleet: Fleet, browse: Callable[[], Any], query: str, field: str
+) -> None:
+    page = browse()
+    sign_in(page, fleet.base_url, ADMIN_TOKEN, start="/ui/usage")
+    answer = page.request.get(fleet.base_url + query)
+    assert answer.status == 422, answer.text()
+    assert f"<code>{field}</code>" in answer.text()
