@@ -386,7 +386,7 @@ def engine_only(fleet_text: str, objects: list[dict[str, Any]], count: int) -> d
         by_kind.setdefault(obj["kind"], []).append(obj)
 
     def meta(obj: dict[str, Any]) -> dict[str, Any]:
-        # As the admission cycle reads them (service/app/admission.py).
+        # As the admission cycle reads them (service/app/admission/__init__.py).
         labels = {WORKLOAD_CLASS_LABEL: "training"} if obj["kind"] == "ClusterQueue" else {}
         return {"metadata": {**obj["metadata"], "labels": labels}, "spec": obj["spec"]}
 

@@ -3,7 +3,7 @@ inventory and heartbeat; our jobs → workload events (Running, Finished with
 its ledger entry, Evicted by the member); silence past the lease → Lost, its
 gangs requeued whole.
 
-Shapes are those documented in service/app/admission.py. Each change is one
+Shapes are those documented in service/app/admission/__init__.py. Each change is one
 event carrying the object's whole new state, with its read-model row, in the
 caller's unit of work (workers/records.py).
 

@@ -252,7 +252,7 @@ class PodSetAssignment(Model):
 
 
 class Admission(Model):
-    """Where a gang runs: set by the admission cycle (see service/app/admission.py)."""
+    """Where a gang runs: set by the admission cycle (see service/app/admission/__init__.py)."""
 
     cluster_queue: str | None = None
     cluster: str | None = None

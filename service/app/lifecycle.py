@@ -16,7 +16,7 @@ holds: the ledger's open usage equals what the members run. What the pods
 measured by the worker when it removes the job, or estimated here when a
 cluster is lost (:func:`lose_cluster`).
 
-Shapes are those documented in ``service/app/admission.py``. No I/O here:
+Shapes are those documented in ``service/app/admission/__init__.py``. No I/O here:
 callers (the admission cycle, submissions, reconcile, sync, cluster
 collection) append ``event`` with ``status`` and record ``entries``.
 """

@@ -25,7 +25,7 @@ from quartermaster_client.outcomes import waiting_for
 
 from tests.clients.conftest import gpu_pod
 
-ADMISSION = {  # as the admission cycle writes it (service/app/admission.py)
+ADMISSION = {  # as the admission cycle writes it (service/app/admission/__init__.py)
     "clusterQueue": "team-a",
     "cluster": "east-1",
     "island": "block-3",
