@@ -50,8 +50,11 @@ WORKLOAD_EVENTS = (
 )
 NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-Filter = Annotated[str | None, Query(max_length=253, pattern=NAME)]
-Namespace = Annotated[str | None, Query(max_length=63, pattern=NAMESPACE)]
+#: A filter form sends its empty fields too ("queue="): empty is no filter.
+Filter = Annotated[str | None, Query(max_length=253, pattern=r"^$|" + NAME)]
+Namespace = Annotated[str | None, Query(max_length=63, pattern=r"^$|" + NAMESPACE)]
+#: One of STATES (checked in _listing, which names them all).
+State = Annotated[str | None, Query(max_length=32)]
 NamespacePath = Annotated[str, Path(max_length=63, pattern=NAMESPACE)]
 NamePath = Annotated[str, Path(max_length=253, pattern=NAME)]
 #: Filters and the field selector each becomes (service/app/selectors.py).
@@ -169,7 +172,7 @@ def workloads_router() -> APIRouter:
         services: Services_,
         namespace: Namespace = None,
         queue: Filter = None,
-        state: Filter = None,
+        state: State = None,
         cluster: Filter = None,
         priority: Filter = None,
         continue_: Annotated[str | None, Query(alias="continue", max_length=512)] = None,
@@ -184,7 +187,7 @@ def workloads_router() -> APIRouter:
         services: Services_,
         namespace: Namespace = None,
         queue: Filter = None,
-        state: Filter = None,
+        state: State = None,
         cluster: Filter = None,
         priority: Filter = None,
         continue_: Annotated[str | None, Query(alias="continue", max_length=512)] = None,
