@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from sim.kubesim.controllers.jobs import (
-    JobController,
-    JobSetController,
-    MPIJobController,
-    PyTorchJobController,
-)
+from sim.kubesim.controllers.jobs import JobController
+from sim.kubesim.controllers.jobset import JobSetController
 from sim.kubesim.controllers.kueue import KueueController
 from sim.kubesim.controllers.nodes import Kubelet, Scheduler
+from sim.kubesim.controllers.training import MPIJobController, PyTorchJobController
 
 if TYPE_CHECKING:
     from sim.kubesim.cluster import SimCluster

@@ -1,15 +1,12 @@
-"""Workload controllers: batch/v1 Job, JobSet, and the Kubeflow-style replica jobs.
+"""The batch/v1 Job controller (JobSet: :mod:`.jobset`; PyTorchJob and MPIJob:
+:mod:`.training`).
 
-The Job controller follows kube-controller-manager's: pods carry the
+It follows kube-controller-manager's: pods carry the
 ``batch.kubernetes.io/job-tracking`` finalizer until their end is counted in
 ``status.succeeded`` / ``failed``; a suspended Job's pods are deleted without
 counting as failures; ``backoffLimit``, ``activeDeadlineSeconds``,
 ``completions`` (NonIndexed and Indexed) and ``parallelism`` decide the
 ``SuccessCriteriaMet``/``Complete`` or ``FailureTarget``/``Failed`` conditions.
-A JobSet runs as child Jobs (one per replicated-job replica), as the JobSet
-controller does; PyTorchJob and MPIJob create their pods directly, one per
-replica, and succeed when their Master / Launcher does (or all pods, without
-one).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from typing import Any, cast
 from sim.kubesim.api import now_rfc3339
 from sim.kubesim.controllers.base import (
     Reconciler,
-    condition,
     controller_of,
     is_true,
     owner_reference,
@@ -29,7 +25,7 @@ from sim.kubesim.controllers.base import (
 )
 from sim.kubesim.store import DELETED, Event, clone
 
-__all__ = ["TRACKING_FINALIZER", "JobController", "JobSetController", "ReplicaJobController"]
+__all__ = ["TRACKING_FINALIZER", "JobController", "pod_phase"]
 
 Obj = dict[str, Any]
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -39,12 +35,12 @@ JOB_CONTROLLER_NAME = "kubernetes.io/job-controller"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
-def _phase(pod: Obj) -> str:
+def pod_phase(pod: Obj) -> str:
     return str((pod.get("status") or {}).get("phase", "Pending"))
 
 
 def _ready(pod: Obj) -> bool:
-    return _phase(pod) == "Running" and is_true(pod, "Ready")
+    return pod_phase(pod) == "Running" and is_true(pod, "Ready")
 
 
 def _index_set(text: str | None) -> set[int]:
@@ -151,7 +147,7 @@ class JobController(Reconciler):
         active = []
         indexes = _index_set(status.get("completedIndexes"))
         for pod in pods:
-            ended = _phase(pod) in ("Succeeded", "Failed") or pod["metadata"].get(
+            ended = pod_phase(pod) in ("Succeeded", "Failed") or pod["metadata"].get(
                 "deletionTimestamp"
             )
             if not ended:
@@ -162,7 +158,7 @@ class JobController(Reconciler):
             uid = pod["metadata"]["uid"]
             if uid in self.expected_deletions:
                 self.expected_deletions.discard(uid)
-            elif _phase(pod) == "Succeeded":
+            elif pod_phase(pod) == "Succeeded":
                 status["succeeded"] = status.get("succeeded", 0) + 1
                 index = (pod["metadata"].get("annotations") or {}).get(INDEX_ANNOTATION)
                 if index is not None:
@@ -332,335 +328,3 @@ def _elapsed(start: str | None) -> float:
 
     then = datetime.fromisoformat(start.replace("Z", "+00:00"))
     return (datetime.now(UTC) - then).total_seconds()
-
-
-class JobSetController(Reconciler):
-    """``jobset.x-k8s.io/v1alpha2``: one child Job per replicated-job replica."""
-
-    name = "jobset-controller"
-    manager = "jobset"
-
-    def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
-        if resource_key == "jobsets.jobset.x-k8s.io":
-            yield event.key
-        elif resource_key == "jobs.batch":
-            owner = controller_of(event.obj)
-            if owner and owner.get("kind") == "JobSet":
-                yield (event.key[0], owner.get("name", ""))
-
-    def reconcile(self, key: Hashable) -> None:
-        namespace, name = cast(tuple[str, str], key)
-        jobset = self.get("jobsets.jobset.x-k8s.io", namespace, name)
-        if jobset is None or jobset["metadata"].get("deletionTimestamp"):
-            return
-        spec = jobset.get("spec") or {}
-        suspended = bool(spec.get("suspend"))
-        children = {
-            job["metadata"]["name"]: job
-            for job in self.items("jobs.batch", namespace)
-            if (controller_of(job) or {}).get("uid") == jobset["metadata"]["uid"]
-        }
-        status = clone(jobset.get("status") or {})
-        finished = is_true(jobset, "Completed") or is_true(jobset, "Failed")
-        summary = []
-        for replicated in spec.get("replicatedJobs") or ():
-            counts = {
-                "name": replicated["name"],
-                "ready": 0,
-                "succeeded": 0,
-                "failed": 0,
-                "active": 0,
-                "suspended": 0,
-            }
-            for index in range(int(replicated.get("replicas", 1))):
-                child_name = f"{name}-{replicated['name']}-{index}"
-                child = children.get(child_name)
-                if child is None and not finished:
-                    child = self._create_child(jobset, replicated, index, suspended)
-                elif child is not None and not finished:
-                    child = self._sync_child(child, replicated, suspended)
-                if child is not None:
-                    _tally(counts, child)
-            summary.append(counts)
-        status["replicatedJobsStatus"] = summary
-        self._conditions(jobset, status, suspended, summary)
-        self.mutate(
-            "jobsets.jobset.x-k8s.io",
-            jobset,
-            lambda j: j.__setitem__("status", status),
-            status=True,
-        )
-
-    def _create_child(self, jobset: Obj, replicated: Obj, index: int, suspended: bool) -> Obj:
-        template = clone(replicated.get("template") or {})
-        name = jobset["metadata"]["name"]
-        labels = {
-            **(template.get("metadata") or {}).get("labels", {}),
-            "jobset.sigs.k8s.io/jobset-name": name,
-            "jobset.sigs.k8s.io/replicatedjob-name": replicated["name"],
-            "jobset.sigs.k8s.io/job-index": str(index),
-        }
-        spec = template.get("spec") or {}
-        spec["suspend"] = suspended
-        pod_labels = (
-            spec.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})
-        )
-        pod_labels.update({k: v for k, v in labels.items() if k.startswith("jobset.sigs.k8s.io/")})
-        child = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": f"{name}-{replicated['name']}-{index}",
-                "namespace": jobset["metadata"]["namespace"],
-                "labels": labels,
-                "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
-                "ownerReferences": [owner_reference(jobset)],
-            },
-            "spec": spec,
-        }
-        return self.create("jobs.batch", child)
-
-    def _sync_child(self, child: Obj, replicated: Obj, suspended: bool) -> Obj:
-        if bool(child["spec"].get("suspend")) == suspended:
-            return child
-        wanted = ((replicated.get("template") or {}).get("spec") or {}).get("template") or {}
-
-        def change(job: Obj) -> None:
-            job["spec"]["suspend"] = suspended
-            if not suspended:
-                pod_spec = job["spec"]["template"].setdefault("spec", {})
-                for field in ("nodeSelector", "tolerations", "affinity"):
-                    if field in (wanted.get("spec") or {}):
-                        pod_spec[field] = clone(wanted["spec"][field])
-                    else:
-                        pod_spec.pop(field, None)
-
-        return self.mutate("jobs.batch", child, change)
-
-    def _conditions(self, jobset: Obj, status: Obj, suspended: bool, summary: list[Obj]) -> None:
-        if is_true(jobset, "Completed") or is_true(jobset, "Failed"):
-            return
-        expected = sum(
-            int(r.get("replicas", 1))
-            for r in (jobset.get("spec") or {}).get("replicatedJobs") or ()
-        )
-        if any(c["failed"] for c in summary):
-            set_condition(
-                status,
-                "Failed",
-                "True",
-                "FailedJobs",
-                "jobset failed due to one or more job failures",
-            )
-            status["terminalState"] = "Failed"
-            return
-        if expected and sum(c["succeeded"] for c in summary) >= expected:
-            set_condition(
-                status, "Completed", "True", "AllJobsCompleted", "jobset completed successfully"
-            )
-            status["terminalState"] = "Completed"
-            return
-        if suspended:
-            set_condition(status, "Suspended", "True", "SuspendedJobs", "jobset is suspended")
-        elif condition(jobset, "Suspended") is not None:
-            set_condition(status, "Suspended", "False", "ResumeJobs", "jobset is resumed")
-
-
-def _tally(counts: Obj, job: Obj) -> None:
-    status = job.get("status") or {}
-    if is_true(job, "Complete"):
-        counts["succeeded"] += 1
-    elif is_true(job, "Failed"):
-        counts["failed"] += 1
-    elif job["spec"].get("suspend"):
-        counts["suspended"] += 1
-    else:
-        counts["active"] += 1
-        if status.get("ready", 0) >= job["spec"].get("parallelism", 1):
-            counts["ready"] += 1
-
-
-class ReplicaJobController(Reconciler):
-    """PyTorchJob (``kubeflow.org/v1``) and MPIJob (``kubeflow.org/v2beta1``): pods per replica."""
-
-    manager = "training-operator"
-    resource_key = ""
-    specs_field = ""
-    leader = ""
-    kind = ""
-
-    def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
-        if resource_key == self.resource_key:
-            yield event.key
-        elif resource_key == "pods":
-            owner = controller_of(event.obj)
-            if owner and owner.get("kind") == self.kind:
-                yield (event.key[0], owner.get("name", ""))
-
-    def reconcile(self, key: Hashable) -> None:
-        namespace, name = cast(tuple[str, str], key)
-        job = self.get(self.resource_key, namespace, name)
-        if job is None or job["metadata"].get("deletionTimestamp"):
-            return
-        spec = job.get("spec") or {}
-        suspended = bool((spec.get("runPolicy") or {}).get("suspend"))
-        pods = {
-            pod["metadata"]["name"]: pod
-            for pod in self.items("pods", namespace)
-            if (controller_of(pod) or {}).get("uid") == job["metadata"]["uid"]
-        }
-        status = clone(job.get("status") or {})
-        finished = is_true(job, "Succeeded") or is_true(job, "Failed")
-        if suspended or finished:
-            for pod in pods.values():
-                if _phase(pod) not in ("Succeeded", "Failed"):
-                    self.delete("pods", pod)
-            if suspended and not finished:
-                set_condition(
-                    status,
-                    "Suspended",
-                    "True",
-                    f"{self.kind}Suspended",
-                    f"{self.kind} {name} is suspended.",
-                )
-                set_condition(
-                    status,
-                    "Running",
-                    "False",
-                    f"{self.kind}Suspended",
-                    f"{self.kind} {name} is suspended.",
-                )
-            self._write(job, status)
-            return
-        if is_true(job, "Suspended"):
-            set_condition(
-                status,
-                "Suspended",
-                "False",
-                f"{self.kind}Resumed",
-                f"{self.kind} {name} is resumed.",
-            )
-        status.setdefault("startTime", now_rfc3339())
-        if condition(job, "Created") is None:
-            set_condition(
-                status,
-                "Created",
-                "True",
-                f"{self.kind}Created",
-                f"{self.kind} {namespace}/{name} is created.",
-            )
-        replica_status: dict[str, Obj] = {}
-        for replica_type, replica in (spec.get(self.specs_field) or {}).items():
-            counts = {"active": 0, "succeeded": 0, "failed": 0}
-            for index in range(int(replica.get("replicas", 1))):
-                pod_name = self._pod_name(name, replica_type, index)
-                pod = pods.get(pod_name) or self._create_pod(
-                    job, replica_type, replica, index, pod_name
-                )
-                phase = _phase(pod)
-                counts[
-                    "succeeded"
-                    if phase == "Succeeded"
-                    else "failed"
-                    if phase == "Failed"
-                    else "active"
-                ] += 1
-            replica_status[replica_type] = counts
-        status["replicaStatuses"] = replica_status
-        self._conditions(job, status, replica_status)
-        self._write(job, status)
-
-    def _pod_name(self, name: str, replica_type: str, index: int) -> str:
-        if replica_type == "Launcher":
-            return f"{name}-launcher"
-        return f"{name}-{replica_type.lower()}-{index}"
-
-    def _create_pod(
-        self, job: Obj, replica_type: str, replica: Obj, index: int, pod_name: str
-    ) -> Obj:
-        template = clone(replica.get("template") or {})
-        metadata = template.get("metadata") or {}
-        labels = {
-            **(metadata.get("labels") or {}),
-            "training.kubeflow.org/job-name": job["metadata"]["name"],
-            "training.kubeflow.org/operator-name": self.kind.lower().replace(
-                "job", "job-controller"
-            ),
-            "training.kubeflow.org/replica-type": replica_type.lower(),
-            "training.kubeflow.org/replica-index": str(index),
-        }
-        pod: Obj = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": job["metadata"]["namespace"],
-                "labels": labels,
-                "annotations": dict(metadata.get("annotations") or {}),
-                "ownerReferences": [owner_reference(job)],
-            },
-            "spec": template.get("spec") or {},
-        }
-        if metadata.get("finalizers"):  # copied from the template, as GetPodFromTemplate does
-            pod["metadata"]["finalizers"] = list(metadata["finalizers"])
-        pod["spec"].setdefault("restartPolicy", replica.get("restartPolicy", "Never"))
-        if pod["spec"]["restartPolicy"] == "ExitCode":
-            pod["spec"]["restartPolicy"] = "Never"
-        return self.create("pods", pod)
-
-    def _conditions(self, job: Obj, status: Obj, replicas: dict[str, Obj]) -> None:
-        name = job["metadata"]["name"]
-        now = now_rfc3339()
-        if any(c["failed"] for c in replicas.values()):
-            set_condition(
-                status, "Running", "False", f"{self.kind}Failed", f"{self.kind} {name} is failed."
-            )
-            set_condition(
-                status,
-                "Failed",
-                "True",
-                f"{self.kind}Failed",
-                f"{self.kind} {name} is failed because a replica failed.",
-            )
-            status["completionTime"] = now
-            return
-        deciding = {self.leader: replicas[self.leader]} if self.leader in replicas else replicas
-        if deciding and all(c["succeeded"] and not c["active"] for c in deciding.values()):
-            set_condition(
-                status,
-                "Running",
-                "False",
-                f"{self.kind}Succeeded",
-                f"{self.kind} {name} is successfully completed.",
-            )
-            set_condition(
-                status,
-                "Succeeded",
-                "True",
-                f"{self.kind}Succeeded",
-                f"{self.kind} {name} is successfully completed.",
-            )
-            status["completionTime"] = now
-            return
-        set_condition(
-            status, "Running", "True", f"{self.kind}Running", f"{self.kind} {name} is running."
-        )
-
-    def _write(self, job: Obj, status: Obj) -> None:
-        self.mutate(self.resource_key, job, lambda j: j.__setitem__("status", status), status=True)
-
-
-class PyTorchJobController(ReplicaJobController):
-    name = "pytorchjob-controller"
-    resource_key = "pytorchjobs.kubeflow.org"
-    specs_field = "pytorchReplicaSpecs"
-    leader = "Master"
-    kind = "PyTorchJob"
-
-
-class MPIJobController(ReplicaJobController):
-    name = "mpijob-controller"
-    resource_key = "mpijobs.kubeflow.org"
-    specs_field = "mpiReplicaSpecs"
-    leader = "Launcher"
-    kind = "MPIJob"
