@@ -147,6 +147,18 @@ def test_the_browser_verifies_an_entry_against_the_latest_signed_checkpoint(
     assert page.get_by_label("Verifier key").input_value() == fleet.signer.verifier_key
 
 
+def test_a_workloads_ledger_entries_lead_to_their_verified_pages(
+    fleet: Fleet, auditor: Any
+) -> None:
+    admitted = next(e for e in fleet.entries("workload.admitted") if e["seq"] <= fleet.size)
+    body = admitted["body"]
+    page = auditor
+    page.goto(f"{fleet.base_url}/ui/workloads/{body['namespace']}/{body['workload']}")
+    page.get_by_role("link", name=f"Ledger entry {admitted['seq']}").click()
+    page.wait_for_url(re.compile(rf".*/ui/ledger/entries/{admitted['seq']}$"))
+    assert verdict(page)[0] == "verified"
+
+
 def _alter_entry(html: str) -> str:
     """One hex digit of the entry id, inside the export line only."""
     start = html.index('<pre id="entry-line"')
