@@ -128,53 +128,72 @@ def nice_top(peak: float) -> tuple[float, float]:
 def chart(
     dimension: str, heading: str, rows: list[dict[str, Any]], measure: str, granularity: str
 ) -> Chart:
-    """The stacked bars of ``rows`` (one grouping's) for ``measure``; the
-    seven largest groups keep their own colour, the rest share one."""
+    """The stacked bars of ``rows`` (one grouping's) for ``measure``, a bar
+    per period; the largest groups keep a colour of their own, the rest share
+    one ("others")."""
+    colour, order = _colours(rows, dimension, measure)
+    stacks = _stacks(rows, dimension, measure, colour)
+    top, step = nice_top(max((sum(s.values()) for s in stacks.values()), default=0.0))
+    drawn = Chart(dimension, heading, measure, [], [], [])
+    slot = (drawn.width - drawn.left - 8) / max(1, len(stacks))
+    labelled = max(1, math.ceil(len(stacks) / 12))  # at most a dozen labels
+    for i, (period, stack) in enumerate(sorted(stacks.items())):
+        label = datetime.fromisoformat(period).strftime(LABELS[granularity])
+        bar = Bar(
+            period,
+            label if i % labelled == 0 else "",
+            drawn.left + i * slot + slot * 0.15,
+            slot * 0.7,
+        )
+        bar.segments = _segments(stack, order, colour, top, drawn)
+        drawn.bars.append(bar)
+    count = round(top / step)
+    drawn.ticks = [
+        (drawn.top_pad + drawn.plot_height * (1 - k / count), f"{k * step:g}")
+        for k in range(count + 1)
+    ]
+    drawn.legend = [(name, colour.get(name, OTHERS)) for name in order]
+    return drawn
+
+
+def _colours(
+    rows: list[dict[str, Any]], dimension: str, measure: str
+) -> tuple[dict[str, str], list[str]]:
+    """A colour per group, largest first, and the order segments stack in."""
     totals: dict[str, float] = {}
     for row in rows:
         totals[row[dimension]] = totals.get(row[dimension], 0.0) + row[measure]
     ranked = sorted(totals, key=lambda g: (-totals[g], g))
     own = ranked if len(ranked) <= len(PALETTE) else ranked[: len(PALETTE) - 1]
-    colour = {g: PALETTE[i] for i, g in enumerate(own)}
-    periods = sorted({row["period"] for row in rows})
-    stacks: dict[str, dict[str, float]] = {p: {} for p in periods}
+    return {g: PALETTE[i] for i, g in enumerate(own)}, own + (["others"] if own != ranked else [])
+
+
+def _stacks(
+    rows: list[dict[str, Any]], dimension: str, measure: str, colour: dict[str, str]
+) -> dict[str, dict[str, float]]:
+    """Per period, the measure of each group that has a colour, and of the others."""
+    stacks: dict[str, dict[str, float]] = {}
     for row in rows:
         name = row[dimension] if row[dimension] in colour else "others"
-        stacks[row["period"]][name] = stacks[row["period"]].get(name, 0.0) + row[measure]
-    peak = max((sum(s.values()) for s in stacks.values()), default=0.0)
-    top, step = nice_top(peak)
-    base = Chart(dimension, heading, measure, [], [], [])
-    plot_w = base.width - base.left - 8
-    slot = plot_w / max(1, len(periods))
-    order = [*own, *(["others"] if len(own) < len(ranked) else [])]
-    labelled = max(1, math.ceil(len(periods) / 12))  # at most a dozen labels
-    for i, period in enumerate(periods):
-        label = LABELS[granularity] if i % labelled == 0 else ""
-        bar = Bar(
-            period,
-            datetime.fromisoformat(period).strftime(label) if label else "",
-            base.left + i * slot + slot * 0.15,
-            slot * 0.7,
-        )
-        y = float(base.top_pad + base.plot_height)
-        for name in order:
-            value = stacks[period].get(name, 0.0)
-            if value <= 0:
-                continue
-            h = base.plot_height * value / top
+        stack = stacks.setdefault(row["period"], {})
+        stack[name] = stack.get(name, 0.0) + row[measure]
+    return stacks
+
+
+def _segments(
+    stack: dict[str, float], order: list[str], colour: dict[str, str], top: float, drawn: Chart
+) -> list[dict[str, Any]]:
+    """One bar's rectangles, the first group at the bottom, topmost listed first."""
+    segments = []
+    y = float(drawn.top_pad + drawn.plot_height)
+    for name in order:
+        value = stack.get(name, 0.0)
+        if value > 0:
+            h = drawn.plot_height * value / top
             y -= h
-            bar.segments.append(
-                {"group": name, "value": value, "y": y, "h": h, "fill": colour.get(name, OTHERS)}
-            )
-        bar.segments.reverse()
-        base.bars.append(bar)
-    count = round(top / step)
-    base.ticks = [
-        (base.top_pad + base.plot_height * (1 - k / count), f"{k * step:g}")
-        for k in range(count + 1)
-    ]
-    base.legend = [(name, colour.get(name, OTHERS)) for name in order]
-    return base
+            fill = colour.get(name, OTHERS)
+            segments.append({"group": name, "value": value, "y": y, "h": h, "fill": fill})
+    return segments[::-1]
 
 
 def _period(
