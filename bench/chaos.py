@@ -7,7 +7,10 @@ The stack, the load, the faults and the checks are those of
 tests/workers/chaos/ (its docstring says each): two API processes, a
 Celery worker, two schedulers, three stand-in members with fence agents, a
 private Postgres and Redis; a client submitting gangs at ``--rate`` with
-Idempotency-Keys; then, one after another under that load, a worker, the
+Idempotency-Keys, cancelling every ``--cancel-every``-th a few seconds after
+its 201, every ``--high-every``-th of a high priority, teams holding
+``--nominal-fraction`` of the fleet with as much again to borrow (so the
+scheduler reclaims and preempts); then, one after another under that load, a worker, the
 admission leader and an API process SIGKILLed, Redis killed and started
 empty, Postgres crashed and started, a member partitioned from the centre
 (its fence agent running on) until its gangs run elsewhere, then healed,
@@ -54,6 +57,14 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--faults", default=",".join(FAULTS), help="which, in their order")
     parser.add_argument("--agents", default=",".join(MEMBERS), help="members with a fence agent")
     parser.add_argument("--rogue", type=int, default=0, help="workloads no client submitted")
+    parser.add_argument("--cancel-every", type=int, default=7, help="cancel every n-th (0: none)")
+    parser.add_argument("--high-every", type=int, default=5, help="every n-th gang high priority")
+    parser.add_argument(
+        "--nominal-fraction",
+        type=float,
+        default=0.5,
+        help="each team's nominal share of the fleet (as much again to borrow, reclaimable)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     return parser.parse_args()
@@ -76,6 +87,10 @@ def main() -> None:
         agents=tuple(a for a in args.agents.split(",") if a),
         faults=faults,
         rogue=args.rogue,
+        cancel_every=args.cancel_every,
+        high_every=args.high_every,
+        nominal_fraction=args.nominal_fraction,
+        preemption=args.high_every > 0 or args.nominal_fraction < 1,
     )
     workdir = Path(tempfile.mkdtemp(prefix="qm-chaos-"))
     try:
