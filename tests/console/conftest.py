@@ -68,6 +68,8 @@ class Watched:
         if "/ui/events" in request.url and ("ERR_ABORTED" in failure or self.streams_may_fail):
             self.left_streams.append(request.url)
             return
+        if "/ui/static/favicon.svg" in request.url and "ERR_ABORTED" in failure:
+            return  # the browser's own fetch of the tab's icon, cut short by leaving the page
         self.problems.append(f"request failed: {request.method} {request.url}: {failure}")
 
 

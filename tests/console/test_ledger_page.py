@@ -234,6 +234,18 @@ def test_one_byte_altered_in_the_served_page_fails_the_check(
     assert verdict(page)[0] == "verified"
 
 
+def test_another_entry_served_for_the_one_asked_fails(fleet: Fleet, auditor: Any) -> None:
+    """A whole, valid page of entry 2 served for entry 1: everything in it
+    verifies, but it is not the entry the address asks for."""
+    page = auditor
+    other = page.request.get(f"{fleet.base_url}/ui/ledger/entries/2")
+    assert other.status == 200
+    url = f"{fleet.base_url}/ui/ledger/entries/1"
+    page.route(url, lambda route: route.fulfill(response=other))
+    page.goto(url)
+    assert verdict(page) == ("failed", "NOT verified: the entry served is entry 2, not 1.")
+
+
 def test_a_key_other_than_the_signers_is_refused(fleet: Fleet, auditor: Any) -> None:
     other, _ = NoteSigner.generate(DEFAULT_ORIGIN)
     page = auditor

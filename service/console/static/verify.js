@@ -127,8 +127,10 @@
     try {
       var line = JSON.parse(document.getElementById("entry-line").textContent);
       var entry = line.entry, bytes = utf8.encode(jcs(entry));
-      if (Number(box.dataset.seq) !== entry.seq) {
-        throw new Error("the entry served is entry " + entry.seq + ", not " + box.dataset.seq);
+      // The entry asked for is the one in the address bar, not one the page names.
+      var asked = Number((/\/entries\/(\d+)$/.exec(location.pathname) || [])[1]);
+      if (asked !== entry.seq) {
+        throw new Error("the entry served is entry " + entry.seq + ", not " + asked);
       }
       if (!mark("hash", toHex(await sha256(bytes)) === line.entry_hash)) {
         throw new Error("the entry's hash does not match its content");
