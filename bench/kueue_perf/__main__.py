@@ -82,6 +82,8 @@ def variant(args: argparse.Namespace, config: Config) -> str:
         parts.append(f"one killed at {args.kill_at:g} s")
     if config != full:
         parts.append(f"scaled to {config.workloads} workloads")
+    if args.py_spy:
+        parts.append("profiled (py-spy)")
     return ", ".join(parts)
 
 
