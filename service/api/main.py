@@ -7,6 +7,7 @@ import gc
 from fastapi import FastAPI
 
 from service.api.app import create_app
+from service.api.ratelimit import summarise_refusals
 from service.app.bootstrap import bootstrap
 from service.config import get_settings
 
@@ -19,6 +20,7 @@ GC_YOUNG_THRESHOLD = 50_000
 
 def create() -> FastAPI:
     app = create_app(bootstrap(get_settings()))
+    summarise_refusals()  # uvicorn's access log: a line per 429 was a tenant's flood
     # What start-up allocated lives as long as the process: out of the
     # collector's way, so that full collections do not walk it again.
     gc.freeze()

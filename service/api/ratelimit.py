@@ -236,3 +236,45 @@ class KnownCredentials:
 
 def retry_after(wait: float) -> int:
     return max(1, math.ceil(wait))
+
+
+class RefusedAccessLines(logging.Filter):
+    """Leaves out uvicorn's access line of each refused request (429) but
+    the first of every ``SECONDS``, whose line is followed by how many were
+    left out since (said when the next refusal comes; the metrics count
+    every one at once). A tenant at ten times its limit was otherwise most
+    of the log, and writing each line a third of uvicorn's CPU for a
+    request (0.13 of 0.33 ms on the bench box)."""
+
+    SECONDS = 10.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._since: float | None = None
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args  # uvicorn's: client, method, path, HTTP version, status
+        if not (isinstance(args, tuple) and len(args) == 5 and args[4] == 429):
+            return True
+        now = self._clock()
+        if self._since is not None and now - self._since < self.SECONDS:
+            self._left_out += 1
+            return False
+        if self._since is not None and self._left_out:
+            log.warning(
+                "rate limits: %d more requests refused (429) in %.0f s; their access lines "
+                "are left out",
+                self._left_out,
+                now - self._since,
+            )
+        self._since, self._left_out = now, 0
+        return True
+
+
+def summarise_refusals(logger: str = "uvicorn.access") -> None:
+    """Put ``RefusedAccessLines`` on ``logger`` (once)."""
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, RefusedAccessLines) for f in target.filters):
+        target.addFilter(RefusedAccessLines())

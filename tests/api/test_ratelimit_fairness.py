@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from service.api.ratelimit import RedisBuckets
+from service.api.ratelimit import RedisBuckets, RefusedAccessLines
 from service.app.auth import TokenService
 from service.runtime.embedded import embedded_redis
 from tests.api.conftest import ADMIN_TOKEN, serve, setup_quota
@@ -142,3 +142,40 @@ def test_a_tenant_over_its_limit_never_spends_its_address_bucket(
     assert first_of_another.status_code == 200, first_of_another.text
     assert details == {"this principal"}
     assert set(statuses) == {200, 429}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_refusals_access_lines_are_summed_not_written_each() -> None:
+    """A flood of 429s writes its first access line and then one count per
+    ``SECONDS``, not a line each; other answers' lines are all written."""
+    now = [0.0]
+    access = logging.getLogger("tests.ratelimit.access")
+    access.propagate = False
+    access.setLevel(logging.INFO)
+    lines, said = _Lines(), _Lines()
+    access.addHandler(lines)
+    logging.getLogger("service.api.ratelimit").addHandler(said)
+    access.addFilter(RefusedAccessLines(clock=lambda: now[0]))
+    try:
+        for step in range(300):  # 30 s of a refusal each 0.1 s, and a 200 each 1 s
+            now[0] = step / 10
+            access.info('%s - "%s %s HTTP/%s" %d', "10.0.0.1:1", "GET", "/v1/x", "1.1", 429)
+            if step % 10 == 0:
+                access.info('%s - "%s %s HTTP/%s" %d', "10.0.0.2:1", "GET", "/v1/y", "1.1", 200)
+    finally:
+        logging.getLogger("service.api.ratelimit").removeHandler(said)
+        access.removeHandler(lines)
+        access.filters.clear()
+    refused = [line for line in lines.lines if line.endswith(" 429")]
+    assert len(refused) == 3, refused  # at 0, 10 and 20 s
+    assert len(lines.lines) - len(refused) == 30
+    summary = "rate limits: 99 more requests refused (429) in 10 s; their access lines are left out"
+    assert said.lines == [summary] * 2
