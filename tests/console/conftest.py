@@ -1,6 +1,7 @@
-"""The console's fixtures: one headless Chromium per test process (Debian's
-``chromium`` through Playwright, never a browser Playwright downloads), pages
-that fail their test on any JavaScript error or failed request."""
+"""The console's fixtures: one headless Chromium per test process while it
+runs the console's tests (Debian's ``chromium`` through Playwright, never a
+browser Playwright downloads), pages that fail their test on any JavaScript
+error or failed request."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ CHROMIUM = os.environ.get("QM_TEST_CHROMIUM", "/usr/bin/chromium")
 WAIT_MS = 90_000
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Package-scoped, not per session: Playwright's sync API runs an event
+    loop in this thread while it lives, and a later test elsewhere that calls
+    ``asyncio.run`` in the same process would fail."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
     from playwright.sync_api import sync_playwright
