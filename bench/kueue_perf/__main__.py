@@ -61,6 +61,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--py-spy", default=None, help="a py-spy binary: profile every part")
+    parser.add_argument("--profile-dir", type=Path, default=None, help="keep py-spy's stacks")
     parser.add_argument("--env", default="{}", help="JSON of extra QM_ settings")
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
@@ -124,6 +125,7 @@ def document(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             timeout=args.timeout,
             env=env,
             py_spy=args.py_spy,
+            profile_dir=args.profile_dir,
             stand_ins=args.stand_ins,
         )
     )

@@ -2,9 +2,12 @@
 
 ``py-spy record --format raw`` writes collapsed stacks (``frame;frame;… N``)
 per process; :func:`summary` turns each into the functions that held the
-most samples on their own (self) and under them (inclusive), so that the
-results say where a process spent its time. py-spy samples from outside the
-process (``--nonblocking``: it does not pause the target), at a low rate.
+most samples on their own (self) and under them (inclusive; of our own
+packages only, the frameworks' frames above them say nothing), so that the
+results say where a process spent its time. Only samples of a thread
+holding the GIL count (``--gil``): Python running, not waiting on a socket
+or Postgres. py-spy samples from outside the process (``--nonblocking``: it
+does not pause the target), at a low rate.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class Profilers:
         out = self.directory / f"{name}.txt"
         argv = [
             *(self.py_spy, "record", "--pid", str(pid), "--rate", str(RATE)),
-            *("--format", "raw", "--output", str(out), "--nonblocking", "--subprocesses"),
+            *("--format", "raw", "--output", str(out), "--nonblocking", "--subprocesses", "--gil"),
         ]
         log = (self.directory / f"{name}.py-spy.log").open("wb")
         self.running[name] = (
@@ -60,20 +63,36 @@ class Profilers:
 _FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
+OURS = ("service/", "workers/", "sim/", "bench/", "tests/")
+
+
+def _short(path: str) -> str:
+    """A library's path from its package; ours from the repository's root."""
+    if "/site-packages/" in path:
+        return path.rsplit("/site-packages/", 1)[1]
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if f"{part}/" in OURS:
+            return "/".join(parts[i:])
+    return "/".join(parts[-2:])
+
+
 def _label(frame: str) -> str:
-    """``function (path/to/file.py:12)`` → ``function (file.py)``; threads and
-    processes (py-spy's first frames) as they are."""
+    """``function (/abs/path/file.py:12)`` → ``function (pkg/file.py)``."""
     match = _FRAME.match(frame)
     if match is None:
         return frame
-    path = match.group("file")
-    short = "/".join(path.split("/")[-2:])
-    return f"{match.group('function')} ({short})"
+    return f"{match.group('function')} ({_short(match.group('file'))})"
 
 
-def summary(path: Path, top: int = 15) -> dict[str, Any]:
-    """Samples in all, and the ``top`` functions by self and by inclusive
-    samples (each as a share of all samples)."""
+def _ours(label: str) -> bool:
+    """A frame of our code: ``function (package/file.py)`` under one of ours."""
+    return label.endswith(".py)") and label.rsplit("(", 1)[1].startswith(OURS)
+
+
+def summary(path: Path, top: int = 20) -> dict[str, Any]:
+    """Samples in all, the ``top`` functions by self samples, and the ``top``
+    of our own functions by inclusive samples (each as a share of all)."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
@@ -89,7 +108,8 @@ def summary(path: Path, top: int = 15) -> dict[str, Any]:
             continue
         own[frames[-1]] += samples
         for frame in set(frames):
-            inclusive[frame] += samples
+            if _ours(frame):
+                inclusive[frame] += samples
 
     def share(counter: Counter[str]) -> list[list[Any]]:
         return [[name, round(100 * n / max(1, total), 1)] for name, n in counter.most_common(top)]

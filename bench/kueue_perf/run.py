@@ -83,8 +83,10 @@ class Options:
     stand_ins: str = "controllers"
     timeout: float = 3600.0
     env: dict[str, str] = field(default_factory=dict)
-    #: A py-spy binary: the scheduler (and workers, API) are profiled.
+    #: A py-spy binary: every part is profiled; the raw stacks go to
+    #: ``profile_dir`` (else the run's work directory, removed after it).
     py_spy: str | None = None
+    profile_dir: Path | None = None
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
 
 
@@ -238,7 +240,9 @@ def _execute(o: Options, exits: ExitStack) -> Raw:
     exits.callback(db.dispose)
     profilers = None
     if o.py_spy:
-        profilers = Profilers(o.py_spy, stack.workdir)
+        directory = o.profile_dir or stack.workdir
+        directory.mkdir(parents=True, exist_ok=True)
+        profilers = Profilers(o.py_spy, directory)
         for child in stack.supervisor.children:
             profilers.start(child.name, child.pid)
     kubelets = None
