@@ -32,6 +32,7 @@ from tests.workers.invariants import Queues, QuotaWatch, ledger_matches_events
 from tests.workers.stack import (
     FAST,
     MemberWatch,
+    PodRecord,
     Stack,
     base_manifests,
     gang,
@@ -240,13 +241,21 @@ def test_a_lender_reclaims_borrowed_gpus_by_preempting_whole_gangs(
         first = admissions[f"borrower/{entry['workload']}"][0]
         pods = [p for p in members.pods.values() if p.admission == first]
         assert len(pods) == 4 and all(p.deleted is not None for p in pods), pods
-        assert {"Succeeded", "Failed"}.isdisjoint(set().union(*(p.phases for p in pods)))
+        # None succeeded; Failed only once it was being deleted (the kubelet
+        # ends a deleted pod Failed, and our finalizer keeps it readable).
+        assert "Succeeded" not in set().union(*(p.phases for p in pods)), pods
+        assert all(
+            terminating
+            for p in pods
+            for *_, phase, _, _, terminating in p.history
+            if phase == "Failed"
+        ), [p.history for p in pods]
         preemptor = admissions[entry["preemptor"]][0]
         theirs = [p for p in members.pods.values() if p.admission == preemptor]
         assert len(theirs) == 4
         same_place = {(p.cluster, p.node) for p in theirs} & {(p.cluster, p.node) for p in pods}
-        if same_place:
-            assert min(p.created for p in theirs) >= max(p.deleted or 0 for p in pods)
+        if same_place:  # theirs began only once every victim pod had ended
+            assert min(p.created for p in theirs) >= max(_ended_at(p) for p in pods)
     # The victims ran again, whole, and finished; the others once.
     for name in borrowers:
         runs = admissions[f"borrower/{name}"]
@@ -273,3 +282,11 @@ def _admissions(engine: sa.Engine) -> dict[str, list[str]]:
             )
             out.setdefault(view.key, []).append(admission_id(view))
     return out
+
+
+def _ended_at(pod: PodRecord) -> float:
+    """When a pod stopped running: the first event that saw it in a terminal
+    phase (a deleted pod of ours ends Failed, and stays until its run is
+    read), else its deletion."""
+    ended = [at for at, _, phase, *_ in pod.history if phase in ("Failed", "Succeeded")]
+    return min(ended) if ended else float(pod.deleted or 0)
