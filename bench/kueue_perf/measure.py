@@ -266,7 +266,11 @@ def recovery(raw: Raw, all_lives: Mapping[str, Life]) -> dict[str, Any] | None:
         """Its run there had ended before the kill (the centre learned late)."""
         return any(c == kill.member and e <= kill.at for _, e, c in life.runs)
 
+    def admitted_elsewhere(life: Life) -> float | None:
+        return next((t for t, c in life.admitted if t > kill.at and c != kill.member), None)
+
     held = [elsewhere(all_lives[k]) for k in at_kill]
+    readmitted = [admitted_elsewhere(all_lives[k]) for k in at_kill]
     every = {k: elsewhere(all_lives[k]) for k in stranded}
     return {
         "member": kill.member,
@@ -276,6 +280,11 @@ def recovery(raw: Raw, all_lives: Mapping[str, Life]) -> dict[str, Any] | None:
         "gangs_held_at_kill": len(at_kill),
         "gangs_held_at_kill_by_read_model": len(kill.holding),
         "gangs_admitted_there_after_kill": len(stranded - at_kill),
+        # Lost (and requeued) → admitted again: their turn in the queue, behind
+        # what waits at their priority since before they were requeued.
+        "held_admitted_elsewhere_after_s": _stats(
+            [t - kill.at for t in readmitted if t is not None]
+        ),
         "held_running_elsewhere_after_s": _stats([t - kill.at for t in held if t is not None]),
         "all_stranded_running_elsewhere_after_s": _stats(
             [t - kill.at for t in every.values() if t is not None]
