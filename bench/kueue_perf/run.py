@@ -369,10 +369,15 @@ def _states(db: sa.Engine) -> dict[str, int]:
 
 
 def _kill_busiest(o: Options, db: sa.Engine, members: dict[str, Member]) -> Kill:
-    """SIGKILL the member the centre holds the most gangs on, for good."""
-    with db.connect() as conn:
-        holding = [(str(k), str(c)) for k, c in conn.execute(_HOLDING)]
-    counts = Counter(c for _, c in holding)
+    """SIGKILL the member the centre holds the most gangs on, for good —
+    once one holds some (between two waves of admissions none may)."""
+
+    def holding() -> list[tuple[str, str]]:
+        with db.connect() as conn:
+            return [(str(k), str(c)) for k, c in conn.execute(_HOLDING)]
+
+    held = wait_until(holding, LONG_CEILING, "a member holding gangs", interval=0.05)
+    counts = Counter(c for _, c in held)
     name = max(members, key=lambda n: (counts[n], n))
     member = members[name]
     cpu = _cpu_seconds(member.child.pid)
@@ -382,4 +387,4 @@ def _kill_busiest(o: Options, db: sa.Engine, members: dict[str, Member]) -> Kill
     # What it ran, as read just before: a pod running then ended at the kill.
     member.final = [{**r, "end": r["end"] or at} for r in records]
     member.killed_at = at
-    return Kill(name, at, sorted(k for k, c in holding if c == name), cpu)
+    return Kill(name, at, sorted(k for k, c in held if c == name), cpu)
