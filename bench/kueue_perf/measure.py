@@ -280,6 +280,7 @@ def recovery(raw: Raw, all_lives: Mapping[str, Life]) -> dict[str, Any] | None:
         "gangs_held_at_kill": len(at_kill),
         "gangs_held_at_kill_by_read_model": len(kill.holding),
         "gangs_admitted_there_after_kill": len(stranded - at_kill),
+        "held_by_class": dict(Counter(all_lives[k].arrival.cls.name for k in sorted(at_kill))),
         # Lost (and requeued) → admitted again: their turn in the queue, behind
         # what waits at their priority since before they were requeued.
         "held_admitted_elsewhere_after_s": _stats(
