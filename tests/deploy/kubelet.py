@@ -135,7 +135,9 @@ class Kubelet:
     # -- the environment ---------------------------------------------------------------
 
     def env(self, pod: Pod, container: Mapping[str, Any]) -> dict[str, str]:
+        # /tmp first: this venv may itself lie under /tmp (a clone there).
         env = {k: v.replace("/tmp", str(pod.tmp)) for k, v in self._image_env.items()}
+        env["PATH"] = env["PATH"].replace("/opt/quartermaster/bin", VENV_BIN)
         for source in container.get("envFrom") or ():
             if "configMapRef" in source:
                 env.update(self._config_map(source["configMapRef"]["name"]))
@@ -255,7 +257,5 @@ def _signal(child: Child, signum: int) -> None:
 
 
 def _image_env() -> dict[str, str]:
-    """The run stage's ENV, its venv being this one."""
-    env = containerfile()[-1].env()
-    env["PATH"] = env["PATH"].replace("/opt/quartermaster/bin", VENV_BIN)
-    return env
+    """The run stage's ENV (its venv's bin is made this one's per pod)."""
+    return containerfile()[-1].env()
