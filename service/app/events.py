@@ -10,6 +10,7 @@ from sqlalchemy import Engine, and_, column, literal, select, table
 from sqlalchemy.dialects.postgresql import JSONB
 
 from service.app.auth import Principal, Role
+from service.app.visibility import object_for
 from service.eventstore.postgres import wait_durable
 
 _events = table(
@@ -43,8 +44,9 @@ def _visible(principal: Principal) -> Any:
     return and_(literal(True), *conditions)
 
 
-def _public(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in data.items() if k not in _HIDDEN_KEYS}
+def _public(data: dict[str, Any], principal: Principal) -> dict[str, Any]:
+    """No secrets; other namespaces' workloads unnamed (:mod:`service.app.visibility`)."""
+    return object_for({k: v for k, v in data.items() if k not in _HIDDEN_KEYS}, principal)
 
 
 class EventQueries:
@@ -78,7 +80,7 @@ class EventQueries:
                 "version": r.version,
                 "id": str(r.event_id),
                 "type": r.type,
-                "data": _public(dict(r.data)),
+                "data": _public(dict(r.data), principal),
                 "metadata": dict(r.metadata),
                 "recordedAt": r.recorded_at.isoformat(),
             }

@@ -21,10 +21,11 @@ from sqlalchemy import Engine, func, select
 from service.app.admission.caches import ConfigCache, cached_workload
 from service.app.admission.repository import WorkloadRow, workloads_by_key
 from service.app.auth import Principal, Role, require
-from service.app.errors import Forbidden, NotFound
+from service.app.errors import NotFound
 from service.app.kinds import KINDS
 from service.app.lifecycle import HOLDS_QUOTA, PENDING
 from service.app.resources import stream_name
+from service.app.visibility import may_read_workloads
 from service.domain.times import parse_time
 from service.engine import EngineConfig, FairSharingConfig, Snapshot
 from service.engine.fair_sharing import dominant_resource_share
@@ -37,15 +38,6 @@ GPU_SUFFIX = "gpu"
 #: Pending reasons shown per ClusterQueue, most frequent first.
 TOP_REASONS = 3
 EVERYONE = frozenset(Role)
-
-
-def may_read_workloads(principal: Principal, namespace: str) -> bool:
-    """Whether the API would let ``principal`` read workloads of ``namespace``."""
-    try:
-        require(principal, KINDS["workloads"].read, namespace)
-    except Forbidden:
-        return False
-    return True
 
 
 def is_gpu(resource: str) -> bool:
@@ -422,7 +414,6 @@ __all__ = [
     "QuotaRow",
     "TimelineEvent",
     "fleet",
-    "may_read_workloads",
     "queues",
     "timeline",
 ]

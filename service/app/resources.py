@@ -42,6 +42,7 @@ from service.app.references import dependents, references
 from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, SecurityPolicy, dump
 from service.app.selectors import FieldSelector, LabelSelector
 from service.app.uow import SqlUnitOfWork
+from service.app.visibility import object_for
 from service.app.workloads import validation_problems
 from service.eventstore.port import ConcurrencyConflict, EventMetadata, NewEvent
 from service.ledger import entries as ledger
@@ -193,7 +194,7 @@ class ResourceService:
             row = self._row(conn, kind, namespace, name)
         if row is None or row.deleted:
             raise NotFound(f'{kind.plural} "{name}" not found')
-        return to_object(kind, row)
+        return object_for(to_object(kind, row), principal)
 
     def list(
         self,
@@ -230,7 +231,8 @@ class ResourceService:
         more = len(rows) > size
         rows = rows[:size]
         token = encode_continue(rows[-1].namespace, rows[-1].name) if more and rows else None
-        return Page([to_object(kind, r) for r in rows], token, str(head or 0))
+        objects = [object_for(to_object(kind, r), principal) for r in rows]
+        return Page(objects, token, str(head or 0))
 
     def secret(self, plural: str, name: str) -> dict[str, Any] | None:
         """A cluster's decrypted credentials, for the workers only (never the API)."""

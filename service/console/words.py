@@ -10,7 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from service.app.auth import Principal
-from service.app.overview import TimelineEvent, is_gpu, may_read_workloads
+from service.app.overview import TimelineEvent, is_gpu
+from service.app.visibility import may_read_workloads
 
 #: Kueue's pending reason codes (and ours), as a sentence fragment.
 REASONS = {

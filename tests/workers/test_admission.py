@@ -3,14 +3,18 @@ events + read models + ledger out, in one transaction."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import sqlalchemy as sa
 
 from service.app.admission import PENDING_MESSAGE_REFRESH, AdmissionCycle
+from service.app.auth import Principal, Role
 from service.app.bootstrap import Services
+from service.app.events import EventFilter
 from service.app.uow import SqlUnitOfWork
+from service.app.visibility import ANOTHER
 from service.projections import ProjectionRunner, Resources
 from service.projections.resources import resource_row, upsert_resources
 from tests.workers.conftest import (
@@ -106,6 +110,47 @@ def test_preemption_evicts_the_whole_victim_with_reason_and_preemptor(
     assert body["preemptor"] == "team-a/high"
     assert body["reason"] == "InClusterQueue"
     assert body["released"] == {"h100": {"cpu": 16000, "memory": 2 * 64 * 2**30, GPU: 16}}
+
+
+def test_a_preemption_across_namespaces_names_neither_side_to_the_other(
+    services: Services,
+) -> None:
+    """Each team's submitter reads its own workload's preemption with the
+    other namespace's workload unnamed, in the object, its messages and the
+    events; an admin reads both names."""
+    setup_fleet(
+        services,
+        gpu_quota=16,
+        namespaces=("team-a", "team-b"),
+        preemption={"withinClusterQueue": "LowerPriority"},
+    )
+    services.resources.create(
+        ADMIN, "workloadpriorityclasses", "", {"metadata": {"name": "urgent"}, "value": 1000}
+    )
+    services.submissions.submit(ADMIN, "team-b", workload("low", count=2, gpus=8))
+    _cycle(services).run(_no_guard)
+    services.submissions.submit(
+        ADMIN, "team-a", workload("high", count=2, gpus=8, priorityClassName="urgent")
+    )
+    assert _cycle(services).run(_no_guard).writes.preempted == 1
+
+    def reader(namespace: str) -> Principal:
+        return Principal(f"sub-{namespace}", frozenset({Role.SUBMITTER}), frozenset({namespace}))
+
+    def read(principal: Principal, namespace: str, name: str) -> str:
+        obj = services.resources.get(principal, "workloads", namespace, name)
+        events = services.event_queries.after(principal, 0, EventFilter(workload=name), 1000)
+        return json.dumps([obj, events])
+
+    admin = ADMIN.principal
+    assert "team-b/low" in read(admin, "team-a", "high")
+    assert "team-a/high" in read(admin, "team-b", "low")
+    theirs = read(reader("team-a"), "team-a", "high")
+    assert "team-b" not in theirs and ANOTHER in theirs
+    victims = read(reader("team-b"), "team-b", "low")
+    assert "team-a" not in victims and ANOTHER in victims
+    (listed,) = services.resources.list(reader("team-b"), "workloads", "team-b").items
+    assert listed["status"]["eviction"]["preemptor"] == ANOTHER
 
 
 def test_a_workload_changed_under_the_cycle_rolls_the_whole_cycle_back(
