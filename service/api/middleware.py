@@ -195,8 +195,9 @@ def _credential(scope: Scope) -> str | None:
     return credential if scheme.lower() == "bearer" and credential else None
 
 
-#: Paths of event streams, which stay open and are not counted in flight.
-_STREAMS = frozenset({"/v1/events"})
+#: Paths of event streams (the API's and the console's), which stay open and
+#: are not counted in flight.
+_STREAMS = frozenset({"/v1/events", "/ui/events"})
 
 
 @dataclass

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from service.runtime.embedded import free_port
 from tests.api.conftest import ADMIN_TOKEN, serve, setup_quota, workload
+from tests.console.http import Browser
 from tests.waiting import wait_for
 
 FLAVORS = "/v1/resourceflavors"
@@ -85,6 +86,24 @@ def test_without_redis_each_process_limits_alone_and_says_so_once(
 def one_in_flight(database_url: str, engine: sa.Engine) -> Iterator[str]:
     with serve(database_url, max_in_flight=1) as (url, _):
         yield url
+
+
+def test_open_event_streams_are_not_requests_in_flight(one_in_flight: str) -> None:
+    """The API's stream and the console's stay open for as long as their
+    clients watch: with one request allowed in flight, both open, a request
+    beside them is still served."""
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    console = Browser(one_in_flight)
+    assert console.sign_in(ADMIN_TOKEN).status_code in (200, 303)
+    timeout = httpx.Timeout(60)
+    with (
+        httpx.Client(base_url=one_in_flight, headers=auth, timeout=timeout) as client,
+        client.stream("GET", "/v1/events?watch=true") as api_stream,
+        console.http.stream("GET", "/ui/events", headers=console.cookie_header()) as ui_stream,
+    ):
+        assert (api_stream.status_code, ui_stream.status_code) == (200, 200)
+        assert client.get(FLAVORS).status_code == 200
+    console.http.close()
 
 
 def test_a_process_with_its_requests_all_in_flight_sheds_the_next_at_once(

@@ -18,54 +18,12 @@ from service.console.gate import ConsoleGate
 from tests.api.conftest import ADMIN_TOKEN, Api, setup_quota, workload
 from tests.api.tcp_proxy import TcpProxy
 from tests.console.conftest import Browse, sign_in
+from tests.console.http import Browser
 from tests.waiting import wait_for
 
 
 def _depends_on(dependant: Any, target: Any) -> bool:
     return any(d.call is target or _depends_on(d, target) for d in dependant.dependencies)
-
-
-class Browser:
-    """A plain HTTP client that keeps the console's cookies as a browser
-    would on this origin (httpx's jar sends no Secure cookie over http)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=30)
-        self.cookies: dict[str, str] = {}
-
-    def _keep(self, response: httpx.Response) -> httpx.Response:
-        for header in response.headers.get_list("set-cookie"):
-            name, _, rest = header.partition("=")
-            value = rest.split(";", 1)[0]
-            if "Max-Age=0" in header:
-                self.cookies.pop(name, None)
-            else:
-                self.cookies[name] = value
-        return response
-
-    def _header(self) -> dict[str, str]:
-        return {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())}
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**self._header(), **kwargs.pop("headers", {})}
-        return self._keep(self.http.get(path, headers=headers, **kwargs))
-
-    def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**self._header(), **kwargs.pop("headers", {})}
-        return self._keep(self.http.post(path, headers=headers, **kwargs))
-
-    def sign_in(self, token: str, next_path: str = "/ui/workloads") -> httpx.Response:
-        form = self.get("/ui/signin")
-        csrf = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
-        assert csrf is not None, form.text
-        data = {"token": token, "csrf_token": csrf.group(1), "next": next_path}
-        return self.post("/ui/signin", data=data)
-
-    def csrf(self) -> str:
-        page = self.get("/ui/workloads")
-        found = re.search(r'"X-CSRF-Token": "([^"]+)"', page.text)
-        assert found is not None, page.text
-        return found.group(1)
 
 
 @pytest.fixture
@@ -181,7 +139,7 @@ def _stream(http: Browser, path: str) -> str:
     """What the live stream sends from ``path`` until it goes quiet."""
     seen = []
     timeout = httpx.Timeout(30, read=3)
-    with http.http.stream("GET", path, headers=http._header(), timeout=timeout) as response:
+    with http.http.stream("GET", path, headers=http.cookie_header(), timeout=timeout) as response:
         assert response.status_code == 200
         try:
             for chunk in response.iter_text():
@@ -260,7 +218,7 @@ def _frames(http: Browser, path: str, headers: dict[str, str]) -> list[dict[str,
     text = ""
     timeout = httpx.Timeout(30, read=3)
     with http.http.stream(
-        "GET", path, headers={**http._header(), **headers}, timeout=timeout
+        "GET", path, headers={**http.cookie_header(), **headers}, timeout=timeout
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
