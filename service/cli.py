@@ -61,8 +61,10 @@ def wait_for_migrations(
 
 @app.command()
 def api(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on.", envvar="QM_API_HOST")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="QM_API_PORT")] = 8080,
     workers: Annotated[int, typer.Option(help="API worker processes.")] = 1,
 ) -> None:
     """Serve the REST API (QM_DATABASE_URL must point at a migrated database)."""

@@ -1,5 +1,6 @@
 """``quartermaster migrate`` then ``quartermaster api --workers 2``, as an
-operator runs them, with ``QM_BOOTSTRAP_TOKEN`` as the first admin."""
+operator runs them, with ``QM_BOOTSTRAP_TOKEN`` as the first admin and the
+address from ``QM_API_HOST`` and ``QM_API_PORT``."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def test_migrate_then_api_with_a_bootstrap_token(blank_database: str) -> None:
     )
     assert migrated.returncode == 0, migrated.stderr
     port = free_port()
+    # Where it listens from QM_API_HOST and QM_API_PORT (README's settings).
+    listen = {"QM_API_HOST": "127.0.0.1", "QM_API_PORT": str(port)}
     server = subprocess.Popen(
-        [CLI, "api", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
-        env=env,
+        [CLI, "api", "--workers", "2"],
+        env={**env, **listen},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
