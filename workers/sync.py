@@ -460,6 +460,7 @@ def _check_lease(
     fencing: fence.FencePolicy,
 ) -> None:
     if row.state == "Lost":
+        _sweep_lost(unit_of_work, row, rows, now, report, fencing)
         return
     last = parse_time(row.status.get("lastHeartbeat")) or row.created_at
     if (now - last).total_seconds() <= lease:
@@ -476,6 +477,34 @@ def _check_lease(
         return
     report.lost = True
     log.warning("cluster %s lost (silent since %s); requeued %s", row.name, last, requeued)
+
+
+def _sweep_lost(
+    unit_of_work: UnitOfWork,
+    row: ClusterRow,
+    rows: Sequence[WorkloadRow],
+    now: datetime,
+    report: SyncReport,
+    fencing: fence.FencePolicy,
+) -> None:
+    """Requeue what a Lost cluster still holds, as its loss requeued the
+    rest: a gang whose admission there committed while the loss was being
+    written (the loss read it Pending), or one preempted there since, whose
+    job's removal would otherwise be awaited from a member that is gone."""
+    message = f"Cluster {row.name} is lost"
+    seen = last_seen(row, fencing)
+
+    def write_now(what: tuple[str, str], write: Write) -> None:
+        _write(unit_of_work, report, what, write)
+
+    for w in rows:
+        change = lifecycle.lose_cluster(
+            Subject.of(w), Status(w.status), row.name, "ClusterLost", message, now, seen
+        )
+        if change is None:
+            continue
+        log.warning("cluster %s is lost: %s left on it, requeued", row.name, w.key)
+        _change(write_now, w.key, w, change, now)
 
 
 def last_seen(row: ClusterRow, fencing: fence.FencePolicy = fence.NO_FENCE) -> lifecycle.Seen:

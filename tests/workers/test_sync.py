@@ -7,13 +7,14 @@ import os
 import signal
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import sqlalchemy as sa
 
+from service.app.admission import AdmissionCycle
 from service.app.bootstrap import Services
 from tests.workers.conftest import ADMIN, celery_worker, wait_for, workload_status
 from tests.workers.members import (
@@ -97,6 +98,44 @@ def test_a_partitioned_cluster_past_its_lease_is_lost_its_gangs_run_elsewhere_an
     assert [e["reason"] for e in ledger(engine, "workload.evicted")] == ["ClusterLost"]
     assert [a["cluster"] for a in ledger(engine, "workload.admitted")] == [first, other]
     assert ledger(engine, "workload.finished") == []
+
+
+def test_a_gang_admitted_as_its_cluster_is_lost_is_requeued_and_never_awaited(
+    engine: sa.Engine, services: Services, database_url: str, broker: str, tmp_path: Path
+) -> None:
+    """The loss commits between an admission cycle's read and its commit:
+    the loss read the gang Pending and requeued nothing, the cycle then
+    admitted it to the Lost cluster. The next pass over the silent cluster
+    requeues it, as the loss requeued the rest."""
+    config = settings(database_url, broker, cluster_lease=2.0)
+    t0 = datetime.now(UTC)
+    late = t0 + timedelta(seconds=10)
+    with members(tmp_path) as (c1,):
+        setup_central(services, [c1], gpu_quota=32)
+        connect = Connector(config)
+        try:
+            assert sync_once(engine, "c1", connect, config, lambda: t0).heartbeat
+            c1.partition()
+            services.submissions.submit(ADMIN, "team-a", gang("race", duration="100000s"))
+            cycle = AdmissionCycle(engine, services.unit_of_work)
+            cycle.run(lambda uow: sync_once(engine, "c1", connect, config, lambda: late))
+            assert _cluster(services, "c1")["status"]["state"] == "Lost"
+            status = workload_status(engine, "team-a", "race")
+            assert (status["state"], status["admission"]["cluster"]) == ("Admitted", "c1")
+            sync_once(engine, "c1", connect, config, lambda: late + timedelta(seconds=1))
+        finally:
+            connect.close()
+            c1.heal()
+    status = workload_status(engine, "team-a", "race")
+    assert status["state"] == "Pending" and "admission" not in status, status
+    (lost,) = ledger(engine, "cluster.lost")
+    assert lost["requeued"] == []
+    (released,) = ledger(engine, "workload.evicted")
+    assert (released["workload"], released["reason"], released["requeued"]) == (
+        "race",
+        "ClusterLost",
+        True,
+    )
 
 
 def test_dispatch_through_the_outbox_and_a_celery_worker_progress_through_watches(
