@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -17,6 +18,15 @@ from tests.harness import (
     reset_database,
     scratch_database,
 )
+from tests.ordering import spread
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist worksteal``, the long modules first in every process's
+    share (tests/ordering.py); each process orders its collection alike."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and config.getoption("dist", "no") == "worksteal":
+        items[:] = spread(items, [item.nodeid.split("::")[0] for item in items], workers)
 
 
 @pytest.fixture(scope="session")

@@ -102,7 +102,10 @@ def _fresh_venv(where: Path, env: dict[str, str]) -> Path:
     assert start == [".venv/bin/quartermaster", "standalone"], start
     venv = where / ".venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # --no-compile: byte-compiling every dependency is the install's
+    # longest part and checks nothing the tour does not.
     pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
+    pip.append("--no-compile")
     installed = subprocess.run(
         [*pip, "-e", str(REPO)],
         env=env,

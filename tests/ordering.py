@@ -1,0 +1,66 @@
+"""The order the suite's tests are handed out in, under ``-n N --dist worksteal``.
+
+Worksteal gives each of the N processes an equal, contiguous share of the
+collected tests and lets an idle one take half of the longest queue. Left
+in file order, the few modules that take minutes (a fault run, the README
+tour's fresh venv, the API fuzzing) start late and in one share, and the
+run ends with one process still busy while the others wait. Here each
+share begins with its part of the long modules (longest first, each to the
+share with the least so far) and is filled up with the rest in file order;
+modules stay whole (their fixtures are module-scoped). A stale figure below
+costs speed, never a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+#: Seconds each long module took on a quiet 2-core box (``.ci/run
+#: --durations``, 2026-12-02, three processes).
+LONG = {
+    "tests/workers/test_chaos_run.py": 250,
+    "tests/standalone/test_readme_tour.py": 160,
+    "tests/standalone/test_restarts.py": 130,
+    "tests/api/test_schemathesis.py": 120,
+    "tests/workers/test_e2e_fleet.py": 80,
+    "tests/standalone/test_standalone.py": 70,
+    "tests/console/test_live.py": 70,
+    "tests/clients/test_qmctl.py": 60,
+    "tests/bench/test_kueue_perf_smoke.py": 50,
+    "tests/deploy/test_manifests_run.py": 50,
+    "tests/api/test_secret_rotation.py": 50,
+    "tests/console/test_accessibility.py": 40,
+    "tests/workers/test_outbox.py": 35,
+    "tests/workers/test_fencing_partition.py": 32,
+    "tests/workers/test_usage_invariant.py": 32,
+    "tests/workers/test_chaos.py": 30,
+}
+
+T = TypeVar("T")
+
+
+def spread(items: Sequence[T], paths: Sequence[str], workers: int) -> list[T]:
+    """``items`` (whose module paths are ``paths``) reordered into ``workers``
+    shares as worksteal cuts them, each led by its part of :data:`LONG`."""
+    if workers < 2:
+        return list(items)
+    modules: dict[str, list[T]] = {}
+    for item, path in zip(items, paths, strict=True):
+        modules.setdefault(path, []).append(item)
+    shares: list[list[T]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for path in sorted((p for p in modules if p in LONG), key=lambda p: -LONG[p]):
+        lightest = loads.index(min(loads))
+        shares[lightest] += modules[path]
+        loads[lightest] += LONG[path]
+    rest = [item for path, tests in modules.items() if path not in LONG for item in tests]
+    ordered: list[T] = []
+    left = len(items)
+    for i, share in enumerate(shares):
+        size = left // (workers - i)  # what worksteal hands the i-th process
+        left -= size
+        fill = max(0, size - len(share))
+        ordered += share + rest[:fill]
+        rest = rest[fill:]
+    return ordered + rest
