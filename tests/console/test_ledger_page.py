@@ -3,7 +3,8 @@ signed: entries browsed and filtered, an entry's inclusion proof checked by
 the browser (WebCrypto: SHA-256 up the Merkle path, Ed25519 on the
 checkpoint) and failing when one byte served is altered — in the response,
 or in the database by a superuser who reseals the entry — the checkpoints'
-signatures, and the export that ``qmctl ledger verify`` accepts."""
+signatures, the export that ``qmctl ledger verify`` accepts, and the newest
+entries following the fleet live."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from service.ledger.checkpoint import DEFAULT_ORIGIN, NoteSigner, open_checkpoin
 from service.ledger.merkle import leaf_hash, verify_inclusion
 from tests.console.conftest import sign_in
 from tests.console.gangs import Fleet, fleet_that_ran
+from tests.console.test_live import _not_reloaded, _still_same
 from tests.ledger.tampering import tamper
+from tests.workers.members import gang
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
 
@@ -353,6 +356,9 @@ def test_an_entry_resealed_in_the_database_fails_the_check(fleet: Fleet, auditor
         ("/ui/ledger?before=0", "before"),
         ("/ui/ledger/entries/0", "seq"),
         ("/ui/ledger/export?format=xml", "format"),
+        ("/ui/ledger/rows?since=yesterday", "since"),
+        ("/ui/ledger/rows?kind=workload.teleported", "kind"),
+        ("/ui/ledger/rows?before=0", "before"),
     ],
 )
 def test_bad_input_is_an_error_page_naming_the_field(
@@ -361,3 +367,45 @@ def test_bad_input_is_an_error_page_naming_the_field(
     answer = auditor.request.get(fleet.base_url + query)
     assert answer.status == 422, answer.text()
     assert f"<code>{field}</code>" in answer.text()
+
+
+def _seqs(page: Any) -> list[int]:
+    found = page.locator("tbody tr[data-seq]").evaluate_all("rs => rs.map(r => r.dataset.seq)")
+    return [int(s) for s in found]
+
+
+def test_the_newest_page_shows_a_new_entry_without_a_reload_and_an_older_one_stays(
+    fleet: Fleet, auditor: Any, browse: Callable[..., Any]
+) -> None:
+    """Last in this module: the gang it submits adds entries to the ledger."""
+    newest = auditor
+    older = browse(beside=newest)
+    older.goto(f"{fleet.base_url}/ui/ledger?before={max(_seqs(newest)) + 1}")
+    kept = _seqs(older)
+    assert kept == _seqs(newest)
+    assert older.locator("[sse-connect]").count() == 0  # an older page does not follow
+    newest.locator("#live.on").wait_for()
+    _not_reloaded(newest, older)
+
+    created = fleet.admin.post("/v1/namespaces/team-b/workloads", json=gang("watched"))
+    assert created.status_code == 201, created.text
+    row = newest.locator('tbody tr[data-kind="workload.admitted"]', has_text="watched")
+    row.wait_for()
+    assert int(str(row.get_attribute("data-seq"))) > max(kept)
+    assert _seqs(newest) == sorted(_seqs(newest), reverse=True)
+    assert _seqs(older) == kept
+    _still_same(newest, older)
+
+
+def test_the_fragment_is_refused_to_whom_the_page_is(
+    fleet: Fleet, browse: Callable[[], Any]
+) -> None:
+    body = {"name": "ledger-submitter", "role": "submitter", "namespaces": ["team-a"]}
+    issued = fleet.admin.post("/v1/tokens", json=body)
+    assert issued.status_code == 201, issued.text
+    page = browse()
+    sign_in(page, fleet.base_url, issued.json()["token"], start="/ui/workloads")
+    for path in ("/ui/ledger", "/ui/ledger/rows", "/ui/ledger/rows?namespace=team-a"):
+        answer = page.request.get(fleet.base_url + path)
+        assert answer.status == 403, (path, answer.text())
+        assert "team-b" not in answer.text()

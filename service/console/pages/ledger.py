@@ -2,7 +2,8 @@
 newest first, paged by ``seq``), an entry with its inclusion proof against
 the latest signed checkpoint — checked in the browser by ``static/verify.js``
 with the same algorithm as ``qmctl ledger verify`` — the checkpoints, and the
-export.
+export. The newest page follows the ledger live: its entries are read anew
+when an event whose transaction writes an entry arrives (:data:`LEDGER_EVENTS`).
 
 Every read is the auditors' API's (``AuditService``): ``entries``,
 ``latest_checkpoint``, ``inclusion``, ``checkpoints``, ``export``. The entry
@@ -15,6 +16,7 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response, StreamingResponse
@@ -24,6 +26,7 @@ from starlette.concurrency import run_in_threadpool as run
 from service.app.audit import AUDITORS
 from service.app.errors import Invalid, NotFound
 from service.console.web import CurrentViewer, Page, Services_, Viewer, render
+from service.domain import events as types
 from service.ledger.chain import CHAIN_VERSION
 from service.ledger.checkpoint import Checkpoint, CheckpointError, parse_checkpoint_text
 from service.ledger.entries import KINDS
@@ -43,6 +46,29 @@ Kind = Annotated[str | None, Query(max_length=64)]
 Moment = Annotated[str | None, Query(max_length=40)]
 Seq = Annotated[int, Path(ge=1, le=2**62)]
 Cursor = Annotated[int | None, Query(ge=1, le=2**62)]
+Limit = Annotated[int, Query(ge=1, le=500)]
+#: The event types appended with ledger entries: the Workload transitions that
+#: open or close an admission or record an estimate of what ran
+#: (service/app/lifecycle.py), a submission and its refusal, an admin's change
+#: (service/app/resources.py), a cluster's loss. The registry
+#: (service/domain/events.py) does not say which types write entries. Two
+#: entries come with none of these and show at the next: ``workload.ran`` as
+#: measured (written by workers/metering.py with no event) and
+#: ``cluster.returned`` (on ClusterSynced, a heartbeat that would re-read the
+#: table at every beat).
+LEDGER_EVENTS = (
+    types.WORKLOAD_SUBMITTED,
+    types.WORKLOAD_ADMITTED,
+    types.WORKLOAD_PREEMPTED,
+    types.WORKLOAD_EVICTED,
+    types.WORKLOAD_REQUEUED,
+    types.WORKLOAD_FINISHED,
+    types.WORKLOAD_CANCELLED,
+    types.CLUSTER_LOST,
+    types.RESOURCE_CHANGED,
+    types.RESOURCE_DELETED,
+    types.SUBMISSION_REFUSED,
+)
 
 
 def moment(value: str | None, field: str) -> datetime | None:
@@ -77,6 +103,8 @@ def _listing(
     viewer: Viewer, services: Any, filters: dict[str, str | None], before: int | None, limit: int
 ) -> dict[str, Any]:
     query = _query(filters, before_seq=before, newest_first=True, limit=limit)
+    # Read before the entries: an entry they miss comes with an event after it.
+    head = services.event_queries.head()
     found = services.audit.entries(viewer.principal, query)
     return {
         "entries": [{**e, "summary": summary(e["kind"], e["body"])} for e in found["items"]],
@@ -84,8 +112,20 @@ def _listing(
         "before": before,
         "limit": limit,
         "filters": filters,
+        "query": _query_string(filters, limit),
         "kinds": KINDS,
+        "head": head,
+        "events": LEDGER_EVENTS,
     }
+
+
+def _query_string(filters: dict[str, str | None], limit: int) -> str:
+    """The filters (and a page size other than the default) as a query
+    string's start, each pair followed by ``&``, for the page's links."""
+    pairs = [(k, v) for k, v in filters.items() if v]
+    if limit != PAGE_SIZE:
+        pairs.append(("limit", str(limit)))
+    return "".join(f"{k}={quote(v, safe='/')}&" for k, v in pairs)
 
 
 def summary(kind: str, body: dict[str, Any]) -> str:
@@ -223,11 +263,28 @@ def ledger_router() -> APIRouter:
         since: Moment = None,
         until: Moment = None,
         before: Cursor = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = PAGE_SIZE,
+        limit: Limit = PAGE_SIZE,
     ) -> Response:
         wanted = filters(kind, namespace, workload, since, until)
         listing = await run(_listing, viewer, services, wanted, before, limit)
         return render(viewer, "ledger.html", {"title": "Ledger", **listing})
+
+    @router.get("/ledger/rows")
+    async def rows(
+        viewer: CurrentViewer,
+        services: Services_,
+        kind: Kind = None,
+        namespace: Namespace = None,
+        workload: Filter = None,
+        since: Moment = None,
+        until: Moment = None,
+        before: Cursor = None,
+        limit: Limit = PAGE_SIZE,
+    ) -> Response:
+        """The entries and the pager alone, which the newest page re-reads live."""
+        wanted = filters(kind, namespace, workload, since, until)
+        listing = await run(_listing, viewer, services, wanted, before, limit)
+        return render(viewer, "_ledger_rows.html", listing)
 
     @router.get("/ledger/entries/{seq}")
     async def entry(viewer: CurrentViewer, services: Services_, seq: Seq) -> Response:
