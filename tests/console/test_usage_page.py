@@ -1,7 +1,8 @@
 """The Usage page in a real browser, after gangs of two teams ran on two
 members: its totals, its per-period rows, its CSV and its stacked bars equal
 what the real ``qmctl usage`` prints for the same grouping, granularity and
-time, to the second; a chosen period keeps only its own rows."""
+time, to the second; a chosen period keeps only its own rows; the figures
+follow the ledger live."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.api.conftest import ADMIN_TOKEN
-from tests.console.conftest import sign_in
+from tests.console.conftest import WAIT_MS, sign_in
 from tests.console.gangs import Fleet, fleet_that_ran
+from tests.console.test_live import _not_reloaded, _still_same
+from tests.workers.members import gang
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
 GPU = "nvidia.com/gpu"
@@ -162,6 +165,9 @@ def test_a_chosen_period_keeps_its_own_rows(
         ("/ui/usage?since=2026-02-30", "since"),
         ("/ui/usage?resource=GPU%20please", "resource"),
         ("/ui/usage.csv?by=planet", "by"),
+        ("/ui/usage/body?granularity=week", "granularity"),
+        ("/ui/usage/body?asOf=soon", "asOf"),
+        ("/ui/usage/body?resource=GPU%20please", "resource"),
     ],
 )
 def test_bad_input_is_an_error_page_naming_the_field(
@@ -172,3 +178,43 @@ def test_bad_input_is_an_error_page_naming_the_field(
     answer = page.request.get(fleet.base_url + query)
     assert answer.status == 422, answer.text()
     assert f"<code>{field}</code>" in answer.text()
+
+
+#: Whether team-b's held total in the Team table has grown past ``was``.
+GREW = """(was) => {
+  const cell = document.querySelector('section[data-dimension="namespace"] table.totals'
+    + ' tr[data-group="team-b"] td[data-measure="held"]');
+  return cell !== null && parseFloat(cell.dataset.value) > was;
+}"""
+
+
+def test_the_figures_follow_a_gang_that_runs_without_a_reload(
+    fleet: Fleet, browse: Callable[[], Any], as_of: str
+) -> None:
+    """Last in this module: the gang it submits adds to the usage."""
+    day = as_of[:10]
+    page = browse()
+    sign_in(page, fleet.base_url, ADMIN_TOKEN, start=f"/ui/usage?granularity=hour&since={day}")
+    page.locator("#live.on").wait_for()
+    held = shown_totals(page, "namespace", "held")["team-b"]
+    links = page.locator("section a[download]").evaluate_all("as => as.map(a => a.href)")
+    page.locator("#periods-namespace summary").click()
+    _not_reloaded(page)
+
+    created = fleet.admin.post("/v1/namespaces/team-b/workloads", json=gang("metered"))
+    assert created.status_code == 201, created.text
+    page.wait_for_function(GREW, arg=held, timeout=WAIT_MS * 2)
+    grown = shown_totals(page, "namespace", "held")["team-b"]
+    segments = page.locator(
+        'section[data-dimension="namespace"] svg.chart rect[data-group="team-b"]'
+    ).evaluate_all("rs => rs.map(r => r.dataset.value)")
+    assert abs(sum(float(v) for v in segments) - grown) < SECOND / 1000  # the bars redrawn
+    periods = page.locator("table.periods tr[data-period]").evaluate_all(
+        "rows => rows.map(r => r.dataset.period)"
+    )
+    assert periods and all(p[:10] >= day and p[13:] == ":00:00+00:00" for p in periods)
+    assert page.locator("#periods-namespace").evaluate("d => d.open")  # kept open
+    assert page.get_by_label("Granularity").input_value() == "hour"
+    assert page.get_by_label("From (UTC)").input_value() == day
+    assert page.locator("section a[download]").evaluate_all("as => as.map(a => a.href)") == links
+    _still_same(page)

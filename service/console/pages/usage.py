@@ -7,6 +7,11 @@ the ledger's ``UsageRollup`` — called once per grouping, exactly as ``qmctl
 usage --by <group>`` asks for it; this page only filters those rows (period,
 resource) and lays them out. The measures shown are whatever the rows carry
 besides their period, group and resource (``held``, ``ran``, …).
+
+The figures follow the ledger live: they are read anew when an event that
+comes with a ledger entry arrives (:data:`~service.console.pages.ledger.LEDGER_EVENTS`),
+any of them, as an open admission's hours are counted up to the ledger's
+last entry.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool as run
 
 from service.app.audit import AUDITORS
-from service.console.pages.ledger import Moment, moment
+from service.console.pages.ledger import LEDGER_EVENTS, Moment, moment
 from service.console.web import CurrentViewer, Page, Services_, Viewer, render
 
 Granularity = Literal["hour", "day", "month"]
@@ -45,6 +51,8 @@ PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#0
 OTHERS = "#8a8a8a"
 LABELS = {"hour": "%m-%d %H:00", "day": "%m-%d", "month": "%Y-%m"}
 Resource = Annotated[str, Query(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9./]*[a-z0-9])?$")]
+AsOf = Annotated[str | None, Query(alias="asOf", max_length=40)]
+Measure = Annotated[str | None, Query(max_length=32)]
 
 
 def unit(resource: str) -> str:
@@ -227,42 +235,29 @@ def usage_router() -> APIRouter:
         granularity: Granularity = "day",
         since: Moment = None,
         until: Moment = None,
-        as_of: Annotated[str | None, Query(alias="asOf", max_length=40)] = None,
+        as_of: AsOf = None,
         resource: Resource = GPU,
-        measure: Annotated[str | None, Query(max_length=32)] = None,
+        measure: Measure = None,
     ) -> Response:
-        period = _period(granularity, since, until, as_of, resource)
-        reports = await _usage(viewer, services, period)
-        every = [row for rows in reports.values() for row in rows]
-        shown = {g: [r for r in rows if period.holds(r)] for g, rows in reports.items()}
-        columns = measures(every)
-        wanted = measure if measure in columns else columns[0]
-        sections = [
-            {
-                "dimension": dim,
-                "heading": heading,
-                "rows": shown[dim],
-                "totals": _totals(shown[dim], dim, columns),
-                "chart": chart(dim, heading, shown[dim], wanted, granularity),
-            }
-            for dim, heading in DIMENSIONS
-        ]
-        context = {
-            "title": "Usage",
-            "sections": sections,
-            "measures": columns,
-            "measure": wanted,
-            "unit": unit(resource),
-            "resources": sorted({r["resource"] for r in every} | {resource}),
-            "form": {
-                "granularity": granularity,
-                "since": since or "",
-                "until": until or "",
-                "asOf": as_of or "",
-                "resource": resource,
-            },
-        }
-        return render(viewer, "usage.html", context)
+        chosen = (granularity, since, until, as_of, resource)
+        context = await _report(viewer, services, chosen, measure)
+        return render(viewer, "usage.html", {"title": "Usage", **context})
+
+    @router.get("/usage/body")
+    async def body(
+        viewer: CurrentViewer,
+        services: Services_,
+        granularity: Granularity = "day",
+        since: Moment = None,
+        until: Moment = None,
+        as_of: AsOf = None,
+        resource: Resource = GPU,
+        measure: Measure = None,
+    ) -> Response:
+        """The charts and tables alone, which the page re-reads live."""
+        chosen = (granularity, since, until, as_of, resource)
+        context = await _report(viewer, services, chosen, measure)
+        return render(viewer, "_usage_body.html", context)
 
     @router.get("/usage.csv")
     async def usage_csv(
@@ -272,7 +267,7 @@ def usage_router() -> APIRouter:
         granularity: Granularity = "day",
         since: Moment = None,
         until: Moment = None,
-        as_of: Annotated[str | None, Query(alias="asOf", max_length=40)] = None,
+        as_of: AsOf = None,
         resource: Resource = GPU,
     ) -> Response:
         """One grouping's rows as the rollup gives them, every number exact
@@ -296,6 +291,53 @@ def usage_router() -> APIRouter:
         return Response(out.getvalue(), media_type="text/csv", headers=headers)
 
     return router
+
+
+Chosen = tuple[Granularity, str | None, str | None, str | None, str]
+"""The form's granularity, since, until, as of and resource."""
+
+
+async def _report(
+    viewer: Viewer, services: Any, chosen: Chosen, measure: str | None
+) -> dict[str, Any]:
+    """What the page shows of the period ``chosen``, and the stream's start."""
+    granularity, since, until, as_of, resource = chosen
+    period = _period(granularity, since, until, as_of, resource)
+    form = {
+        "granularity": granularity,
+        "since": since or "",
+        "until": until or "",
+        "asOf": as_of or "",
+        "resource": resource,
+    }
+    # Read before the rollups: an entry they miss comes with an event after it.
+    head = await run(services.event_queries.head)
+    reports = await _usage(viewer, services, period)
+    every = [row for rows in reports.values() for row in rows]
+    shown = {g: [r for r in rows if period.holds(r)] for g, rows in reports.items()}
+    columns = measures(every)
+    wanted = measure if measure in columns else columns[0]
+    sections = [
+        {
+            "dimension": dim,
+            "heading": heading,
+            "rows": shown[dim],
+            "totals": _totals(shown[dim], dim, columns),
+            "chart": chart(dim, heading, shown[dim], wanted, granularity),
+        }
+        for dim, heading in DIMENSIONS
+    ]
+    return {
+        "sections": sections,
+        "measures": columns,
+        "measure": wanted,
+        "unit": unit(resource),
+        "resources": sorted({r["resource"] for r in every} | {resource}),
+        "form": form,
+        "query": "&".join(f"{k}={quote(v, safe='/')}" for k, v in form.items()),
+        "head": head,
+        "events": LEDGER_EVENTS,
+    }
 
 
 def _totals(rows: list[dict[str, Any]], dimension: str, columns: list[str]) -> list[dict[str, Any]]:

@@ -63,9 +63,22 @@
     notice.hidden = false;
   });
 
+  // A fragment read anew keeps the <details id> the person had opened in it.
+  var openDetails = [];
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var target = event.detail.target;
+    openDetails = target ? Array.prototype.map.call(
+      target.querySelectorAll("details[open][id]"), function (el) { return el.id; }) : [];
+  });
+
   document.addEventListener("htmx:afterSwap", function () {
     var notice = document.getElementById("notice");
     if (notice) { notice.hidden = true; }
+    openDetails.forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) { el.open = true; }
+    });
+    openDetails = [];
     tick();
   });
 
