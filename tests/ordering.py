@@ -19,7 +19,6 @@ from typing import TypeVar
 #: Seconds each long module took on a quiet 2-core box (``.ci/run
 #: --durations``, 2026-12-02, three processes).
 LONG = {
-    "tests/workers/test_chaos_run.py": 250,
     "tests/standalone/test_readme_tour.py": 160,
     "tests/standalone/test_restarts.py": 130,
     "tests/api/test_schemathesis.py": 120,

@@ -23,7 +23,7 @@ from tests.api.conftest import ADMIN_TOKEN, serve
 #: Examples per operation: the suite's run checks every operation, positive
 #: and negative, in a couple of minutes; the full run (``-m slow``) fuzzes
 #: deeper. QM_SCHEMATHESIS_EXAMPLES sets both.
-SUITE_EXAMPLES = int(os.environ.get("QM_SCHEMATHESIS_EXAMPLES", "15"))
+SUITE_EXAMPLES = int(os.environ.get("QM_SCHEMATHESIS_EXAMPLES", "10"))
 FULL_EXAMPLES = int(os.environ.get("QM_SCHEMATHESIS_EXAMPLES", "50"))
 #: A hang guard, not a speed target: the fuzzing's length is what it is.
 CEILING = 1800
