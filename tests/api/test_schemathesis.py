@@ -66,6 +66,10 @@ def test_schemathesis_finds_no_server_error_and_no_nonconformance(
             f"Authorization: Bearer {ADMIN_TOKEN}",
             "--request-timeout",
             "120",
+            # "--checks all" turns on a 10 s response-time limit, a deadline
+            # a busy machine misses: no limit here but the request timeout.
+            "--max-response-time",
+            "120",
             "--max-examples",
             str(examples),
             "--checks",
