@@ -39,7 +39,15 @@ from service.engine import (
     admission_cycle,
 )
 from sim.fleet import Fleet
-from sim.replay.metrics import contended_jain, jain_index, percentile, weighted_max_min
+from sim.replay.metrics import (
+    SIZE_CLASSES,
+    contended_jain,
+    jain_index,
+    percentile,
+    size_class,
+    summary,
+    weighted_max_min,
+)
 from sim.replay.trace import TraceJob, stable_team
 
 __all__ = ["GPU", "ReplayOptions", "Simulator", "fifo_fleet", "replay"]
@@ -70,6 +78,12 @@ class _Run:
 class _Stats:
     first_admission: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
+    #: Job id → when it last entered the queue (submission, or its re-queue).
+    queued_at: dict[str, float] = field(default_factory=dict)
+    #: Job id → its wait before the first admission.
+    first_wait: dict[str, float] = field(default_factory=dict)
+    #: Job id → the sum of all its waits, re-queues included.
+    total_wait: dict[str, float] = field(default_factory=dict)
     busy_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
     team_gpu_s: dict[str, float] = field(default_factory=dict)
@@ -233,6 +247,7 @@ class Simulator:
 
     def _requeue(self, run: _Run, now: float) -> None:
         self.stats.lost_gpu_s += run.job.num_gpu * (now - run.start)
+        self.stats.queued_at[run.job.job_id] = now
         self.pending[run.admitted.workload.key] = replace(run.admitted.workload, queued_at=now)
 
     def _island_ok(self, wl: Workload, admitted: AdmittedWorkload) -> bool:
@@ -263,10 +278,17 @@ class Simulator:
             run = _Run(job, self.team_of[job.job_id], admitted, now, now + job.duration)
             self.running[decision.workload] = run
             self._place(run, 1)
-            self.stats.first_admission.setdefault(job.job_id, now)
+            self._record_wait(job.job_id, now)
             generation = self._generation.get(decision.workload, 0)
             heapq.heappush(self._completions, (run.end, decision.workload, generation))
         self.usage = result.local_queue_usage
+
+    def _record_wait(self, job_id: str, now: float) -> None:
+        stats = self.stats
+        wait = now - stats.queued_at[job_id]
+        stats.total_wait[job_id] = stats.total_wait.get(job_id, 0.0) + wait
+        stats.first_wait.setdefault(job_id, wait)
+        stats.first_admission.setdefault(job_id, now)
 
     def snapshot(self) -> Snapshot:
         fleet = self.fleet
@@ -326,6 +348,7 @@ class Simulator:
             while index < len(jobs) and jobs[index].submission_time <= now:
                 wl = self.workload(jobs[index])
                 self.pending[wl.key] = wl
+                self.stats.queued_at[jobs[index].job_id] = jobs[index].submission_time
                 index += 1
             self.stats.max_pending = max(self.stats.max_pending, len(self.pending))
             if self.pending:
@@ -341,17 +364,33 @@ class Simulator:
 
     # --- RESULT -------------------------------------------------------------------------
 
+    def honest_waits(self) -> dict[str, Any]:
+        """Waits with re-queues, delays, per size class and team (see ``metrics``)."""
+        stats = self.stats
+        by_size: dict[str, list[TraceJob]] = {}
+        by_team: dict[str, list[TraceJob]] = {}
+        for job in self.jobs:
+            by_size.setdefault(size_class(job.num_gpu), []).append(job)
+            by_team.setdefault(self.team_of[job.job_id], []).append(job)
+        order = {name: i for i, (_, name) in enumerate(SIZE_CLASSES)}
+        overall = _job_figures(self.jobs, stats)
+        del overall["jobs"]
+        return {
+            **overall,
+            "by_size": {
+                name: _job_figures(by_size[name], stats)
+                for name in sorted(by_size, key=lambda n: order.get(n, len(order)))
+            },
+            "by_team": {team: _job_figures(by_team[team], stats) for team in sorted(by_team)},
+        }
+
     def result(self, wall_s: float) -> dict[str, Any]:
         stats = self.stats
         jobs = self.jobs
         first = min((j.submission_time for j in jobs), default=0.0)
         last = max(stats.finished.values(), default=first)
         makespan = last - first
-        waits = [
-            stats.first_admission[j.job_id] - j.submission_time
-            for j in jobs
-            if j.job_id in stats.first_admission
-        ]
+        waits = [stats.first_wait[j.job_id] for j in jobs if j.job_id in stats.first_wait]
         demand: dict[str, float] = {}
         for job in jobs:
             team = self.team_of[job.job_id]
@@ -391,6 +430,7 @@ class Simulator:
             else 0.0,
             "mean_wait_s": round(sum(waits) / len(waits), 1) if waits else 0.0,
             "p95_wait_s": round(percentile(waits, 95), 1),
+            **self.honest_waits(),
             "jain_fairness": round(windowed, 4),
             "jain_fairness_whole_run": round(jain_index(ratios), 4),
             "contended_windows": contended,
@@ -404,6 +444,19 @@ class Simulator:
             "engine_s": round(stats.engine_s, 2),
             "wall_s": round(wall_s, 2),
         }
+
+
+def _job_figures(jobs: list[TraceJob], stats: _Stats) -> dict[str, dict[str, float] | int]:
+    """Job count, first wait, every wait and delay of ``jobs`` (completed ones)."""
+    done = [j for j in jobs if j.job_id in stats.finished]
+    return {
+        "jobs": len(done),
+        "first_wait_s": summary([stats.first_wait[j.job_id] for j in done]),
+        "wait_s": summary([stats.total_wait[j.job_id] for j in done]),
+        "delay_s": summary(
+            [stats.finished[j.job_id] - j.submission_time - j.duration for j in done]
+        ),
+    }
 
 
 def _cycle(snapshot: Snapshot, now: float) -> CycleResult:

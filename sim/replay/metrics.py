@@ -1,8 +1,19 @@
 """What a replay reports: waits, utilisation, fairness, preemptions, island violations.
 
-``mean_wait_s`` / ``p95_wait_s``: from submission to the job's first admission
-(a preempted job's second wait shows up in ``lost_gpu_hours`` and makespan, not
-here). ``gpu_utilization``: GPU-seconds of every run, finished or preempted,
+``mean_wait_s`` / ``p95_wait_s`` (kept for older results): from submission to
+the job's first admission, over admitted jobs; the same as ``first_wait_s``.
+The honest figures, each as ``mean`` / ``p50`` / ``p95`` / ``p99`` / ``max``
+(:func:`summary`), over the jobs that completed:
+
+* ``wait_s``: every wait of the job — from submission to its first admission,
+  plus, after each preemption or eviction, from its re-queue to its next
+  admission;
+* ``delay_s``: finish - submission - duration, i.e. every wait *and* the run
+  time that a preemption threw away (preempted jobs restart from zero);
+* ``by_size`` / ``by_team``: the same three per GPU size class
+  (:func:`size_class`) and per team, with the class's job count.
+
+``gpu_utilization``: GPU-seconds of every run, finished or preempted,
 over fleet GPUs times the makespan (first submission to last completion);
 ``goodput_utilization`` leaves out runs that were preempted.
 
@@ -26,7 +37,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["contended_jain", "jain_index", "percentile", "weighted_max_min"]
+__all__ = [
+    "SIZE_CLASSES",
+    "contended_jain",
+    "jain_index",
+    "percentile",
+    "size_class",
+    "summary",
+    "weighted_max_min",
+]
+
+#: Upper bounds (GPUs) and names of the size classes. A size between two
+#: bounds goes to the class above it (12 GPUs count as "9-16", 48 as "33-64");
+#: the ITP traces hold only 1, 2, 4, 8, 16, 32 and 64.
+SIZE_CLASSES: tuple[tuple[int, str], ...] = (
+    (1, "1"),
+    (8, "2-8"),
+    (16, "9-16"),
+    (32, "17-32"),
+    (64, "33-64"),
+)
 
 #: ``(team, gpus, start, end)``.
 Interval = tuple[str, int, float, float]
@@ -39,6 +69,27 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100.0 * len(ordered)))
     return float(ordered[min(rank, len(ordered)) - 1])
+
+
+def size_class(gpus: int) -> str:
+    """The size class of a job of ``gpus`` GPUs (see :data:`SIZE_CLASSES`)."""
+    for bound, name in SIZE_CLASSES:
+        if gpus <= bound:
+            return name
+    return f">{SIZE_CLASSES[-1][0]}"
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Mean, p50, p95, p99 and max of ``values``, rounded to 0.1 (0 for none)."""
+    if not values:
+        return dict.fromkeys(("mean", "p50", "p95", "p99", "max"), 0.0)
+    return {
+        "mean": round(sum(values) / len(values), 1),
+        "p50": round(percentile(values, 50), 1),
+        "p95": round(percentile(values, 95), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": round(float(max(values)), 1),
+    }
 
 
 def weighted_max_min(

@@ -13,7 +13,14 @@ from sim.cli import app as sim_app
 from sim.fleet import Fleet, fleet_from_mapping, load_fleet
 from sim.replay import ReplayOptions, TraceJob, fifo_fleet, load_trace, replay, stable_team
 from sim.replay.loop import fifo_options
-from sim.replay.metrics import contended_jain, jain_index, percentile, weighted_max_min
+from sim.replay.metrics import (
+    contended_jain,
+    jain_index,
+    percentile,
+    size_class,
+    summary,
+    weighted_max_min,
+)
 from sim.replay.trace import TraceError
 
 FLEETS = Path(__file__).resolve().parents[2] / "sim" / "fleets"
@@ -200,6 +207,64 @@ def test_fifo_baseline_blocks_behind_the_head_of_line() -> None:
     # "big" has run: 0 + 990 + 0 against 0 + 990 + 1080 seconds of waiting.
     assert ours["mean_wait_s"] == pytest.approx(990 / 3)
     assert fifo["mean_wait_s"] == pytest.approx((990 + 1080) / 3)
+
+
+def test_waits_after_a_requeue_and_the_lost_run_count_in_wait_and_delay() -> None:
+    fleet = small_fleet(islands=1, nodes=2, quotas=(8, 8))
+    jobs = [
+        job("greedy-1", 0, 10_000, 8, "alpha"),
+        job("greedy-2", 0, 10_000, 8, "alpha"),
+        job("owner", 100, 100, 8, "beta"),
+    ]
+    result = replay(fleet, jobs, ReplayOptions(cycle_interval=10))
+    assert result["preemptions"] == 1
+    # Nobody waited for a first admission; the borrower preempted at 100 s
+    # (after 100 s of running) waits again until the owner ends at 200 s, and
+    # finishes 200 s late: 100 s waiting plus 100 s of run thrown away.
+    assert result["mean_wait_s"] == result["first_wait_s"]["max"] == 0.0
+    assert result["wait_s"]["max"] == 100.0
+    assert result["wait_s"]["mean"] == pytest.approx(100 / 3, abs=0.1)
+    assert result["delay_s"]["max"] == 200.0
+    assert result["by_team"]["alpha"]["delay_s"]["mean"] == 100.0
+    assert result["by_team"]["beta"]["delay_s"]["max"] == 0.0
+    assert result["by_size"]["2-8"]["jobs"] == 3
+
+
+def test_figures_per_size_class_and_their_percentiles() -> None:
+    fleet = small_fleet(islands=2, nodes=2, quotas=(16, 16))
+    # Two island-sized gangs take both islands at 0 s (the one-GPU job,
+    # submitted with them, finds no room left); the 12-GPU job, a size between
+    # classes, counts as 9-16. Both wait until the gangs end at 1000 s.
+    jobs = [
+        job("one", 0, 100, 1, "alpha"),
+        job("gang-a", 0, 1000, 16, "alpha"),
+        job("gang-b", 0, 1000, 16, "beta"),
+        job("twelve", 10, 100, 12, "beta"),
+    ]
+    result = replay(fleet, jobs, ReplayOptions(cycle_interval=1))
+    assert list(result["by_size"]) == ["1", "9-16"]
+    assert result["by_size"]["1"]["jobs"] == 1
+    assert result["by_size"]["1"]["wait_s"]["max"] == 1000.0
+    sixteen = result["by_size"]["9-16"]
+    assert sixteen["jobs"] == 3
+    assert sixteen["wait_s"] == {
+        "mean": 330.0,
+        "p50": 0.0,
+        "p95": 990.0,
+        "p99": 990.0,
+        "max": 990.0,
+    }
+    assert sixteen["delay_s"] == sixteen["wait_s"]  # nothing was preempted
+    assert result["by_team"]["beta"]["wait_s"]["mean"] == 495.0
+
+
+def test_size_classes_and_summary() -> None:
+    assert [size_class(g) for g in (1, 2, 8, 9, 16, 24, 32, 48, 64, 65)] == [
+        "1", "2-8", "2-8", "9-16", "9-16", "17-32", "17-32", "33-64", "33-64", ">64",
+    ]  # fmt: skip
+    figures = summary([float(v) for v in range(1, 101)])
+    assert figures == {"mean": 50.5, "p50": 50.0, "p95": 95.0, "p99": 99.0, "max": 100.0}
+    assert summary([])["p99"] == 0.0
 
 
 def test_jobs_that_can_never_fit_end_the_replay() -> None:
