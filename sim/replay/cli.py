@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperOption
 
-from sim.fleet import load_fleet
+from service.engine import EngineConfig
+from sim.fleet import Fleet, load_fleet
 from sim.replay.loop import ReplayOptions, Simulator, fifo_fleet, fifo_options
-from sim.replay.trace import load_trace
+from sim.replay.options import EngineOptions, parse_resource_weights, parse_strategies
+from sim.replay.trace import TraceJob, load_trace
 
 __all__ = ["register"]
 
 _BASELINES = ("fifo",)
+_ENGINE = EngineOptions()
 
 
 def _run(simulator: Simulator, console: Console, title: str) -> dict[str, Any]:
@@ -37,7 +43,62 @@ def _run(simulator: Simulator, console: Console, title: str) -> dict[str, Any]:
         return simulator.run(progress)
 
 
+def _at_least(bound: float, *, open_: bool = False) -> Callable[[float | None], float | None]:
+    """A typer callback refusing values below ``bound`` (or equal to it, if ``open_``)."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if not math.isfinite(value) or value < bound or (open_ and value == bound):
+            word = "greater than" if open_ else "at least"
+            raise typer.BadParameter(f"{value:g}: must be a finite number {word} {bound:g}")
+        return value
+
+    return check
+
+
+def _strategies(value: str) -> str:
+    try:
+        parse_strategies(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _weights(value: list[str]) -> list[str]:
+    try:
+        parse_resource_weights(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _baseline(value: str | None) -> str | None:
+    if value is not None and value not in _BASELINES:
+        known = ", ".join(_BASELINES)
+        raise typer.BadParameter(f"unknown baseline {value!r}; the baselines are {known}")
+    return value
+
+
+def _command(ctx: typer.Context) -> str:
+    """The command line that makes this run again: every option that is not its default."""
+    words = [ctx.command_path]
+    for param in ctx.command.params:
+        if not isinstance(param, TyperOption) or param.name is None:
+            continue
+        value = ctx.params.get(param.name)
+        if value is None or value in (param.default, (), []):
+            continue
+        if param.is_flag:
+            words.append(param.opts[0] if value else param.secondary_opts[0])
+            continue
+        for item in value if isinstance(value, list | tuple) else (value,):
+            words += [param.opts[0], str(item)]
+    return " ".join(words)
+
+
 def replay(
+    ctx: typer.Context,
     trace: Annotated[
         Path,
         typer.Option(
@@ -51,51 +112,138 @@ def replay(
     ],
     out: Annotated[Path, typer.Option(help="Where to write RESULT (JSON).")],
     baseline: Annotated[
-        str | None, typer.Option(help="Also replay on a baseline scheduler: fifo.")
+        str | None,
+        typer.Option(help="Also replay on a baseline scheduler: fifo.", callback=_baseline),
     ] = None,
     cycle_interval: Annotated[
-        float, typer.Option(help="Virtual seconds between admission cycles, at most.")
+        float,
+        typer.Option(
+            help="Virtual seconds between admission cycles, at most (0: at every event).",
+            callback=_at_least(0.0),
+        ),
     ] = 60.0,
     gpus_per_pod: Annotated[
-        int, typer.Option(help="GPUs per pod; bigger jobs are gangs of such pods.")
+        int,
+        typer.Option(help="GPUs per pod; bigger jobs are gangs of such pods.", min=1),
     ] = 8,
     limit: Annotated[
-        int | None, typer.Option(help="Replay only the first N jobs of the trace.")
+        int | None, typer.Option(help="Replay only the first N jobs of the trace.", min=1)
+    ] = None,
+    fair_sharing: Annotated[
+        bool,
+        typer.Option(help="Kueue's fair sharing: DRS ordering and fair-sharing preemption."),
+    ] = _ENGINE.fair_sharing,
+    fair_sharing_strategies: Annotated[
+        str,
+        typer.Option(
+            help="Fair-sharing preemption strategies, in order, comma-separated: "
+            "LessThanOrEqualToFinalShare, LessThanInitialShare.",
+            callback=_strategies,
+        ),
+    ] = ",".join(_ENGINE.strategies),
+    prioritize_non_borrowing: Annotated[
+        bool,
+        typer.Option(help="Fair sharing: a nominee that would not borrow goes first."),
+    ] = _ENGINE.prioritize_non_borrowing,
+    admission_fair_sharing: Annotated[
+        bool,
+        typer.Option(help="Order each queue's heads by decayed usage (Kueue KEP-4136)."),
+    ] = _ENGINE.admission_fair_sharing,
+    afs_half_life: Annotated[
+        float,
+        typer.Option(
+            help="Admission fair sharing: half-life of the usage, seconds (> 0).",
+            callback=_at_least(0.0, open_=True),
+        ),
+    ] = _ENGINE.half_life_s,
+    afs_sampling_interval: Annotated[
+        float,
+        typer.Option(
+            help="Admission fair sharing: seconds between usage samples (> 0).",
+            callback=_at_least(0.0, open_=True),
+        ),
+    ] = _ENGINE.sampling_interval_s,
+    afs_resource_weight: Annotated[
+        list[str],
+        typer.Option(
+            help="Admission fair sharing: RESOURCE=WEIGHT, repeatable (default: every 1).",
+            callback=_weights,
+        ),
+    ] = [],  # noqa: B006 - typer reads the default; it is never mutated
+    max_heads_per_cluster_queue: Annotated[
+        int | None,
+        typer.Option(help="Admit at most N heads per ClusterQueue a cycle (Kueue: 1).", min=1),
     ] = None,
 ) -> None:
     """Replay a job trace through the admission engine (no database) and write RESULT."""
-    if baseline is not None and baseline not in _BASELINES:
-        raise typer.BadParameter(f"unknown baseline {baseline!r}", param_hint="--baseline")
+    engine = EngineOptions(
+        fair_sharing=fair_sharing,
+        strategies=parse_strategies(fair_sharing_strategies),
+        prioritize_non_borrowing=prioritize_non_borrowing,
+        admission_fair_sharing=admission_fair_sharing,
+        half_life_s=afs_half_life,
+        sampling_interval_s=afs_sampling_interval,
+        resource_weights=parse_resource_weights(afs_resource_weight),
+        max_heads_per_cluster_queue=max_heads_per_cluster_queue,
+    )
+    options = ReplayOptions(
+        cycle_interval=cycle_interval,
+        gpus_per_pod=gpus_per_pod,
+        engine=engine.engine_config(),
+    )
     console = Console(stderr=True)
     jobs = load_trace(trace, limit)
-    the_fleet = load_fleet(fleet)
-    options = ReplayOptions(cycle_interval=cycle_interval, gpus_per_pod=gpus_per_pod)
     result: dict[str, Any] = {
+        "command": _command(ctx),
         "trace": str(trace),
         "fleet": str(fleet),
         "cycle_interval_s": cycle_interval,
         "gpus_per_pod": gpus_per_pod,
+        "engine": _engine_record(options.engine),
     }
-    result.update(_run(Simulator(the_fleet, jobs, options), console, "quartermaster"))
-    if baseline == "fifo":
-        simulator = Simulator(fifo_fleet(the_fleet), jobs, fifo_options(options))
-        result["baseline"] = _run(simulator, console, "fifo baseline")
+    result.update(_replays(load_fleet(fleet), jobs, options, baseline, console))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     console.print(f"RESULT written to {out}")
-    summary = {
-        k: result[k]
-        for k in (
-            "jobs",
-            "completed",
-            "mean_wait_s",
-            "p95_wait_s",
-            "gpu_utilization",
-            "jain_fairness",
-            "island_violations",
-        )
+    console.print(json.dumps(_summary(result)))
+
+
+def _engine_record(config: EngineConfig) -> dict[str, Any]:
+    """The engine configuration the replay ran with, as JSON."""
+    fair, afs = config.fair_sharing, config.admission_fair_sharing
+    return {
+        "fair_sharing": fair.enable,
+        "fair_sharing_strategies": list(fair.preemption_strategies),
+        "prioritize_non_borrowing": fair.prioritize_non_borrowing,
+        "admission_fair_sharing": afs.enable,
+        "afs_half_life_s": afs.usage_half_life_seconds,
+        "afs_sampling_interval_s": afs.usage_sampling_interval_seconds,
+        "afs_resource_weights": dict(afs.resource_weights),
+        "max_heads_per_cluster_queue": config.max_heads_per_cluster_queue,
     }
-    console.print(json.dumps(summary))
+
+
+def _replays(
+    fleet: Fleet,
+    jobs: list[TraceJob],
+    options: ReplayOptions,
+    baseline: str | None,
+    console: Console,
+) -> dict[str, Any]:
+    result = _run(Simulator(fleet, jobs, options), console, "quartermaster")
+    if baseline == "fifo":
+        simulator = Simulator(fifo_fleet(fleet), jobs, fifo_options(options))
+        result["baseline"] = _run(simulator, console, "fifo baseline")
+    return result
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("jobs", "completed", "mean_wait_s", "p95_wait_s", "gpu_utilization", "jain_fairness")
+    summary = {k: result[k] for k in keys}
+    summary["wait_s"] = result["wait_s"]
+    summary["delay_s"] = result["delay_s"]
+    summary["island_violations"] = result["island_violations"]
+    return summary
 
 
 def register(app: typer.Typer) -> None:

@@ -334,8 +334,12 @@ class Simulator:
         index = 0
         last_cycle = -math.inf
         interval = self.options.cycle_interval
+        # With a head ceiling a cycle may leave admissible heads behind: wake
+        # again one interval later, as Kueue requeues the next heads at once.
+        ceiling = self.options.engine.max_heads_per_cluster_queue is not None
+        again = False
         while True:
-            candidates = []
+            candidates = [last_cycle + interval] if again else []
             if index < len(jobs):
                 candidates.append(jobs[index].submission_time)
             completion = self._next_completion()
@@ -357,6 +361,7 @@ class Simulator:
                 self.stats.engine_s += time.perf_counter() - clock
                 self.stats.cycles += 1
                 self.apply(result, now)
+                again = ceiling and bool(result.admissions) and bool(self.pending)
             last_cycle = now
             if progress is not None:
                 progress(len(self.stats.finished), now)
