@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,13 +16,23 @@ from typer.core import TyperOption
 
 from service.engine import EngineConfig
 from sim.fleet import Fleet, load_fleet
-from sim.replay.loop import ReplayOptions, Simulator, fifo_fleet, fifo_options
+from sim.replay.baseline import best_fit_cycle
+from sim.replay.loop import (
+    ReplayOptions,
+    Simulator,
+    fifo_fleet,
+    fifo_options,
+    single_queue_fleet,
+)
 from sim.replay.options import EngineOptions, parse_resource_weights, parse_strategies
 from sim.replay.trace import TraceJob, load_trace
 
 __all__ = ["register"]
 
-_BASELINES = ("fifo",)
+#: ``--baseline`` names: the engine on one StrictFIFO queue with every team's
+#: quota; the best-fit reference policy (:mod:`sim.replay.baseline`); the engine
+#: configured like it, on one BestEffortFIFO queue without quotas.
+_BASELINES = ("fifo", "best-fit", "single-queue")
 _ENGINE = EngineOptions()
 
 
@@ -73,10 +84,13 @@ def _weights(value: list[str]) -> list[str]:
     return value
 
 
-def _baseline(value: str | None) -> str | None:
-    if value is not None and value not in _BASELINES:
-        known = ", ".join(_BASELINES)
-        raise typer.BadParameter(f"unknown baseline {value!r}; the baselines are {known}")
+def _baseline(value: list[str]) -> list[str]:
+    for name in value:
+        if name not in _BASELINES:
+            known = ", ".join(_BASELINES)
+            raise typer.BadParameter(f"unknown baseline {name!r}; the baselines are {known}")
+        if value.count(name) > 1:
+            raise typer.BadParameter(f"{name} is given twice")
     return value
 
 
@@ -112,9 +126,14 @@ def replay(
     ],
     out: Annotated[Path, typer.Option(help="Where to write RESULT (JSON).")],
     baseline: Annotated[
-        str | None,
-        typer.Option(help="Also replay on a baseline scheduler: fifo.", callback=_baseline),
-    ] = None,
+        list[str],
+        typer.Option(
+            help="Also replay on a baseline, repeatable: fifo (one StrictFIFO queue with "
+            "every quota), best-fit (island-first best fit, no quotas, FIFO with backfill), "
+            "single-queue (the engine on one BestEffortFIFO queue without quotas).",
+            callback=_baseline,
+        ),
+    ] = [],  # noqa: B006 - typer reads the default; it is never mutated
     cycle_interval: Annotated[
         float,
         typer.Option(
@@ -227,14 +246,30 @@ def _replays(
     fleet: Fleet,
     jobs: list[TraceJob],
     options: ReplayOptions,
-    baseline: str | None,
+    baselines: list[str],
     console: Console,
 ) -> dict[str, Any]:
+    """The engine's replay; each baseline's under ``baselines`` (the first also as ``baseline``)."""
     result = _run(Simulator(fleet, jobs, options), console, "quartermaster")
-    if baseline == "fifo":
-        simulator = Simulator(fifo_fleet(fleet), jobs, fifo_options(options))
-        result["baseline"] = _run(simulator, console, "fifo baseline")
+    others = {
+        name: _run(_baseline_simulator(name, fleet, jobs, options), console, f"{name} baseline")
+        for name in baselines
+    }
+    if baselines:
+        result["baseline"] = others[baselines[0]]
+        result["baselines"] = others
     return result
+
+
+def _baseline_simulator(
+    name: str, fleet: Fleet, jobs: list[TraceJob], options: ReplayOptions
+) -> Simulator:
+    if name == "fifo":
+        return Simulator(fifo_fleet(fleet), jobs, fifo_options(options))
+    quota_free = single_queue_fleet(fleet)
+    if name == "best-fit":
+        return Simulator(quota_free, jobs, replace(options, label="best-fit"), best_fit_cycle)
+    return Simulator(quota_free, jobs, replace(fifo_options(options), label="single-queue"))
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from sim.replay.metrics import (
 )
 from sim.replay.trace import TraceJob, stable_team
 
-__all__ = ["GPU", "ReplayOptions", "Simulator", "fifo_fleet", "replay"]
+__all__ = ["GPU", "ReplayOptions", "Simulator", "fifo_fleet", "replay", "single_queue_fleet"]
 
 GPU = "nvidia.com/gpu"
 
@@ -165,6 +165,38 @@ def fifo_fleet(fleet: Fleet) -> Fleet:
     )
 
 
+def single_queue_fleet(fleet: Fleet) -> Fleet:
+    """One BestEffortFIFO ClusterQueue whose quota is the whole fleet: no quota binds.
+
+    The engine configured like the best-fit baseline (:mod:`sim.replay.baseline`):
+    one queue in which a job that fits starts past one that does not, every
+    resource's nominal quota the fleet's physical total of its flavor, no
+    cohort, preemption or fair sharing (use :func:`fifo_options` with it).
+    """
+    totals: dict[str, dict[str, int]] = {}
+    for node in fleet.nodes():
+        bucket = totals.setdefault(node.flavor, {})
+        for resource, amount in node.allocatable.items():
+            bucket[resource] = bucket.get(resource, 0) + amount
+    resources = sorted({r for bucket in totals.values() for r in bucket})
+    group = ResourceGroup(
+        covered_resources=tuple(resources),
+        flavors=tuple(
+            FlavorQuotas(name, {r: ResourceQuota(totals[name].get(r, 0)) for r in resources})
+            for name in sorted(totals)
+        ),
+    )
+    queue = ClusterQueue(
+        name="single", resource_groups=(group,), queueing_strategy="BestEffortFIFO"
+    )
+    return replace(
+        fleet,
+        cohorts=(),
+        cluster_queues=(queue,),
+        local_queues=tuple(replace(lq, cluster_queue="single") for lq in fleet.local_queues),
+    )
+
+
 def fifo_options(options: ReplayOptions) -> ReplayOptions:
     engine = replace(
         options.engine,
@@ -176,8 +208,16 @@ def fifo_options(options: ReplayOptions) -> ReplayOptions:
 class Simulator:
     """Replays ``jobs`` on ``fleet``; :meth:`run` returns the RESULT mapping."""
 
-    def __init__(self, fleet: Fleet, jobs: list[TraceJob], options: ReplayOptions) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        jobs: list[TraceJob],
+        options: ReplayOptions,
+        policy: Callable[[Snapshot, float], CycleResult] | None = None,
+    ) -> None:
         self.fleet = fleet
+        #: What decides each cycle: the engine, or a baseline of :mod:`sim.replay.baseline`.
+        self.policy = policy or admission_cycle
         self.options = options
         self.queues = team_queues(fleet)
         if not self.queues:
@@ -357,7 +397,7 @@ class Simulator:
             self.stats.max_pending = max(self.stats.max_pending, len(self.pending))
             if self.pending:
                 clock = time.perf_counter()
-                result = _cycle(self.snapshot(), now)
+                result = _cycle(self.policy, self.snapshot(), now)
                 self.stats.engine_s += time.perf_counter() - clock
                 self.stats.cycles += 1
                 self.apply(result, now)
@@ -464,12 +504,14 @@ def _job_figures(jobs: list[TraceJob], stats: _Stats) -> dict[str, dict[str, flo
     }
 
 
-def _cycle(snapshot: Snapshot, now: float) -> CycleResult:
+def _cycle(
+    policy: Callable[[Snapshot, float], CycleResult], snapshot: Snapshot, now: float
+) -> CycleResult:
     """One admission cycle with the garbage collector paused (see ``service.engine``)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return admission_cycle(snapshot, now)
+        return policy(snapshot, now)
     finally:
         if collecting:
             gc.enable()
