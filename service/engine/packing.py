@@ -1,9 +1,16 @@
 """Packing a whole gang into one cluster: islands, best fit, per-node fit.
 
-Best fit means the candidate (island, or cluster for pods that may spread)
-with the least free primary resource that still holds the pod set, so that big
-holes stay open for big gangs; ties go to the lower sequence number (clusters
-by name, then islands by flavor and name), which keeps decisions deterministic.
+Best fit means the candidate with the least free primary resource that still
+holds the pod set, so that big holes stay open for big gangs; ties go to the
+lower sequence number (clusters by name, then islands by flavor and name),
+which keeps decisions deterministic. Every pod set tries islands first: the
+tightest island that holds it whole, then its least-free nodes. One that may
+spread (no required topology) and fits no island goes to the least-free
+cluster that holds it, on the least-free nodes anywhere in it — or, with
+``EngineConfig.spread_packing = "ClusterFirst"`` (the placement before issue
+24), goes there at once: a one-GPU job then took the fullest node of the
+fullest cluster whatever its island, scattering small jobs over the islands
+that gangs need (docs/scheduling-quality.md).
 """
 
 from __future__ import annotations
@@ -245,13 +252,14 @@ def _place_in_cluster(
     inventory: Inventory, request: PodSetRequest, cluster: ClusterState
 ) -> PodSetPlacement | None:
     islands = _cluster_islands(request, cluster)
-    if request.mode in ("required", "preferred"):
+    if request.mode in ("required", "preferred") or inventory.spread_island_first:
         for island in sorted(islands, key=lambda i: (i.primary_free(), i.seq)):
             chosen = _fits_in_one_island(island, request)
             if chosen is not None:
                 return PodSetPlacement(tuple(chosen), (island.name,))
         if request.mode == "required":
             return None
+    if request.mode == "preferred":
         chosen = _fewest_islands_in_cluster(request, islands)
     else:
         chosen = _spread_in_cluster(request, islands)
@@ -288,6 +296,10 @@ def _place_single(inventory: Inventory, request: PodSetRequest) -> GangPlacement
         if best is None:
             return None
         return GangPlacement(best[2].name, (PodSetPlacement(tuple(best[3]), _islands_of(best[3])),))
+    if inventory.spread_island_first:
+        placement = _place_in_one_island(inventory, request, None)
+        if placement is not None:
+            return GangPlacement(placement.nodes[0][0].cluster, (placement,))
     flavors = _node_flavors(request)
     if len(flavors) == 1:
         sample = next(iter(request.eligible.values()))

@@ -198,7 +198,11 @@ class Inventory:
         clusters: Sequence[Cluster],
         nodes: Sequence[Node],
         accelerators: Sequence[str],
+        *,
+        spread_island_first: bool = True,
     ) -> None:
+        #: Whether a pod set that may spread tries one island first (``packing``).
+        self.spread_island_first = spread_island_first
         self.clusters: dict[str, ClusterState] = {}
         for seq, cluster in enumerate(sorted(clusters, key=lambda c: c.name)):
             self.clusters[cluster.name] = ClusterState(seq, cluster)

@@ -87,7 +87,10 @@ class CycleState:
         self.cqs: dict[str, CQState] = {}
         self._build_tree()
         self.inventory = Inventory(
-            snapshot.clusters, snapshot.nodes, snapshot.config.accelerator_resources
+            snapshot.clusters,
+            snapshot.nodes,
+            snapshot.config.accelerator_resources,
+            spread_island_first=snapshot.config.spread_packing == "IslandFirst",
         )
         self.admitted: dict[str, AdmittedInfo] = {}
         #: Per quota-tree root, how many workloads there may be preempted.

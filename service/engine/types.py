@@ -31,10 +31,13 @@ __all__ = [
     "Preemption",
     "PreemptionReason",
     "Snapshot",
+    "SpreadPacking",
     "WaitForPodsReadyConfig",
 ]
 
 FairSharingStrategy = Literal["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
+#: Where a pod set that may spread goes (see :attr:`EngineConfig.spread_packing`).
+SpreadPacking = Literal["IslandFirst", "ClusterFirst"]
 
 #: Resources whose free amount indexes node capacity (see :mod:`service.engine.placement`).
 DEFAULT_ACCELERATORS: tuple[str, ...] = (
@@ -105,6 +108,13 @@ class EngineConfig:
     #: one-head-per-ClusterQueue-per-cycle ceiling (kueue#14477), for baselines.
     max_heads_per_cluster_queue: int | None = None
     accelerator_resources: tuple[str, ...] = DEFAULT_ACCELERATORS
+    #: A pod set without a required topology: ``IslandFirst`` puts it whole in
+    #: the island (of any cluster) that holds it with the least free
+    #: accelerators, on its least-free nodes, and spreads it over the least-free
+    #: cluster only when no island holds it, so whole islands stay free for
+    #: gangs (issue 24). ``ClusterFirst`` is the placement before: the
+    #: least-free nodes anywhere in the least-free cluster; kept to compare.
+    spread_packing: SpreadPacking = "IslandFirst"
 
 
 @dataclass(frozen=True, slots=True)

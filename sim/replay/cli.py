@@ -24,7 +24,12 @@ from sim.replay.loop import (
     fifo_options,
     single_queue_fleet,
 )
-from sim.replay.options import EngineOptions, parse_resource_weights, parse_strategies
+from sim.replay.options import (
+    EngineOptions,
+    parse_resource_weights,
+    parse_spread_packing,
+    parse_strategies,
+)
 from sim.replay.trace import TraceJob, load_trace
 
 __all__ = ["register"]
@@ -71,6 +76,14 @@ def _at_least(bound: float, *, open_: bool = False) -> Callable[[float | None], 
 def _strategies(value: str) -> str:
     try:
         parse_strategies(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _spread(value: str) -> str:
+    try:
+        parse_spread_packing(value)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     return value
@@ -193,6 +206,14 @@ def replay(
         int | None,
         typer.Option(help="Admit at most N heads per ClusterQueue a cycle (Kueue: 1).", min=1),
     ] = None,
+    spread_packing: Annotated[
+        str,
+        typer.Option(
+            help="Where a pod set that may spread goes: IslandFirst (the fullest island "
+            "that holds it) or ClusterFirst (the fullest nodes of the fullest cluster; before).",
+            callback=_spread,
+        ),
+    ] = _ENGINE.spread_packing,
 ) -> None:
     """Replay a job trace through the admission engine (no database) and write RESULT."""
     engine = EngineOptions(
@@ -204,6 +225,7 @@ def replay(
         sampling_interval_s=afs_sampling_interval,
         resource_weights=parse_resource_weights(afs_resource_weight),
         max_heads_per_cluster_queue=max_heads_per_cluster_queue,
+        spread_packing=parse_spread_packing(spread_packing),
     )
     options = ReplayOptions(
         cycle_interval=cycle_interval,
@@ -239,6 +261,7 @@ def _engine_record(config: EngineConfig) -> dict[str, Any]:
         "afs_sampling_interval_s": afs.usage_sampling_interval_seconds,
         "afs_resource_weights": dict(afs.resource_weights),
         "max_heads_per_cluster_queue": config.max_heads_per_cluster_queue,
+        "spread_packing": config.spread_packing,
     }
 
 

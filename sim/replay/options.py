@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import get_args
 
 from service.engine import AdmissionFairSharingConfig, EngineConfig
-from service.engine.types import FairSharingConfig, FairSharingStrategy
+from service.engine.types import FairSharingConfig, FairSharingStrategy, SpreadPacking
 
 __all__ = [
     "EngineOptions",
     "parse_resource_weights",
+    "parse_spread_packing",
     "parse_strategies",
 ]
 
@@ -36,6 +37,7 @@ class EngineOptions:
     sampling_interval_s: float = AdmissionFairSharingConfig().usage_sampling_interval_seconds
     resource_weights: tuple[tuple[str, float], ...] = ()
     max_heads_per_cluster_queue: int | None = None
+    spread_packing: SpreadPacking = "IslandFirst"
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -51,6 +53,7 @@ class EngineOptions:
                 resource_weights=dict(self.resource_weights),
             ),
             max_heads_per_cluster_queue=self.max_heads_per_cluster_queue,
+            spread_packing=self.spread_packing,
         )
 
 
@@ -73,6 +76,15 @@ def _strategy(name: str) -> FairSharingStrategy:
         if strategy == name:
             return strategy  # type: ignore[no-any-return]
     raise ValueError(f"unknown strategy {name!r}; the strategies are {', '.join(STRATEGIES)}")
+
+
+def parse_spread_packing(text: str) -> SpreadPacking:
+    """``IslandFirst`` or ``ClusterFirst`` (``EngineConfig.spread_packing``)."""
+    for value in get_args(SpreadPacking):
+        if value == text:
+            return value  # type: ignore[no-any-return]
+    known = ", ".join(get_args(SpreadPacking))
+    raise ValueError(f"unknown packing {text!r}; the packings are {known}")
 
 
 def parse_resource_weights(items: Sequence[str]) -> tuple[tuple[str, float], ...]:

@@ -4,7 +4,7 @@ A scenario holds a fleet in the format of :mod:`sim.fleet` (``topologies``,
 ``resourceFlavors``, ``clusters``, ``cohorts``, ``clusterQueues``,
 ``localQueues``, ``workloadPriorityClasses``, ``namespaces``), optional
 ``config`` (``fairSharing``, ``admissionFairSharing``, ``waitForPodsReady``,
-``maxHeadsPerClusterQueue``) and ``now``, the ``admitted`` and ``pending``
+``maxHeadsPerClusterQueue``, ``spreadPacking``) and ``now``, the ``admitted`` and ``pending``
 workloads, and what must come out under ``expect``.
 
 Conveniences so that files stay short and read like the spec:
@@ -327,6 +327,7 @@ def _config(data: dict[str, Any]) -> EngineConfig:
             backoff_limit_count=ready.get("backoffLimitCount"),
         ),
         max_heads_per_cluster_queue=cfg.get("maxHeadsPerClusterQueue"),
+        spread_packing=cfg.get("spreadPacking", "IslandFirst"),
     )
 
 

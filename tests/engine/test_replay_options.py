@@ -51,6 +51,8 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "3",
         "--cycle-interval",
         "15",
+        "--spread-packing",
+        "ClusterFirst",
     ]
     code, output, result = _invoke(tmp_path, trace, *options)
     assert code == 0, output
@@ -63,6 +65,7 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "afs_sampling_interval_s": 30.0,
         "afs_resource_weights": {"cpu": 0.5, "nvidia.com/gpu": 2.0},
         "max_heads_per_cluster_queue": 3,
+        "spread_packing": "ClusterFirst",
     }
     assert result["cycle_interval_s"] == 15.0
     # The recorded command runs the same configuration again.
@@ -81,6 +84,7 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
     assert code == 0, output
     assert free["engine"]["admission_fair_sharing"] is True
     assert free["engine"]["fair_sharing"] is False
+    assert free["engine"]["spread_packing"] == "IslandFirst"
     assert free["wait_s"]["max"] == 0.0
     # One head of team-a's ClusterQueue a cycle: the jobs start 0, 100 and 200 s in.
     code, output, one = _invoke(
@@ -104,6 +108,8 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
         (["--max-heads-per-cluster-queue", "0"], "--max-heads-per-cluster-queue"),
         (["--gpus-per-pod", "0"], "--gpus-per-pod"),
         (["--baseline", "oracle"], "--baseline"),
+        (["--baseline", "fifo", "--baseline", "fifo"], "--baseline"),
+        (["--spread-packing", "Anywhere"], "--spread-packing"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_option(
