@@ -101,11 +101,14 @@ class Island:
         "nodes",
         "primary",
         "seq",
+        "stable_ties",
         "taints",
     )
 
     def __init__(self, seq: int, cluster: str, node_flavor: str, name: str) -> None:
         self.seq = seq
+        #: Ties among equally free nodes go to the first by name, not bucket order.
+        self.stable_ties = False
         self.cluster = cluster
         self.node_flavor = node_flavor
         self.name = name
@@ -137,6 +140,8 @@ class Island:
         if self.primary is None or primary_amount <= 0:
             return sorted((n for n in self.nodes), key=lambda n: (sum(n.free.values()), n.name))
         levels = self.levels[bisect.bisect_left(self.levels, primary_amount) :]
+        if self.stable_ties:
+            return (n for f in levels for n in _by_name(self.buckets[f]))
         return (n for f in levels for n in self.buckets[f])
 
     def levels_from(self, primary_amount: int) -> list[int]:
@@ -150,6 +155,17 @@ class Island:
             bucket = self.buckets[key] = {}
             bisect.insort(self.levels, key)
         bucket[node] = None
+
+
+def _by_name(bucket: dict[NodeState, None]) -> Iterable[NodeState]:
+    """A bucket's nodes by name: one fixed order, so that equally free nodes fill
+    in the same order every time and load gathers on them, instead of rotating
+    with the order in which nodes last changed (see ``Inventory``)."""
+    return bucket if len(bucket) == 1 else sorted(bucket, key=_name)
+
+
+def _name(node: NodeState) -> str:
+    return node.name
 
 
 @dataclass(slots=True)
@@ -201,7 +217,12 @@ class Inventory:
         *,
         spread_island_first: bool = True,
     ) -> None:
-        #: Whether a pod set that may spread tries one island first (``packing``).
+        #: Whether a pod set that may spread tries one island first (``packing``);
+        #: with it, a pod placed inside one island takes the first by name of its
+        #: equally free nodes. Before, it took the one longest at that free amount
+        #: (bucket order), which spreads pods over nodes that a fixed order would
+        #: have kept whole: on cluster04 at 576 GPUs that alone is 11 % of the
+        #: mean delay (docs/scheduling-quality.md).
         self.spread_island_first = spread_island_first
         self.clusters: dict[str, ClusterState] = {}
         for seq, cluster in enumerate(sorted(clusters, key=lambda c: c.name)):
@@ -228,6 +249,7 @@ class Inventory:
             island.nodes.append(state)
         for island in self.islands:
             self._init_island(island, accelerators)
+            island.stable_ties = spread_island_first
         for island in self.islands:
             index = self._index.setdefault(island.node_flavor, _FlavorIndex())
             index.islands[island.seq] = island
