@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from service.domain.inventory import Node
@@ -16,9 +20,12 @@ from service.domain.workload import (
     TopologyRequest,
     Workload,
 )
-from service.engine import Snapshot
+from service.engine import EngineConfig, Snapshot
 from sim.cli import app as sim_app
+from sim.fleet import Fleet, fleet_from_mapping
+from sim.replay import ReplayOptions, Simulator, TraceJob
 from sim.replay.baseline import best_fit_cycle
+from sim.replay.loop import fifo_options, single_queue_fleet
 
 GPU = "nvidia.com/gpu"
 FLEET = Path(__file__).resolve().parents[2] / "sim" / "fleets" / "itp-cluster04.yaml"
@@ -112,3 +119,80 @@ def test_sim_replay_runs_every_baseline_beside_the_engine(tmp_path: Path) -> Non
         assert data["completed"] == 60
         assert data["island_violations"] == data["capacity_violations"] == 0
         assert data["preemptions"] == 0
+
+
+def _two_cluster_fleet() -> Fleet:
+    """Two clusters of two and three islands of four 8-GPU nodes, one team per queue."""
+    groups = {"a": 2, "b": 3}
+    return fleet_from_mapping(
+        {
+            "topologies": [{"name": "fabric", "levels": ["example.com/block"]}],
+            "resourceFlavors": [{"name": "gpu", "topologyName": "fabric"}],
+            "clusters": [
+                {
+                    "name": name,
+                    "nodeGroups": [
+                        {
+                            "flavor": "gpu",
+                            "islands": islands,
+                            "nodesPerIsland": 4,
+                            "allocatable": {GPU: 8},
+                        }
+                    ],
+                }
+                for name, islands in groups.items()
+            ],
+            "clusterQueues": [
+                {
+                    "name": team,
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": [GPU],
+                            "flavors": [
+                                {"name": "gpu", "resources": [{"name": GPU, "nominalQuota": 80}]}
+                            ],
+                        }
+                    ],
+                }
+                for team in ("alpha", "beta")
+            ],
+            "localQueues": [
+                {"namespace": team, "name": "jobs", "clusterQueue": team}
+                for team in ("alpha", "beta")
+            ],
+        }
+    )
+
+
+def _random_trace(seed: int, count: int) -> list[TraceJob]:
+    rng = random.Random(seed)
+    sizes = (1, 1, 1, 1, 2, 4, 8, 8, 16, 32)
+    at = 0.0
+    jobs = []
+    for i in range(count):
+        at += rng.expovariate(1 / 120)
+        jobs.append(TraceJob(f"j{i}", round(at), rng.randint(60, 7200), rng.choice(sizes)))
+    return jobs
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_engine_on_one_queue_decides_as_the_best_fit_baseline(seed: int) -> None:
+    # Island-first packing (and equally free nodes filled by name) is the
+    # baseline's placement; on one BestEffortFIFO queue without quotas every
+    # job starts at the same time under both. With the placement before
+    # (ClusterFirst) the starts differ.
+    fleet, jobs = single_queue_fleet(_two_cluster_fleet()), _random_trace(seed, 200)
+
+    def starts(options: ReplayOptions, policy: Any = None) -> dict[str, float]:
+        simulator = Simulator(fleet, jobs, options, policy)
+        simulator.run()
+        return simulator.stats.first_admission
+
+    engine = fifo_options(ReplayOptions(cycle_interval=30))
+    baseline = starts(ReplayOptions(cycle_interval=30), best_fit_cycle)
+    assert len(baseline) == len(jobs)
+    assert starts(engine) == baseline
+    before = replace(engine, engine=EngineConfig(spread_packing="ClusterFirst"))
+    before = fifo_options(before)
+    assert starts(before) != baseline
