@@ -28,12 +28,23 @@ _SCHEMA_FILES = {
     "PodTemplateSpec": "podtemplatespec-v1.json",
     "ObjectMeta": "objectmeta-meta-v1.json",
     "Job": "job-batch-v1.json",
+    "Deployment": "deployment-apps-v1.json",
+    "StatefulSet": "statefulset-apps-v1.json",
 }
+#: The built-in job kinds, checked whole against Kubernetes' own schema.
+BUILT_IN_KINDS = frozenset({"Job", "Deployment", "StatefulSet"})
 #: (apiVersion, kind) → the CRD file that defines it.
 CRDS = {
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset.x-k8s.io_jobsets.yaml",
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
     ("kubeflow.org/v2beta1", "MPIJob"): "kubeflow.org_mpijobs.yaml",
+    ("ray.io/v1", "RayJob"): "ray.io_rayjobs.yaml",
+    ("ray.io/v1", "RayCluster"): "ray.io_rayclusters.yaml",
+    (
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+    ): "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
 }
 _DROPPED = frozenset({"description", "default", "example", "externalDocs", "nullable", "format"})
 #: Problems reported per manifest at most: the first ones say enough.
@@ -129,7 +140,7 @@ def _collect(validator: Any, manifest: Any, prefix: str) -> list[Problem]:
 
 def schema_problems(kind: str, manifest: Mapping[str, Any], prefix: str = "") -> list[Problem]:
     """What Kubernetes' schema for ``kind`` (``PodTemplateSpec``,
-    ``ObjectMeta`` or ``Job``) refuses in ``manifest``, each at its JSON path
+    ``ObjectMeta`` or a built-in kind) refuses in ``manifest``, each at its JSON path
     under ``prefix``."""
     return _collect(_validator(kind), manifest, prefix)
 

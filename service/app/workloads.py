@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from service.app import floor
-from service.app.kube_schemas import custom_problems, schema_problems
+from service.app.kube_schemas import BUILT_IN_KINDS, custom_problems, schema_problems
 from service.app.schemas import (
     LabelName,
     LabelSelector,
@@ -27,7 +27,13 @@ from service.app.schemas import (
     WorkloadClass,
     check_quantity,
 )
-from service.domain.jobs import JOB_API_VERSIONS, job_pod_templates
+from service.domain.jobs import (
+    JOB_API_VERSIONS,
+    JobPodTemplate,
+    job_class,
+    job_pod_templates,
+    job_replicas,
+)
 from service.domain.quantity import MAX_SAFE_INTEGER, QuantityError, canonical_amount
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -89,8 +95,28 @@ class PodSet(Strict):
 class WorkloadSpec(Strict):
     queueName: LabelName
     priorityClassName: Name | None = None
-    workloadClass: WorkloadClass = "training"
+    workloadClass: WorkloadClass = Field(
+        default="training",
+        description=(
+            "training (exclusive gangs) or inference (serving). When left out it comes "
+            "from the kind of spec.job: Deployment, StatefulSet and LeaderWorkerSet are "
+            "inference, every other kind training; with no spec.job, the queue's class. "
+            "A job manifest submitted as is says otherwise with its annotation "
+            f"{CLASS_ANNOTATION}. It must be the class its ClusterQueue serves."
+        ),
+    )
     podSets: list[PodSet] = Field(min_length=1, max_length=MAX_POD_SETS)
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description=(
+            "How many gangs of the pod sets above a serving spec.job runs, each admitted "
+            "whole: a Deployment's or StatefulSet's replicas (a pod each), a "
+            "LeaderWorkerSet's groups. Derived from spec.job, never written; absent for "
+            'one gang. A StatefulSet annotated quartermaster.dev/gang: "true" is one gang.'
+        ),
+    )
     clusterSelector: LabelSelector | None = None
     active: bool = True
     job: dict[str, Any] | None = Field(
@@ -98,7 +124,7 @@ class WorkloadSpec(Strict):
     )
     _totals: dict[str, int] | None = PrivateAttr(default=None)
     _templates: list[tuple[str, Mapping[str, Any]]] | None = PrivateAttr(default=None)
-    _class_field: str = PrivateAttr(default="spec.workloadClass")
+    _class_field: str | None = PrivateAttr(default=None)
 
     @field_validator("podSets")
     @classmethod
@@ -150,11 +176,13 @@ def _check_kind(manifest: Mapping[str, Any], prefix: str) -> str:
 
 
 def _schema_problems(manifest: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
-    """Kubernetes' schema problems of a job manifest: batch/v1 Job against
-    Kubernetes' OpenAPI; a custom kind against its CRD, and each of its pod
-    templates against the PodTemplateSpec schema."""
-    if manifest.get("kind") == "Job":
-        return schema_problems("Job", manifest, prefix.rstrip("."))
+    """Kubernetes' schema problems of a job manifest: a built-in kind (Job,
+    Deployment, StatefulSet) against Kubernetes' OpenAPI; a custom kind
+    against its CRD, and each of its pod templates against the
+    PodTemplateSpec schema."""
+    kind = manifest.get("kind")
+    if isinstance(kind, str) and kind in BUILT_IN_KINDS:
+        return schema_problems(kind, manifest, prefix.rstrip("."))
     templates, _ = job_pod_templates(manifest)
     found = custom_problems(manifest, prefix) + [
         problem
@@ -177,20 +205,60 @@ def job_pod_sets(
     problems += _schema_problems(manifest, prefix)
     if problems:
         raise SubmissionError("invalid", problems)
-    pod_sets = []
-    for t in templates:
-        if t.count == 0:
-            continue
-        pod_set: dict[str, Any] = {"name": t.name, "count": t.count, "template": dict(t.template)}
-        topology = _template_topology(t.template)
-        if topology:
-            pod_set["topologyRequest"] = topology
-        pod_sets.append(pod_set)
+    pod_sets = [_pod_set(t) for t in templates if t.count > 0]
+    if manifest.get("kind") == "LeaderWorkerSet":
+        _one_island(pod_sets, templates, prefix)
     return pod_sets, [(f"{prefix}{t.path}", t.template) for t in templates]
 
 
+def _pod_set(found: JobPodTemplate) -> dict[str, Any]:
+    """A pod set of a job's template; what its controller adds to the pods
+    (a Ray head's autoscaler) is charged with it."""
+    template = dict(found.template)
+    if found.added:
+        spec = dict(template.get("spec") or {})
+        spec["containers"] = [*(spec.get("containers") or []), *map(dict, found.added)]
+        template["spec"] = spec
+    pod_set: dict[str, Any] = {"name": found.name, "count": found.count, "template": template}
+    topology = _template_topology(found.template)
+    if topology:
+        pod_set["topologyRequest"] = topology
+    return pod_set
+
+
+def _one_island(
+    pod_sets: list[dict[str, Any]], templates: list[JobPodTemplate], prefix: str
+) -> None:
+    """A LeaderWorkerSet group runs in one island: the level its leader or
+    worker template requires (Kueue's annotation) is required of both."""
+    levels = sorted(
+        {
+            str(requested["required"])
+            for t in templates
+            if (requested := _template_topology(t.template) or {}).get("required")
+        }
+    )
+    if len(levels) != 1:
+        path = f"{prefix}{templates[0].path}.metadata.annotations.{REQUIRED_TOPOLOGY}"
+        found = ", ".join(levels) or "none"
+        raise SubmissionError(
+            "invalid",
+            [(path, f"a LeaderWorkerSet group runs in one island: name its level once ({found})")],
+        )
+    for pod_set in pod_sets:
+        pod_set["topologyRequest"] = {"required": levels[0]}
+
+
+def _replicas_of(job: Mapping[str, Any]) -> dict[str, int]:
+    """``spec.replicas`` of a workload running ``job``: only where it runs
+    more than one gang (or none: refused by the field's bound)."""
+    replicas = job_replicas(job)
+    return {} if replicas == 1 else {"replicas": replicas}
+
+
 def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """A Workload object (plain dict) for a Job, JobSet, PyTorchJob or MPIJob."""
+    """A Workload object (plain dict) for a job manifest of any accepted
+    kind, its class the annotation's or its kind's."""
     _check_kind(manifest, "")
     metadata = manifest.get("metadata")
     if not isinstance(metadata, Mapping):
@@ -205,11 +273,16 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
         raise SubmissionError(
             "invalid", [(f"metadata.labels.{QUEUE_LABEL}", "the queue label is required")]
         )
-    workload_spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets, "job": dict(manifest)}
+    workload_spec: dict[str, Any] = {
+        "queueName": queue,
+        "podSets": pod_sets,
+        "job": dict(manifest),
+        **_replicas_of(manifest),
+    }
     if labels.get(PRIORITY_LABEL):
         workload_spec["priorityClassName"] = labels[PRIORITY_LABEL]
-    if isinstance(annotations, Mapping) and annotations.get(CLASS_ANNOTATION):
-        workload_spec["workloadClass"] = annotations[CLASS_ANNOTATION]
+    named = annotations.get(CLASS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    workload_spec["workloadClass"] = named or job_class(str(manifest["kind"]))
     # Kubernetes reads a null (say, a key holding only a comment) as absent.
     meta = {
         k: metadata[k]
@@ -230,6 +303,15 @@ def _with_job_pod_sets(body: Mapping[str, Any]) -> dict[str, Any]:
     those or be left out (a summary beside the manifest is never trusted)."""
     spec = dict(body["spec"])
     derived, _ = job_pod_sets(spec["job"], "spec.job.")
+    replicas = _replicas_of(spec["job"]).get("replicas")
+    if spec.get("replicas") not in (None, replicas):
+        raise SubmissionError(
+            "invalid", [("spec.replicas", f"must be spec.job's: {replicas}, or left out")]
+        )
+    spec.pop("replicas", None)
+    if replicas is not None:
+        spec["replicas"] = replicas
+    spec.setdefault("workloadClass", job_class(str(spec["job"]["kind"])))
     given = spec.get("podSets")
     if given is None:
         spec["podSets"] = derived
@@ -279,6 +361,7 @@ def parse_submission(body: Any) -> WorkloadObject:
     if not isinstance(kind, str):
         raise SubmissionError("invalid", [("kind", "must be a string")])
     templates: list[tuple[str, Mapping[str, Any]]] | None = None
+    carries_job = False
     if kind in JOB_KINDS:
         _, templates = job_pod_sets(body)
         body = workload_from_job(body)
@@ -289,12 +372,17 @@ def parse_submission(body: Any) -> WorkloadObject:
             "invalid", [("apiVersion", f"must be one of {list(WORKLOAD_API_VERSIONS)}")]
         )
     elif isinstance(body.get("spec"), Mapping) and isinstance(body["spec"].get("job"), Mapping):
+        carries_job = True
         body = _with_job_pod_sets(body)
         _, templates = job_pod_sets(body["spec"]["job"], "spec.job.")
     try:
         workload = WorkloadObject.model_validate(body)
     except ValidationError as error:
         raise SubmissionError("invalid", validation_problems(error)) from None
+    if workload.spec.replicas is not None and kind not in JOB_KINDS and not carries_job:
+        raise SubmissionError(
+            "invalid", [("spec.replicas", "is derived from a serving spec.job; leave it out")]
+        )
     if templates is None:
         templates = [
             (f"spec.podSets[{i}].template", p.template) for i, p in enumerate(workload.spec.podSets)
@@ -308,10 +396,11 @@ def parse_submission(body: Any) -> WorkloadObject:
             raise SubmissionError("invalid", schema)
     problems = Problems()
     totals: dict[str, int] = {}
+    gangs = workload.spec.replicas or 1
     for index, pod_set in enumerate(workload.spec.podSets):
         per_pod = pod_requests(pod_set.template, f"spec.podSets[{index}].template", problems)
         for resource, amount in per_pod.items():
-            totals[resource] = totals.get(resource, 0) + amount * pod_set.count
+            totals[resource] = totals.get(resource, 0) + amount * pod_set.count * gangs
     for resource in [r for r, total in totals.items() if total > MAX_SAFE_INTEGER]:
         problems.add("spec.podSets", f"the gang's {resource} exceeds {MAX_SAFE_INTEGER} in all")
     if problems:
@@ -324,9 +413,13 @@ def parse_submission(body: Any) -> WorkloadObject:
 
 
 def class_field(spec: WorkloadSpec) -> str | None:
-    """Where the submitter chose the workload's class (a Workload's
-    ``spec.workloadClass``, a job's annotation), or None: then its queue's."""
-    return spec._class_field if "workloadClass" in spec.model_fields_set else None
+    """Where the workload's class was chosen or is said otherwise (a
+    Workload's ``spec.workloadClass``, a job's annotation): a class named
+    there or taken from a job's kind must be its queue's. None when neither
+    names it: then it is its queue's."""
+    if "workloadClass" not in spec.model_fields_set:
+        return None
+    return spec._class_field or "spec.workloadClass"
 
 
 def validation_problems(error: ValidationError) -> list[tuple[str, str]]:
@@ -430,13 +523,14 @@ def security_violations(spec: WorkloadSpec, policy: SecurityPolicy) -> list[tupl
 
 
 def total_requests(spec: WorkloadSpec) -> dict[str, int]:
-    """The whole gang's requests, per resource (canonical units); worked out
-    once per parsed spec."""
+    """The whole workload's requests, per resource (canonical units): every
+    gang of it (``spec.replicas``); worked out once per parsed spec."""
     if spec._totals is None:
         total: dict[str, int] = {}
+        gangs = spec.replicas or 1
         for pod_set in spec.podSets:
             per_pod = pod_requests(pod_set.template, "", Problems())
             for resource, amount in per_pod.items():
-                total[resource] = total.get(resource, 0) + amount * pod_set.count
+                total[resource] = total.get(resource, 0) + amount * pod_set.count * gangs
         spec._totals = total
     return dict(spec._totals)

@@ -5,7 +5,10 @@ submission is charged for, the templates the security floor checks and the
 templates the reconciler pins to their islands are the same list, so that
 what is checked is what runs (a summary written beside the manifest is
 never trusted). Pod sets are named and counted as Kueue's job integrations
-do (``pkg/controller/jobs/{job,jobset,kubeflow}``).
+do (``pkg/controller/jobs/{job,jobset,kubeflow,raycluster,rayjob,
+leaderworkerset,statefulset,deployment}``); a serving kind's pod sets are
+those of one replica, the gang Kueue admits as one Workload, and
+:func:`job_replicas` says how many such gangs it runs (docs/workload-kinds.md).
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "GANG_ANNOTATION",
     "JOB_API_VERSIONS",
+    "MEMBER_JOB_KINDS",
+    "SERVING_KINDS",
     "JobPodTemplate",
+    "job_class",
     "job_pod_templates",
+    "job_replicas",
+    "kind_not_runnable",
 ]
 
 #: The job kinds a submission may carry, with the apiVersions accepted.
@@ -26,8 +35,32 @@ JOB_API_VERSIONS: Mapping[str, tuple[str, ...]] = {
     "JobSet": ("jobset.x-k8s.io/v1alpha2",),
     "PyTorchJob": ("kubeflow.org/v1",),
     "MPIJob": ("kubeflow.org/v2beta1", "kubeflow.org/v1"),
+    "RayJob": ("ray.io/v1",),
+    "RayCluster": ("ray.io/v1",),
+    "TrainJob": ("trainer.kubeflow.org/v1alpha1",),
+    "Deployment": ("apps/v1",),
+    "StatefulSet": ("apps/v1",),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1",),
 }
+#: The kinds the workers can apply to a member cluster today; a workload of
+#: another accepted kind is held pending until they can (issue 22).
+MEMBER_JOB_KINDS: tuple[str, ...] = ("Job", "JobSet", "PyTorchJob", "MPIJob")
+#: Kinds that serve: their workloads are ``inference`` unless they say otherwise.
+SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
+#: On a StatefulSet: ``"true"`` admits all its replicas as one gang (as
+#: Kueue's StatefulSet integration always does); otherwise each is its own.
+GANG_ANNOTATION = "quartermaster.dev/gang"
 _REPLICA_SPECS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
+#: What KubeRay adds to a head pod beside its template, and Kueue charges for
+#: (``raycluster.autoscalerContainer``, ``rayjob.defaultSubmitterResources``).
+_RAY_AUTOSCALER = {
+    "name": "autoscaler",
+    "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+}
+_RAY_SUBMITTER = {
+    "name": "ray-job-submitter",
+    "resources": {"requests": {"cpu": "500m", "memory": "200Mi"}},
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +73,9 @@ class JobPodTemplate:
     path: str
     template: Any
     """The template as found; a problem is reported where it is not a mapping."""
+    added: tuple[Mapping[str, Any], ...] = ()
+    """Containers the kind's controller adds to these pods (their requests
+    only): charged, never written (the controller writes them)."""
 
 
 def _count(value: Any, default: int, path: str, problems: list[tuple[str, str]]) -> int:
@@ -102,6 +138,136 @@ def _replicas(
         )
 
 
+def _ray_cluster(
+    spec: Mapping[str, Any], path: str, problems: list[tuple[str, str]], *head_added: Any
+) -> Iterator[JobPodTemplate]:
+    """A RayCluster spec's pod sets: ``head`` of one pod, then one per worker
+    group of ``replicas * numOfHosts`` pods (``raycluster.BuildPodSets``)."""
+    head = _mapping(spec.get("headGroupSpec"))
+    added = list(head_added)
+    if spec.get("enableInTreeAutoscaling") is True:
+        resources = _mapping(spec.get("autoscalerOptions")).get("resources")
+        added.append({**_RAY_AUTOSCALER, **({"resources": resources} if resources else {})})
+    yield JobPodTemplate(
+        "head", 1, f"{path}.headGroupSpec.template", head.get("template"), tuple(added)
+    )
+    groups = spec.get("workerGroupSpecs") or []
+    if not isinstance(groups, list):
+        problems.append((f"{path}.workerGroupSpecs", "must be a list"))
+        return
+    for index, raw in enumerate(groups):
+        at = f"{path}.workerGroupSpecs[{index}]"
+        group = _mapping(raw)
+        name = str(group.get("groupName") or f"group-{index}")
+        if name == "head":
+            problems.append((f"{at}.groupName", '"head" is the head group\'s pod set'))
+        replicas = _count(group.get("replicas"), 1, f"{at}.replicas", problems)
+        hosts = _count(group.get("numOfHosts"), 1, f"{at}.numOfHosts", problems)
+        yield JobPodTemplate(
+            name, replicas * max(hosts, 1), f"{at}.template", group.get("template")
+        )
+
+
+def _ray_job(spec: Mapping[str, Any], problems: list[tuple[str, str]]) -> Iterator[JobPodTemplate]:
+    """A RayJob's cluster, and its submitter pod (``rayjob.PodSets``): a pod
+    set of its own in K8sJobMode, a container of the head in SidecarMode."""
+    cluster = spec.get("rayClusterSpec")
+    if not isinstance(cluster, Mapping):
+        problems.append(
+            (
+                "spec.rayClusterSpec",
+                "is required: a RayJob on an existing RayCluster (spec.clusterSelector) "
+                "is admitted with that RayCluster",
+            )
+        )
+        return
+    mode = spec.get("submissionMode") or "K8sJobMode"
+    sidecar = (_RAY_SUBMITTER,) if mode == "SidecarMode" else ()
+    yield from _ray_cluster(cluster, "spec.rayClusterSpec", problems, *sidecar)
+    if mode != "K8sJobMode":
+        return
+    template = spec.get("submitterPodTemplate")
+    if template is None:
+        # KubeRay would build one the security floor never saw.
+        problems.append(
+            (
+                "spec.submitterPodTemplate",
+                "is required in K8sJobMode: the submitter pod runs, and what runs is checked",
+            )
+        )
+        return
+    yield JobPodTemplate("submitter", 1, "spec.submitterPodTemplate", template)
+
+
+def _lws(spec: Mapping[str, Any], problems: list[tuple[str, str]]) -> Iterator[JobPodTemplate]:
+    """One LeaderWorkerSet group: ``leader`` (1) and ``worker`` (size - 1),
+    or ``main`` (size) without a leader template (``leaderworkerset.podSets``)."""
+    group = _mapping(spec.get("leaderWorkerTemplate"))
+    path = "spec.leaderWorkerTemplate"
+    size = _count(group.get("size"), 1, f"{path}.size", problems)
+    if size < 1:
+        problems.append((f"{path}.size", "must be at least 1"))
+    workers = group.get("workerTemplate")
+    if group.get("leaderTemplate") is None:
+        yield JobPodTemplate("main", size, f"{path}.workerTemplate", workers)
+        return
+    yield JobPodTemplate("leader", 1, f"{path}.leaderTemplate", group.get("leaderTemplate"))
+    yield JobPodTemplate("worker", max(size - 1, 0), f"{path}.workerTemplate", workers)
+
+
+def _replica_set(
+    manifest: Mapping[str, Any], spec: Mapping[str, Any], problems: list[tuple[str, str]]
+) -> Iterator[JobPodTemplate]:
+    """A Deployment's or StatefulSet's one template: a pod per replica, or
+    every replica in one gang for a StatefulSet that asks."""
+    replicas = _count(spec.get("replicas"), 1, "spec.replicas", problems)
+    count = replicas if _is_gang(manifest) else 1
+    yield JobPodTemplate("main", count, "spec.template", spec.get("template"))
+
+
+def _is_gang(manifest: Mapping[str, Any]) -> bool:
+    annotations = _mapping(_mapping(manifest.get("metadata")).get("annotations"))
+    return manifest.get("kind") == "StatefulSet" and annotations.get(GANG_ANNOTATION) == "true"
+
+
+def job_replicas(manifest: Mapping[str, Any]) -> int:
+    """How many gangs of its pod sets a manifest runs: a serving kind's
+    ``spec.replicas`` (one for a StatefulSet admitted as one gang), else one."""
+    if manifest.get("kind") not in SERVING_KINDS or _is_gang(manifest):
+        return 1
+    replicas = _mapping(manifest.get("spec")).get("replicas", 1)
+    return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 1
+
+
+def kind_not_runnable(workload_spec: Mapping[str, Any]) -> str | None:
+    """The kind of a workload's job when the workers cannot apply it to a
+    member yet (its workload is held pending, never admitted), else None."""
+    kind = _mapping(workload_spec.get("job")).get("kind")
+    if isinstance(kind, str) and kind in JOB_API_VERSIONS and kind not in MEMBER_JOB_KINDS:
+        return kind
+    return None
+
+
+def job_class(kind: str) -> str:
+    """The workload class a kind runs as when it names none."""
+    return "inference" if kind in SERVING_KINDS else "training"
+
+
+def _trainjob(spec: Mapping[str, Any], problems: list[tuple[str, str]]) -> Iterator[JobPodTemplate]:
+    """A TrainJob's pods come from its runtime, which cannot be registered
+    here yet: refused, naming the reference (docs/workload-kinds.md)."""
+    runtime = _mapping(spec.get("runtimeRef"))
+    problems.append(
+        (
+            "spec.runtimeRef",
+            f"{runtime.get('kind') or 'ClusterTrainingRuntime'} {runtime.get('name')!r}: "
+            "a TrainJob's pod sets come from its TrainingRuntime or ClusterTrainingRuntime, "
+            "and Quartermaster cannot register runtimes yet; submit the JobSet it would make",
+        )
+    )
+    return iter(())
+
+
 def job_pod_templates(
     manifest: Mapping[str, Any],
 ) -> tuple[list[JobPodTemplate], list[tuple[str, str]]]:
@@ -119,6 +285,16 @@ def job_pod_templates(
         found = list(_jobset(spec, problems))
     elif isinstance(kind, str) and kind in _REPLICA_SPECS:
         found = list(_replicas(spec, _REPLICA_SPECS[kind], problems))
+    elif kind == "RayJob":
+        found = list(_ray_job(spec, problems))
+    elif kind == "RayCluster":
+        found = list(_ray_cluster(spec, "spec", problems))
+    elif kind == "LeaderWorkerSet":
+        found = list(_lws(spec, problems))
+    elif kind in ("Deployment", "StatefulSet"):
+        found = list(_replica_set(manifest, spec, problems))
+    elif kind == "TrainJob":
+        found = list(_trainjob(spec, problems))
     else:
         return [], [("kind", f"unsupported kind {kind!r}")]
     for template in found:

@@ -393,17 +393,17 @@ def test_the_demo_quotas_apply_and_keep_inference_apart(api: Api) -> None:
     body = _problem(api.admin.post("/v1/namespaces/serving/workloads", json=train), 422, "invalid")
     assert "serves inference" in body["detail"]
     assert _fields(body) == ["spec.workloadClass"]
-    # A job names its class by annotation; one that names none takes its queue's.
+    # A job's class is its kind's (a Job trains) unless its annotation says otherwise.
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "plain", "labels": {"kueue.x-k8s.io/queue-name": "default"}},
         "spec": {"template": copy.deepcopy(serve["spec"]["podSets"][0]["template"])},
     }
-    plain = api.admin.post("/v1/namespaces/serving/workloads", json=job)
-    assert plain.status_code == 201, plain.text
-    assert plain.json()["spec"]["workloadClass"] == "inference"
-    job["metadata"]["name"] = "annotated"
-    job["metadata"]["annotations"] = {"quartermaster.dev/workload-class": "training"}
     body = _problem(api.admin.post("/v1/namespaces/serving/workloads", json=job), 422, "invalid")
     assert _fields(body) == ["metadata.annotations.quartermaster.dev/workload-class"]
+    job["metadata"]["name"] = "annotated"
+    job["metadata"]["annotations"] = {"quartermaster.dev/workload-class": "inference"}
+    annotated = api.admin.post("/v1/namespaces/serving/workloads", json=job)
+    assert annotated.status_code == 201, annotated.text
+    assert annotated.json()["spec"]["workloadClass"] == "inference"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from service.domain.jobs import JOB_API_VERSIONS
+from service.domain.jobs import MEMBER_JOB_KINDS
 from workers.plan.views import WorkloadView
 
 MANAGED_LABEL = "quartermaster.dev/managed"
@@ -27,7 +27,9 @@ UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SIM_ANNOTATIONS = ("quartermaster.dev/sim-duration", "quartermaster.dev/sim-exit")
-JOB_KINDS = tuple(JOB_API_VERSIONS)
+#: What the workers apply to members; a workload of another kind is never
+#: admitted (service/app/admission/snapshot.py holds it pending).
+JOB_KINDS = MEMBER_JOB_KINDS
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Deletion order (applied in reverse).
 QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass")

@@ -5,7 +5,7 @@ never-fitting gangs on."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Engine
@@ -13,8 +13,9 @@ from sqlalchemy import Engine
 from service.app.admission.caches import ConfigCache, WorkloadCache
 from service.app.admission.repository import WorkloadRow
 from service.app.lifecycle import PENDING
+from service.domain.jobs import MEMBER_JOB_KINDS, kind_not_runnable
 from service.domain.workload import AdmittedWorkload, Workload
-from service.engine import EngineConfig, LocalQueueUsage, Snapshot
+from service.engine import EngineConfig, LocalQueueUsage, PendingReason, Snapshot
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -23,6 +24,26 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 class Loaded:
     snapshot: Snapshot
     workloads: Mapping[str, WorkloadRow]
+    held: Mapping[str, PendingReason] = field(default_factory=dict)
+    """Pending workloads left out of the snapshot, with why: a job of a kind
+    the workers cannot apply to a member yet is never admitted."""
+
+
+#: Kueue has no such reason: its integrations run what they admit.
+NOT_RUNNABLE = "KindNotRunnable"
+
+
+def _held(row: WorkloadRow, kind: str) -> PendingReason:
+    runnable = ", ".join(MEMBER_JOB_KINDS)
+    return PendingReason(
+        workload=row.key,
+        reason=NOT_RUNNABLE,
+        message=(
+            f"A {kind} is accepted but cannot run on member clusters yet "
+            f"(the workers apply {runnable}); it waits and holds no quota"
+        ),
+        cluster_queue=row.status.get("clusterQueue"),
+    )
 
 
 def load(
@@ -47,12 +68,17 @@ def load(
     pending: list[Workload] = []
     admitted: list[AdmittedWorkload] = []
     workloads: dict[str, WorkloadRow] = {}
+    held: dict[str, PendingReason] = {}
     for entry in entries:
         workloads[entry.row.key] = entry.row
         if entry.admitted is not None:
             admitted.append(entry.admitted)
         elif entry.row.status.get("state", PENDING) == PENDING:
-            pending.append(entry.workload)
+            kind = kind_not_runnable(entry.row.spec)
+            if kind is None:
+                pending.append(entry.workload)
+            else:
+                held[entry.row.key] = _held(entry.row, kind)
     local_queues = by_kind.get("LocalQueue", [])
     namespaces = {lq.namespace for lq in local_queues} | {w.namespace for w in workloads.values()}
     snapshot = Snapshot(
@@ -72,7 +98,7 @@ def load(
         local_queue_usage=usage,
         config=config,
     )
-    return Loaded(snapshot, workloads)
+    return Loaded(snapshot, workloads, held)
 
 
 def fleet_snapshot(conn: Any, configuration: ConfigCache) -> Snapshot:

@@ -57,7 +57,8 @@ class CycleWrites:
 
 def cycle_writes(loaded: Loaded, result: CycleResult, now: datetime) -> CycleWrites:
     """The writes that apply ``result``. Victims and evictions first, then
-    admissions, then changed pending reasons; at most one event per workload
+    admissions, then changed pending reasons (those of workloads held out of
+    the snapshot too); at most one event per workload
     (the engine never both evicts and admits one in a cycle)."""
     out = CycleWrites()
     rows = loaded.workloads
@@ -72,7 +73,7 @@ def cycle_writes(loaded: Loaded, result: CycleResult, now: datetime) -> CycleWri
     for decision in result.admissions:
         _admit(out, rows[decision.workload], decision, now)
         touched.add(decision.workload)
-    for key, reason in result.pending.items():
+    for key, reason in (*result.pending.items(), *loaded.held.items()):
         row = rows.get(key)
         if row is not None and key not in touched and row.status.get("state", PENDING) == PENDING:
             _pend(out, row, reason, now)

@@ -1,0 +1,109 @@
+"""Every kind a GPU team submits, through the API over real Postgres (issue
+22): each accepted at ``POST /v1/namespaces/{ns}/workloads`` with its pod
+sets, replicas and class; a broken one refused as problem+json naming the
+field; a serving kind to a training queue refused; and a kind the workers
+cannot apply to members yet held pending by the admission cycle with a
+reason naming it, never admitted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from service.app.admission import AdmissionCycle
+from service.app.uow import SqlUnitOfWork
+from tests.api.conftest import Api, setup_quota
+from tests.api.test_resources import _fields, _problem
+from tests.floor import test_workload_kinds as kinds
+
+Manifest = dict[str, Any]
+#: Kind → (namespace whose queue serves its class, the manifest).
+SUBMITTED: dict[str, tuple[str, Callable[[], Manifest]]] = {
+    "LeaderWorkerSet": ("serve", kinds.vllm_lws),
+    "RayJob": ("team-a", kinds.rayjob),
+    "RayCluster": ("team-a", kinds.raycluster),
+    "Deployment": ("serve", kinds.deployment),
+    "StatefulSet": ("serve", kinds.gang_statefulset),
+}
+
+
+def _queues(api: Api) -> None:
+    """``train`` in team-a (training) and in serve (inference), as the engine
+    needs them: one flavor, quota for every resource asked."""
+    setup_quota(api.admin)
+    setup_quota(api.admin, "serve", "cq-serve", workloadClass="inference")
+
+
+def _queued(manifest: Manifest) -> Manifest:
+    manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "train"
+    return manifest
+
+
+def _no_guard(uow: SqlUnitOfWork) -> None:
+    return None
+
+
+@pytest.mark.parametrize("kind", list(SUBMITTED))
+def test_each_kind_is_accepted_and_waits_until_members_can_run_it(api: Api, kind: str) -> None:
+    _queues(api)
+    namespace, manifest = SUBMITTED[kind]
+    sent = _queued(manifest())
+    created = api.admin.post(f"/v1/namespaces/{namespace}/workloads", json=sent)
+    assert created.status_code == 201, created.text
+    name = sent["metadata"]["name"]
+    spec = created.json()["spec"]
+    want = next(c for c in kinds.CASES.values() if c.manifest is manifest)
+    assert [(p["name"], p["count"]) for p in spec["podSets"]] == [
+        (w.name, w.count) for w in want.pod_sets
+    ]
+    assert spec.get("replicas") == want.replicas
+    assert spec["workloadClass"] == want.workload_class
+    assert spec["job"]["kind"] == kind
+    AdmissionCycle(api.services.engine, api.services.unit_of_work).run(_no_guard)
+    status = api.admin.get(f"/v1/namespaces/{namespace}/workloads/{name}").json()["status"]
+    assert status["state"] == "Pending"
+    assert status["pendingReasonCode"] == "KindNotRunnable"
+    assert kind in status["pendingReason"]
+    assert "admission" not in status
+
+
+def test_a_runnable_kind_beside_them_is_still_admitted_as_before(api: Api) -> None:
+    """Held kinds leave the snapshot; the cycle goes on with the rest."""
+    _queues(api)
+    held = api.admin.post("/v1/namespaces/serve/workloads", json=_queued(kinds.deployment()))
+    assert held.status_code == 201, held.text
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "plain", "labels": {"kueue.x-k8s.io/queue-name": "train"}},
+        "spec": {"template": kinds.pod(gpus=1)},
+    }
+    assert api.admin.post("/v1/namespaces/team-a/workloads", json=job).status_code == 201
+    AdmissionCycle(api.services.engine, api.services.unit_of_work).run(_no_guard)
+    status = api.admin.get("/v1/namespaces/team-a/workloads/plain").json()["status"]
+    assert status.get("pendingReasonCode") != "KindNotRunnable"
+
+
+def test_a_broken_manifest_of_each_kind_is_a_problem_naming_the_field(api: Api) -> None:
+    _queues(api)
+    for label, (manifest, field) in kinds.REFUSALS.items():
+        namespace = "serve" if manifest["kind"] in ("Deployment", "StatefulSet") else "team-a"
+        response = api.admin.post(f"/v1/namespaces/{namespace}/workloads", json=manifest)
+        assert response.headers["content-type"].startswith("application/problem+json"), label
+        body = _problem(response, 422, "invalid")
+        assert field in _fields(body), (label, body)
+
+
+def test_a_serving_kind_is_inference_unless_it_says_otherwise(api: Api) -> None:
+    _queues(api)
+    refused = api.admin.post("/v1/namespaces/team-a/workloads", json=_queued(kinds.deployment()))
+    body = _problem(refused, 422, "invalid")
+    assert "serves training" in body["detail"]
+    assert _fields(body) == ["metadata.annotations.quartermaster.dev/workload-class"]
+    said = _queued(kinds.deployment())
+    said["metadata"]["annotations"]["quartermaster.dev/workload-class"] = "training"
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=said)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["workloadClass"] == "training"
