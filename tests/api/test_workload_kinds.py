@@ -67,6 +67,9 @@ def test_each_kind_is_accepted_and_waits_until_members_can_run_it(api: Api, kind
     assert status["pendingReasonCode"] == "KindNotRunnable"
     assert kind in status["pendingReason"]
     assert "admission" not in status
+    explained = api.admin.get(f"/v1/namespaces/{namespace}/workloads/{name}/explain")
+    assert explained.status_code == 200, explained.text
+    assert kind in str(explained.json()), explained.json()
 
 
 def test_a_runnable_kind_beside_them_is_still_admitted_as_before(api: Api) -> None:

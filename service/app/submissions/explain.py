@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
+from service.app.admission.snapshot import NOT_RUNNABLE
 from service.app.auth import Principal, require
 from service.app.errors import Forbidden
 from service.app.kinds import KINDS
@@ -65,7 +66,9 @@ def explain(
             order = queue_order(conn, obj)
             position, total = queue_position(conn, order)
             ahead = _ahead(conn, order, reader)
-            verdict = verdict_of(fleet(conn), namespace, obj, cq) if cq else None
+            # A kind held until members can run it waits for that first.
+            judged = cq and status.get("pendingReasonCode") != NOT_RUNNABLE
+            verdict = verdict_of(fleet(conn), namespace, obj, cq) if judged else None
         answer["positionInQueue"] = position
         answer["pendingInClusterQueue"] = total
         answer["ahead"] = ahead
