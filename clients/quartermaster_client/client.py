@@ -347,7 +347,8 @@ class Client:
     # -- workloads ---------------------------------------------------------------------
 
     def submit(self, manifest: ObjectLike, namespace: str | None = None) -> Workload:
-        """Submit a Workload, or a Job / JobSet / PyTorchJob / MPIJob manifest."""
+        """Submit a Workload, or a job manifest (Job, JobSet, PyTorchJob, MPIJob,
+        RayJob, RayCluster, Deployment, StatefulSet, LeaderWorkerSet)."""
         return self.call(self.ops.submit(manifest, namespace))
 
     def bulk_submit(

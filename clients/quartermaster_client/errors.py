@@ -169,7 +169,7 @@ class UnknownReference(Invalid):
 
 
 class UnsupportedKind(Invalid):
-    """422: not a Workload, Job, JobSet, PyTorchJob or MPIJob."""
+    """422: not a Workload nor a job manifest of a kind the service accepts."""
 
 
 class IdempotencyKeyReused(Invalid):

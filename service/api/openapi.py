@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from service.app.kinds import KINDS, Kind
 from service.app.schemas import ObjectMeta, Strict
+from service.app.workloads import CLASS_ANNOTATION, JOB_KINDS
 
 REF = "#/components/schemas/{model}"
 
@@ -44,6 +45,18 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": REF.format(model=name)}
 
 
+_JOB_MANIFEST = (
+    "A job manifest as is: batch/v1 Job, JobSet, PyTorchJob, MPIJob, RayJob, RayCluster, "
+    "apps/v1 Deployment or StatefulSet, or LeaderWorkerSet, read against its CRD or "
+    "Kubernetes' schema, its pod sets derived as Kueue's integration for the kind derives "
+    "them. Its class is inference for Deployment, StatefulSet and LeaderWorkerSet and "
+    f"training for the others unless its annotation {CLASS_ANNOTATION} says otherwise. "
+    "RayJob, RayCluster and the serving kinds are held pending (KindNotRunnable) until "
+    "members can run them; a TrainJob is refused until runtimes can be registered "
+    "(docs/workload-kinds.md)."
+)
+
+
 def body_schema(kind: Kind, patch: bool = False, submission: bool = False) -> dict[str, Any]:
     schema: dict[str, Any] = _ref(kind.kind)
     if patch:
@@ -54,10 +67,10 @@ def body_schema(kind: Kind, patch: bool = False, submission: bool = False) -> di
                 _ref(kind.kind),
                 {
                     "type": "object",
-                    "description": "A batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest",
+                    "description": _JOB_MANIFEST,
                     "required": ["apiVersion", "kind", "metadata", "spec"],
                     "properties": {
-                        "kind": {"enum": ["Job", "JobSet", "PyTorchJob", "MPIJob"]},
+                        "kind": {"enum": [k for k in JOB_KINDS if k != "TrainJob"]},
                         "apiVersion": {"type": "string"},
                         "metadata": {"type": "object"},
                         "spec": {"type": "object"},

@@ -355,7 +355,7 @@ def workload_router() -> APIRouter:
     async def submit(
         namespace: NamespacePath, request: Request, principal: CurrentPrincipal
     ) -> Any:
-        """Submit a Workload, or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest."""
+        """Submit a Workload, or a job manifest of any kind in JOB_KINDS."""
         return await submit_workload(request, namespace, principal)
 
     @router.get(base, responses={200: list_schema(kind)})

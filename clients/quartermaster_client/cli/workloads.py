@@ -72,7 +72,8 @@ def submit(
 ) -> None:
     """Submit a job and optionally wait for it to finish.
 
-    A Workload or a batch/v1 Job, JobSet, PyTorchJob or MPIJob manifest. With
+    A Workload or a job manifest: batch/v1 Job, JobSet, PyTorchJob, MPIJob,
+    RayJob, RayCluster, Deployment, StatefulSet or LeaderWorkerSet. With
     --wait it is a step in a pipeline (Argo, Temporal, CI): the exit code says
     how it ended."""
     manifests = load(filename)
