@@ -18,15 +18,21 @@ from tests.harness import (
     reset_database,
     scratch_database,
 )
-from tests.ordering import spread
+from tests.ordering import LONG, spread
 
 
+@pytest.hookimpl(trylast=True)  # after ``-m`` has deselected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist worksteal``, the long modules first in every process's
-    share (tests/ordering.py); each process orders its collection alike."""
+    """Under xdist, the long modules first in every process's share
+    (tests/ordering.py, cut as ``--dist worksteal`` cuts them); each test
+    process orders its collection alike. xdist sets a worker's ``dist`` option
+    to "no", so a worker is known by its ``workerinput``."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers > 1 and config.getoption("dist", "no") == "worksteal":
-        items[:] = spread(items, [item.nodeid.split("::")[0] for item in items], workers)
+    if workers > 1 and hasattr(config, "workerinput"):
+        keys = [
+            item.nodeid if item.nodeid in LONG else item.nodeid.split("::")[0] for item in items
+        ]
+        items[:] = spread(items, keys, workers)
 
 
 @pytest.fixture(scope="session")

@@ -7,21 +7,28 @@ tour's fresh venv, the API fuzzing) start late and in one share, and the
 run ends with one process still busy while the others wait. Here each
 share begins with its part of the long modules (longest first, each to the
 share with the least so far) and is filled up with the rest in file order;
-modules stay whole (their fixtures are module-scoped). A stale figure below
-costs speed, never a result.
+modules stay whole (their fixtures are module-scoped), but for the tests
+:data:`LONG` names alone. A stale figure below costs speed, never a result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-#: Seconds each long module took on a quiet 2-core box (``.ci/run
-#: --durations``, 2026-12-02, three processes).
+_FUZZ = (
+    "tests/api/test_schemathesis.py::test_schemathesis_finds_no_server_error_and_no_nonconformance"
+)
+
+#: Seconds each long module (or test, by node id) took on a quiet 2-core box
+#: (``.ci/run --durations``, 2026-12-02, three processes).
 LONG = {
     "tests/standalone/test_readme_tour.py": 160,
     "tests/standalone/test_restarts.py": 130,
-    "tests/api/test_schemathesis.py": 120,
+    f"{_FUZZ}[suite-quota]": 80,
+    f"{_FUZZ}[suite-fleet]": 50,
+    f"{_FUZZ}[suite-namespaced]": 40,
+    f"{_FUZZ}[suite-rest]": 20,
     "tests/workers/test_e2e_fleet.py": 80,
     "tests/standalone/test_standalone.py": 70,
     "tests/console/test_live.py": 70,
@@ -39,21 +46,24 @@ LONG = {
 T = TypeVar("T")
 
 
-def spread(items: Sequence[T], paths: Sequence[str], workers: int) -> list[T]:
-    """``items`` (whose module paths are ``paths``) reordered into ``workers``
-    shares as worksteal cuts them, each led by its part of :data:`LONG`."""
+def spread(
+    items: Sequence[T], keys: Sequence[str], workers: int, long: Mapping[str, float] = LONG
+) -> list[T]:
+    """``items`` (each keyed by its module path, or its node id where ``long``
+    names it) reordered into ``workers`` shares as worksteal cuts them, each
+    led by its part of ``long``."""
     if workers < 2:
         return list(items)
     modules: dict[str, list[T]] = {}
-    for item, path in zip(items, paths, strict=True):
-        modules.setdefault(path, []).append(item)
+    for item, key in zip(items, keys, strict=True):
+        modules.setdefault(key, []).append(item)
     shares: list[list[T]] = [[] for _ in range(workers)]
     loads = [0.0] * workers
-    for path in sorted((p for p in modules if p in LONG), key=lambda p: -LONG[p]):
+    for path in sorted((p for p in modules if p in long), key=lambda p: -long[p]):
         lightest = loads.index(min(loads))
         shares[lightest] += modules[path]
-        loads[lightest] += LONG[path]
-    rest = [item for path, tests in modules.items() if path not in LONG for item in tests]
+        loads[lightest] += long[path]
+    rest = [item for path, tests in modules.items() if path not in long for item in tests]
     ordered: list[T] = []
     left = len(items)
     for i, share in enumerate(shares):
