@@ -28,6 +28,7 @@ from service.ledger.accounting import (
     allocations,
     audit,
     double_closes,
+    micros,
     open_usage,
     ran_by_workload,
     ran_mismatches,
@@ -143,16 +144,22 @@ def _run(
 
 def _billed_at_least_what_members_ran(ledger: list[Any]) -> list[str]:
     """Every finished allocation was billed no less than its member reports
-    it ran (started to finished, in whole seconds as members report them)."""
+    it ran (started to finished, in whole seconds as members report them).
+    An allocation is matched to the finish that ended it: a gang requeued
+    from a lost cluster may be admitted to the same cluster again."""
     problems = []
-    finished = {
-        (f"{e.body['namespace']}/{e.body['workload']}", e.body["cluster"]): e
-        for e in ledger
-        if e.kind == "workload.finished" and e.body["outcome"] != "cancelled"
-    }
+    finished: dict[tuple[str, str, int], Any] = {}
+    clock = 0  # ledger time, as ``allocations`` keeps it
+    for e in ledger:
+        clock = max(clock, micros(e.recorded_at))
+        if e.kind == "workload.finished" and e.body["outcome"] != "cancelled":
+            key = f"{e.body['namespace']}/{e.body['workload']}"
+            finished[(key, e.body["cluster"], clock)] = e
     for allocation, end in allocations(ledger):
-        entry = finished.get((allocation.workload, allocation.cluster))
-        if entry is None or end is None:
+        if end is None:
+            continue
+        entry = finished.get((allocation.workload, allocation.cluster, end))
+        if entry is None:
             continue
         billed = allocation.per_resource().get(GPU, 0) * (end - allocation.start_us) / 1e6
         if billed < entry.body["gpu_seconds"] - allocation.per_resource().get(GPU, 0):
