@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 from starlette.concurrency import run_in_threadpool as run
@@ -47,6 +47,29 @@ Moment = Annotated[str | None, Query(max_length=40)]
 Seq = Annotated[int, Path(ge=1, le=2**62)]
 Cursor = Annotated[int | None, Query(ge=1, le=2**62)]
 Limit = Annotated[int, Query(ge=1, le=500)]
+
+
+def _filters(
+    kind: Kind = None,
+    namespace: Namespace = None,
+    workload: Filter = None,
+    since: Moment = None,
+    until: Moment = None,
+) -> dict[str, str | None]:
+    """The listing's and the export's filters, from the query string (an
+    empty form field is no filter)."""
+    found = {
+        "kind": kind,
+        "namespace": namespace,
+        "workload": workload,
+        "since": since,
+        "until": until,
+    }
+    return {k: (v or None) for k, v in found.items()}
+
+
+Filters = Annotated[dict[str, str | None], Depends(_filters)]
+
 #: The event types appended with ledger entries: the Workload transitions that
 #: open or close an admission or record an estimate of what ran
 #: (service/app/lifecycle.py), a submission and its refusal, an admin's change
@@ -237,35 +260,14 @@ def _checkpoint_row(note: str) -> dict[str, Any]:
 def ledger_router() -> APIRouter:
     router = APIRouter()
 
-    def filters(
-        kind: str | None,
-        namespace: str | None,
-        workload: str | None,
-        since: str | None,
-        until: str | None,
-    ) -> dict[str, str | None]:
-        found = {
-            "kind": kind,
-            "namespace": namespace,
-            "workload": workload,
-            "since": since,
-            "until": until,
-        }
-        return {k: (v or None) for k, v in found.items()}
-
     @router.get("/ledger")
     async def ledger(
         viewer: CurrentViewer,
         services: Services_,
-        kind: Kind = None,
-        namespace: Namespace = None,
-        workload: Filter = None,
-        since: Moment = None,
-        until: Moment = None,
+        wanted: Filters,
         before: Cursor = None,
         limit: Limit = PAGE_SIZE,
     ) -> Response:
-        wanted = filters(kind, namespace, workload, since, until)
         listing = await run(_listing, viewer, services, wanted, before, limit)
         return render(viewer, "ledger.html", {"title": "Ledger", **listing})
 
@@ -273,16 +275,11 @@ def ledger_router() -> APIRouter:
     async def rows(
         viewer: CurrentViewer,
         services: Services_,
-        kind: Kind = None,
-        namespace: Namespace = None,
-        workload: Filter = None,
-        since: Moment = None,
-        until: Moment = None,
+        wanted: Filters,
         before: Cursor = None,
         limit: Limit = PAGE_SIZE,
     ) -> Response:
         """The entries and the pager alone, which the newest page re-reads live."""
-        wanted = filters(kind, namespace, workload, since, until)
         listing = await run(_listing, viewer, services, wanted, before, limit)
         return render(viewer, "_ledger_rows.html", listing)
 
@@ -304,16 +301,12 @@ def ledger_router() -> APIRouter:
     async def export(
         viewer: CurrentViewer,
         services: Services_,
+        wanted: Filters,
         format: Literal["ndjson", "csv"] = "ndjson",
         filtered: bool = False,
-        kind: Kind = None,
-        namespace: Namespace = None,
-        workload: Filter = None,
-        since: Moment = None,
-        until: Moment = None,
     ) -> StreamingResponse:
         """The API's export (``GET /v1/ledger/export``), as a download."""
-        query = _query(filters(kind, namespace, workload, since, until)) if filtered else None
+        query = _query(wanted) if filtered else None
         lines = await run(services.audit.export, viewer.principal, format, query)
         media = "application/x-ndjson" if format == "ndjson" else "text/csv"
         name = f"ledger{'-filtered' if filtered else ''}.{format}"

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool as run
 
@@ -225,37 +225,39 @@ async def _usage(viewer: Viewer, services: Any, period: Period) -> dict[str, lis
     return dict(zip(GROUPS, reports, strict=True))
 
 
+Chosen = tuple[Granularity, str | None, str | None, str | None, str]
+"""The form's granularity, since, until, as of and resource."""
+
+
+def _chosen(
+    granularity: Granularity = "day",
+    since: Moment = None,
+    until: Moment = None,
+    as_of: AsOf = None,
+    resource: Resource = GPU,
+) -> Chosen:
+    """What the page, its live body and the CSV are asked for, from the query string."""
+    return (granularity, since, until, as_of, resource)
+
+
+Chosen_ = Annotated[Chosen, Depends(_chosen)]
+
+
 def usage_router() -> APIRouter:
     router = APIRouter()
 
     @router.get("/usage")
     async def usage(
-        viewer: CurrentViewer,
-        services: Services_,
-        granularity: Granularity = "day",
-        since: Moment = None,
-        until: Moment = None,
-        as_of: AsOf = None,
-        resource: Resource = GPU,
-        measure: Measure = None,
+        viewer: CurrentViewer, services: Services_, chosen: Chosen_, measure: Measure = None
     ) -> Response:
-        chosen = (granularity, since, until, as_of, resource)
         context = await _report(viewer, services, chosen, measure)
         return render(viewer, "usage.html", {"title": "Usage", **context})
 
     @router.get("/usage/body")
     async def body(
-        viewer: CurrentViewer,
-        services: Services_,
-        granularity: Granularity = "day",
-        since: Moment = None,
-        until: Moment = None,
-        as_of: AsOf = None,
-        resource: Resource = GPU,
-        measure: Measure = None,
+        viewer: CurrentViewer, services: Services_, chosen: Chosen_, measure: Measure = None
     ) -> Response:
         """The charts and tables alone, which the page re-reads live."""
-        chosen = (granularity, since, until, as_of, resource)
         context = await _report(viewer, services, chosen, measure)
         return render(viewer, "_usage_body.html", context)
 
@@ -264,15 +266,12 @@ def usage_router() -> APIRouter:
         viewer: CurrentViewer,
         services: Services_,
         by: Annotated[Literal["namespace", "cluster_queue", "flavor", "cluster"], Query()],
-        granularity: Granularity = "day",
-        since: Moment = None,
-        until: Moment = None,
-        as_of: AsOf = None,
-        resource: Resource = GPU,
+        chosen: Chosen_,
     ) -> Response:
         """One grouping's rows as the rollup gives them, every number exact
         (the shortest digits that read back as the same float)."""
-        period = _period(granularity, since, until, as_of, resource)
+        granularity = chosen[0]
+        period = _period(*chosen)
         rows = await run(services.audit.usage, viewer.principal, granularity, [by], period.as_of)
         shown = [r for r in rows if period.holds(r)]
         columns = measures(rows)
@@ -291,10 +290,6 @@ def usage_router() -> APIRouter:
         return Response(out.getvalue(), media_type="text/csv", headers=headers)
 
     return router
-
-
-Chosen = tuple[Granularity, str | None, str | None, str | None, str]
-"""The form's granularity, since, until, as of and resource."""
 
 
 async def _report(
