@@ -13,7 +13,7 @@ those of one replica, the gang Kueue admits as one Workload, and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,6 @@ SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
 #: On a StatefulSet: ``"true"`` admits all its replicas as one gang (as
 #: Kueue's StatefulSet integration always does); otherwise each is its own.
 GANG_ANNOTATION = "quartermaster.dev/gang"
-_REPLICA_SPECS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
 #: What KubeRay adds to a head pod beside its template, and Kueue charges for
 #: (``raycluster.autoscalerContainer``, ``rayjob.defaultSubmitterResources``).
 _RAY_AUTOSCALER = {
@@ -268,6 +267,24 @@ def _trainjob(spec: Mapping[str, Any], problems: list[tuple[str, str]]) -> Itera
     return iter(())
 
 
+Problems = list[tuple[str, str]]
+#: Per kind: its pod templates, read from (manifest, spec), problems noted.
+_READERS: Mapping[
+    str, Callable[[Mapping[str, Any], Mapping[str, Any], Problems], Iterator[JobPodTemplate]]
+] = {
+    "Job": lambda _, spec, problems: _job(spec, problems),
+    "JobSet": lambda _, spec, problems: _jobset(spec, problems),
+    "PyTorchJob": lambda _, spec, problems: _replicas(spec, "pytorchReplicaSpecs", problems),
+    "MPIJob": lambda _, spec, problems: _replicas(spec, "mpiReplicaSpecs", problems),
+    "RayJob": lambda _, spec, problems: _ray_job(spec, problems),
+    "RayCluster": lambda _, spec, problems: _ray_cluster(spec, "spec", problems),
+    "LeaderWorkerSet": lambda _, spec, problems: _lws(spec, problems),
+    "Deployment": _replica_set,
+    "StatefulSet": _replica_set,
+    "TrainJob": lambda _, spec, problems: _trainjob(spec, problems),
+}
+
+
 def job_pod_templates(
     manifest: Mapping[str, Any],
 ) -> tuple[list[JobPodTemplate], list[tuple[str, str]]]:
@@ -279,24 +296,10 @@ def job_pod_templates(
     spec = manifest.get("spec")
     if not isinstance(spec, Mapping):
         return [], [("spec", "spec is required")]
-    if kind == "Job":
-        found = list(_job(spec, problems))
-    elif kind == "JobSet":
-        found = list(_jobset(spec, problems))
-    elif isinstance(kind, str) and kind in _REPLICA_SPECS:
-        found = list(_replicas(spec, _REPLICA_SPECS[kind], problems))
-    elif kind == "RayJob":
-        found = list(_ray_job(spec, problems))
-    elif kind == "RayCluster":
-        found = list(_ray_cluster(spec, "spec", problems))
-    elif kind == "LeaderWorkerSet":
-        found = list(_lws(spec, problems))
-    elif kind in ("Deployment", "StatefulSet"):
-        found = list(_replica_set(manifest, spec, problems))
-    elif kind == "TrainJob":
-        found = list(_trainjob(spec, problems))
-    else:
+    read = _READERS.get(kind) if isinstance(kind, str) else None
+    if read is None:
         return [], [("kind", f"unsupported kind {kind!r}")]
+    found = list(read(manifest, spec, problems))
     for template in found:
         if not isinstance(template.template, Mapping):
             problems.append((template.path, "a pod template is required"))

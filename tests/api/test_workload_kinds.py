@@ -86,7 +86,8 @@ def test_a_runnable_kind_beside_them_is_still_admitted_as_before(api: Api) -> No
     assert api.admin.post("/v1/namespaces/team-a/workloads", json=job).status_code == 201
     AdmissionCycle(api.services.engine, api.services.unit_of_work).run(_no_guard)
     status = api.admin.get("/v1/namespaces/team-a/workloads/plain").json()["status"]
-    assert status.get("pendingReasonCode") != "KindNotRunnable"
+    # No member cluster here: the engine judged it, and gave its own reason.
+    assert status["pendingReasonCode"] not in (None, "KindNotRunnable")
 
 
 def test_a_broken_manifest_of_each_kind_is_a_problem_naming_the_field(api: Api) -> None:
