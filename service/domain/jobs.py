@@ -180,6 +180,18 @@ def _ray_job(spec: Mapping[str, Any], problems: list[tuple[str, str]]) -> Iterat
             )
         )
         return
+    if spec.get("clusterSelector"):
+        problems.append(
+            (
+                "spec.clusterSelector",
+                "a RayJob with its own rayClusterSpec uses no existing cluster",
+            )
+        )
+    if spec.get("shutdownAfterJobFinishes") is not True:
+        # Kueue's webhook: a cluster left up holds its quota after the job.
+        problems.append(
+            ("spec.shutdownAfterJobFinishes", "must be true: the cluster ends with its job")
+        )
     mode = spec.get("submissionMode") or "K8sJobMode"
     sidecar = (_RAY_SUBMITTER,) if mode == "SidecarMode" else ()
     yield from _ray_cluster(cluster, "spec.rayClusterSpec", problems, *sidecar)

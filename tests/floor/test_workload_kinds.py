@@ -105,6 +105,7 @@ def rayjob() -> Manifest:
         "metadata": _meta("rayjob-sample"),
         "spec": {
             "entrypoint": "python /home/ray/samples/sample_code.py",
+            "shutdownAfterJobFinishes": True,
             "runtimeEnvYAML": "pip:\n  - requests==2.26.0\n",
             "rayClusterSpec": _ray_cluster_spec(),
             "submitterPodTemplate": pod(gpus=0, cpu="500m", memory="200Mi"),
@@ -360,6 +361,14 @@ REFUSALS = {
     "RayJob submitter unseen by the floor": (
         _set(rayjob(), ["spec", "submitterPodTemplate"], None),
         "spec.submitterPodTemplate",
+    ),
+    "RayJob whose cluster outlives it": (
+        _set(rayjob(), ["spec", "shutdownAfterJobFinishes"], False),
+        "spec.shutdownAfterJobFinishes",
+    ),
+    "RayJob on an existing cluster and its own": (
+        _set(rayjob(), ["spec", "clusterSelector"], {"ray.io/cluster": "shared"}),
+        "spec.clusterSelector",
     ),
     "RayJob worker group named head": (
         _set(rayjob(), ["spec", "rayClusterSpec", "workerGroupSpecs", 0, "groupName"], "head"),
