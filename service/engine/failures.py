@@ -7,7 +7,8 @@ until something is evicted (see ``service.engine.cycle``).
 
 from __future__ import annotations
 
-from service.engine.flavorassigner import Assignment
+from service.engine.flavorassigner import WAITING_FOR_CAPACITY, Assignment
+from service.engine.types import Fragmentation
 from service.engine.workload_info import WorkloadInfo
 
 __all__ = ["FAILURE_MEMORY", "Entry", "Failure"]
@@ -22,6 +23,7 @@ class Failure:
     __slots__ = (
         "_assignment",
         "epoch",
+        "fragmentation",
         "message",
         "no_victims",
         "priority",
@@ -45,6 +47,10 @@ class Failure:
         self.epoch = epoch
         #: Nothing in the quota tree could be preempted: priority and age cannot help.
         self.no_victims = no_victims
+        #: Fragmentation alone holds it back: capacity is its only reason.
+        self.fragmentation: Fragmentation | None = (
+            assignment.fragmentation if reason == WAITING_FOR_CAPACITY else None
+        )
 
     def text(self) -> str:
         """The why-not message, rendered once, when the result is built."""
@@ -65,6 +71,15 @@ class Failure:
         if totals is self.totals:  # the same gang shape
             return True
         return all(totals.get(r, 0) >= a for r, a in self.totals.items())
+
+    def fragmentation_of(self, wi: WorkloadInfo) -> Fragmentation | None:
+        """The failure's fragmentation for ``wi``, which it covers: ``None`` when
+        ``wi`` is bigger than the fleet's free total (then not fragmentation alone)."""
+        found = self.fragmentation
+        if found is None:
+            return None
+        larger_by = wi.resources.get(found.resource, 0) - self.totals.get(found.resource, 0)
+        return found if found.requested + larger_by <= found.fleet_free else None
 
 
 #: Why a workload waits: ``(reason, message or the failure that explains it, ClusterQueue,

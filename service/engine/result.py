@@ -11,9 +11,10 @@ from __future__ import annotations
 from service.engine.decisions import Decisions
 from service.engine.failures import Failure
 from service.engine.feasibility import Verdict, never_fits
+from service.engine.fragmentation import FRAGMENTED_ACROSS_ISLANDS
 from service.engine.queueing import Queueing
 from service.engine.state import CycleState
-from service.engine.types import CycleResult, PendingReason
+from service.engine.types import CycleResult, Fragmentation, PendingReason
 from service.engine.workload_info import WorkloadInfo, selector_key
 
 __all__ = ["build_result"]
@@ -108,7 +109,9 @@ class _WhyNot:
                     else:
                         reason, text = _reason_of(entry)
                     key = wi.key
-                    reasons[key] = self._reason(wi, reason, text, name, position, position, behind)
+                    reasons[key] = self._reason(
+                        wi, reason, text, name, position, position, behind, _fragmentation(wi)
+                    )
                     position += 1
                 continue
             waiting = [w for w in items if w.why is not None]
@@ -124,7 +127,7 @@ class _WhyNot:
                 per_lq[wi.lq] = lq_position + 1
                 reason, text = _reason_of(wi.why)
                 reasons[wi.key] = self._reason(
-                    wi, reason, text, name, position, lq_position, behind
+                    wi, reason, text, name, position, lq_position, behind, _fragmentation(wi)
                 )
         return reasons
 
@@ -137,10 +140,12 @@ class _WhyNot:
         position: int,
         lq_position: int,
         behind: str | None,
+        fragmentation: Fragmentation | None = None,
     ) -> PendingReason:
         """A queued workload's pending reason; a gang that can never fit gets its
         verdict instead (the true cause, never "N more needed"), unless the queue
-        holds it back for a reason of its own (stopped, backing off, no cluster)."""
+        holds it back for a reason of its own (stopped, backing off, no cluster);
+        one held back by fragmentation alone gets that cause and its numbers."""
         verdict = None if reason in _HELD_REASONS else self._verdict(wi)
         if verdict is not None:
             return PendingReason(
@@ -156,7 +161,16 @@ class _WhyNot:
             )
         behind = behind if reason == "StrictFIFO" else None
         return PendingReason(
-            wi.key, reason, text, cq, wi.lq, position, lq_position, waiting_behind=behind
+            wi.key,
+            reason,
+            text,
+            cq,
+            wi.lq,
+            position,
+            lq_position,
+            waiting_behind=behind,
+            cause=FRAGMENTED_ACROSS_ISLANDS if fragmentation is not None else None,
+            fragmentation=fragmentation,
         )
 
     def _verdict(self, wi: WorkloadInfo) -> Verdict | None:
@@ -169,6 +183,12 @@ class _WhyNot:
         except KeyError:
             verdict = self._verdicts[key] = never_fits(self.state, wi)
             return verdict
+
+
+def _fragmentation(wi: WorkloadInfo) -> Fragmentation | None:
+    """The fragmentation that alone holds ``wi`` back, if its failure found one."""
+    entry = wi.why
+    return entry.fragmentation_of(wi) if type(entry) is Failure else None
 
 
 def _reason_of(entry: object) -> tuple[str, str]:

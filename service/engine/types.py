@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from service.domain.inventory import Cluster, Node
+from service.domain.quantity import format_amount
 from service.domain.quota import (
     ClusterQueue,
     Cohort,
@@ -26,6 +27,7 @@ __all__ = [
     "Eviction",
     "EvictionReason",
     "FairSharingConfig",
+    "Fragmentation",
     "LocalQueueUsage",
     "PendingReason",
     "Preemption",
@@ -210,6 +212,31 @@ class Eviction:
 
 
 @dataclass(frozen=True, slots=True)
+class Fragmentation:
+    """The numbers of a fragmented wait: what the pod set needs, what the
+    eligible islands hold free together, and the largest free island."""
+
+    flavor: str
+    resource: str
+    requested: int
+    fleet_free: int
+    largest_free: int
+    #: ``cluster/island`` of the largest free island (ties: the first in fleet order).
+    largest_island: str
+
+    def message(self) -> str:
+        """The why-not words, with the numbers."""
+        amount = format_amount
+        r = self.resource
+        return (
+            f"fragmented across islands: {amount(r, self.fleet_free)} {r} of flavor "
+            f"{self.flavor} are free in the fleet, {amount(r, self.requested)} needed in "
+            f"one island, but the largest free island ({self.largest_island}) has "
+            f"{amount(r, self.largest_free)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PendingReason:
     """Why a workload still waits, like Kueue's ``QuotaReserved=False`` condition.
 
@@ -233,6 +260,8 @@ class PendingReason:
     cause: str | None = None
     #: The workload (key) a StrictFIFO queue holds it behind, if any.
     waiting_behind: str | None = None
+    #: Its numbers when ``cause`` is ``FragmentedAcrossIslands`` (``service.engine.fragmentation``).
+    fragmentation: Fragmentation | None = None
 
 
 @dataclass(frozen=True, slots=True)

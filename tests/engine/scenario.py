@@ -30,7 +30,9 @@ admission fair-sharing history.
 ``islands``, ``nodes``, ``borrowed``), ``preempted`` (list of ``workload``,
 ``reason``, optional ``preemptor``), ``evicted`` (``workload``, ``reason``,
 optional ``requeueAt``, ``deactivated``), ``pending`` (key → optional
-``reason``, ``message`` (substring), ``position``, ``localPosition``).
+``reason``, ``message`` (substring), ``position``, ``localPosition``, ``cause``
+(``null``: none), ``fragmentation`` (``requested``, ``fleetFree``, ``largestFree``,
+``largestIsland``)).
 Workload keys may omit the ``default/`` namespace.
 """
 

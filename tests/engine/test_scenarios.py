@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from service.domain.quantity import canonical_amount
-from service.engine import CycleResult, admission_cycle
+from service.engine import CycleResult, Fragmentation, admission_cycle
 from tests.engine.invariants import violations
 from tests.engine.scenario import Scenario, all_scenario_paths, key_of, load
 
@@ -130,3 +130,19 @@ def _check_pending(expected: dict[str, Any], result: CycleResult) -> None:
             assert reason.position_in_cluster_queue == details["position"], f"{key} position"
         if "localPosition" in details:
             assert reason.position_in_local_queue == details["localPosition"], key
+        if "cause" in details:
+            assert reason.cause == details["cause"], f"{key}: cause {reason.cause}"
+        if "fragmentation" in details:
+            _check_fragmentation(key, details["fragmentation"], reason.fragmentation)
+
+
+def _check_fragmentation(key: str, want: dict[str, Any], got: Fragmentation | None) -> None:
+    """``requested``, ``fleetFree``, ``largestFree`` (GPUs etc.) and ``largestIsland``."""
+    assert got is not None, f"{key}: no fragmentation"
+    numbers = {
+        "requested": got.requested,
+        "fleetFree": got.fleet_free,
+        "largestFree": got.largest_free,
+        "largestIsland": got.largest_island,
+    }
+    assert {k: numbers[k] for k in want} == want, f"{key}: fragmentation {numbers}"

@@ -91,6 +91,7 @@ def assign_flavors(
             overall = worse(overall, best.mode)
             if best.mode[0] != FIT:
                 result.frs_need_preemption |= best.need
+                result.fragmentation = result.fragmentation or best.fragmentation
                 result.messages.append((f"couldn't assign flavors to pod set {ps.name}", notes))
                 if not result.reason or SEVERITY[notes.worst] > SEVERITY[result.reason]:
                     result.reason = notes.worst

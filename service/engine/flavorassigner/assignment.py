@@ -13,6 +13,7 @@ from service.domain.quantity import format_amount
 from service.engine.flavorassigner.modes import FIT, most_severe
 from service.engine.packing import GangPlacement
 from service.engine.quota import FlavorResource
+from service.engine.types import Fragmentation
 from service.engine.workload_info import WorkloadInfo
 
 __all__ = ["Assignment", "Notes", "Oracle", "PreemptionPlan", "QuotaNote", "render_quota_note"]
@@ -40,6 +41,9 @@ class Assignment:
     messages: list[str | tuple[str, Notes]] = field(default_factory=list)
     placement: GangPlacement | None = None
     plan: PreemptionPlan | None = None
+    #: Set when the chosen flavor fits quota and the free total but no island
+    #: has room now (``service.engine.fragmentation``).
+    fragmentation: Fragmentation | None = None
 
     def message(self) -> str:
         return "; ".join(

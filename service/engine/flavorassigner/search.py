@@ -28,9 +28,11 @@ from service.engine.flavorassigner.modes import (
     should_try_next,
     worse,
 )
+from service.engine.fragmentation import fragmentation_of
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pristine_fits
 from service.engine.quota import FlavorResource
 from service.engine.state import CQState, CycleState
+from service.engine.types import Fragmentation
 from service.engine.workload_info import (
     PodSetInfo,
     WorkloadInfo,
@@ -47,6 +49,8 @@ class _Trial:
     placement: GangPlacement | None = None
     plan: PreemptionPlan | None = None
     need: set[FlavorResource] = field(default_factory=set)
+    #: Quota fits and the free total would, but no island has room now.
+    fragmentation: Fragmentation | None = None
 
 
 @dataclass(slots=True)
@@ -94,11 +98,14 @@ class GroupSearch:
             if trial.placement is None:
                 request = state.pod_set_request(self.wi, self.index, flavors_now)
                 if pristine_fits(state.inventory, [request], state.pristine_cache):
-                    self.notes.add(
+                    trial.fragmentation = fragmentation_of(request, name)
+                    words = (
                         f"no cluster has room now for {ps.count} pod(s) of "
-                        f"{describe_shape(ps)} in flavor {name}",
-                        WAITING_FOR_CAPACITY,
+                        f"{describe_shape(ps)} in flavor {name}"
                     )
+                    if trial.fragmentation is not None:
+                        words = f"{words}: {trial.fragmentation.message()}"
+                    self.notes.add(words, WAITING_FOR_CAPACITY)
                     trial.mode = (PREEMPT, trial.mode[1])
                     trial.need |= {(name, r) for r in self.resources}
                 else:
