@@ -5,7 +5,8 @@ them (``pending_workloads``, ``admitted_workloads_total``,
 ``preempted_workloads_total``, ``evicted_workloads_total``), under the
 ``qm_`` prefix the API's metrics use; and our own: the reconcile lag
 (admission to the job on its member), member readiness, the outbox depth,
-leadership. ``quartermaster scheduler --metrics-port`` serves them.
+leadership, and the gangs pending for fragmentation alone (issue 24).
+``quartermaster scheduler --metrics-port`` serves them.
 
 The cycle's gauges are set by the leader's cycles: a ClusterQueue that had
 pending workloads or usage reads 0 once it has none (not a vanished
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.app.admission import CycleReport
+from service.engine.fragmentation import FRAGMENTED_ACROSS_ISLANDS
 from workers.sync import SyncReport
 
 #: ``status`` of Kueue's ``pending_workloads``: "active" workloads wait their
@@ -42,6 +44,13 @@ class SchedulerMetrics:
             "Workloads waiting, by ClusterQueue and status: active (waiting their turn) "
             "or inadmissible (tried and did not fit, or cannot be tried now)",
             ["cluster_queue", "status"],
+            registry=r,
+        )
+        self.fragmented = Gauge(
+            "qm_fragmented_workloads",
+            "Gangs pending only for fragmentation, by ClusterQueue: quota and the "
+            "fleet's free total would hold them, no single island has room now",
+            ["cluster_queue"],
             registry=r,
         )
         self.admitted = Counter(
@@ -111,6 +120,7 @@ class SchedulerMetrics:
             "qm_admission_leader", "1 while this process leads admission", registry=r
         )
         self._pending_seen: set[tuple[str, ...]] = set()
+        self._fragmented_seen: set[tuple[str, ...]] = set()
         self._usage_seen: set[tuple[str, ...]] = set()
         # Member readiness is set by the fleet loop's thread and cleared by the
         # cycle's when this process stops leading: one lock orders the two, so
@@ -129,6 +139,14 @@ class SchedulerMetrics:
             for p in report.result.pending.values()
         )
         _set_all(self.pending, {k: float(n) for k, n in pending.items()}, self._pending_seen)
+        fragmented = Tally(
+            (p.cluster_queue or "",)
+            for p in report.result.pending.values()
+            if p.cause == FRAGMENTED_ACROSS_ISLANDS
+        )
+        _set_all(
+            self.fragmented, {k: float(n) for k, n in fragmented.items()}, self._fragmented_seen
+        )
         for decision in report.result.admissions:
             self.admitted.labels(decision.cluster_queue).inc()
         for cq, seconds in report.writes.waits:
@@ -152,9 +170,10 @@ class SchedulerMetrics:
             self._leading = now
             self.leader.set(1 if now else 0)
             if not now:
-                for gauge in (self.pending, self.usage, self.cluster_ready):
+                for gauge in (self.pending, self.fragmented, self.usage, self.cluster_ready):
                     gauge.clear()
                 self._pending_seen.clear()
+                self._fragmented_seen.clear()
                 self._usage_seen.clear()
 
     def observe_sync(self, report: SyncReport) -> None:

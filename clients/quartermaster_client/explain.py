@@ -140,6 +140,10 @@ _SHORT_PHRASES = (
     ("even if it were empty", "can never fit: no cluster is large enough"),
     ("no single cluster has room now", "waits for room for the whole gang in one cluster"),
     ("maximum capacity", "asks for more than its ClusterQueue can ever have"),
+    (
+        "fragmented across islands",
+        "fragmentation: enough is free in the fleet, but no single island has room",
+    ),
 )
 
 

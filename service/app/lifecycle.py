@@ -57,6 +57,8 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
 GPU_SUFFIX = "gpu"
+#: What a pending status may tell beside its reason (see :func:`pend`).
+PENDING_DETAIL_KEYS = ("pendingCause", "pendingFragmentation")
 #: Names the closing entries of admissions stored before admissions had an id.
 _LEGACY = UUID("6f0c5f3e-6a43-4c1b-9a57-3b1f1e2f7a10")
 
@@ -267,13 +269,26 @@ def submitted(cluster_queue: str, stamp: str) -> Status:
     )
 
 
+#: Status keys of a pending reason, dropped on admission and on a new reason without them.
+_PENDING_KEYS = ("pendingReason", "pendingReasonCode", "pendingReasonAt", *PENDING_DETAIL_KEYS)
+
+
 def pend(
-    status: Status, reason: str, message: str, cluster_queue: str | None, now: datetime
+    status: Status,
+    reason: str,
+    message: str,
+    cluster_queue: str | None,
+    now: datetime,
+    *,
+    cause: str | None = None,
+    fragmentation: Mapping[str, Any] | None = None,
 ) -> Transition:
     """Pending for ``reason``: the cycle's words on why it waits (Kueue's
-    ``QuotaReserved=False`` condition), and the ClusterQueue it waits in."""
+    ``QuotaReserved=False`` condition), and the ClusterQueue it waits in;
+    ``cause`` and ``fragmentation`` when the engine tells more (a gang
+    blocked only by fragmentation across islands: its numbers)."""
     new = {
-        **status.raw,
+        **status.without(*PENDING_DETAIL_KEYS),
         "pendingReason": message,
         "pendingReasonCode": reason,
         "pendingReasonAt": rfc3339(now),
@@ -283,6 +298,10 @@ def pend(
     }
     if cluster_queue:
         new["clusterQueue"] = cluster_queue
+    if cause:
+        new["pendingCause"] = cause
+    if fragmentation:
+        new["pendingFragmentation"] = dict(fragmentation)
     return Transition(PENDING_EVENT, Status(new))
 
 
@@ -300,7 +319,7 @@ def admit(
     entry_id = uuid4()
     admission = {**admission, "id": str(entry_id)}
     cluster, cluster_queue = str(admission["cluster"]), str(admission["clusterQueue"])
-    new = status.without("pendingReason", "pendingReasonCode", "pendingReasonAt", "eviction")
+    new = status.without(*_PENDING_KEYS, "eviction")
     message = f"Quota reserved in ClusterQueue {cluster_queue}, cluster {cluster}"
     conditions = set_condition(
         status.conditions, "QuotaReserved", "True", "QuotaReserved", message, now
@@ -567,7 +586,7 @@ def requeue(status: Status, now: datetime) -> Transition:
     closed when it was evicted)."""
     cluster = (status.raw.get("eviction") or {}).get("cluster")
     message = f"Requeued after its job was removed from cluster {cluster}"
-    new = status.without("admission", "pendingReason")
+    new = status.without("admission", "pendingReason", *PENDING_DETAIL_KEYS)
     new.update(
         state=PENDING,
         queuedAt=rfc3339(now),

@@ -282,3 +282,56 @@ def test_waiting_behind_others_gives_the_position_and_no_other_namespaces_names(
     assert admin["ahead"]["workloads"] == ["vision/vis-probe"]
     head = _explain(vision, "vision", "vis-probe")
     assert head["positionInQueue"] == 1 and head["inadmissible"] is False
+
+
+def test_a_gang_blocked_by_fragmentation_alone_is_told_so_with_the_numbers(api: Api) -> None:
+    """Issue 24: 40 GPUs free in the fleet and quota for them, but no island
+    holds 5 x 8 GPUs now (c1-a has 8 free, c1-b 32, c2-a none). Before, the
+    answer was the same "no cluster has room now" as for a full fleet."""
+    _fleet(api)
+    _queue(api, gpus=96)
+    team = api.as_role("submitter", ["team-a"])
+    _submit(team, "team-a", _gang("in-c1-a", 5))
+    _submit(team, "team-a", _gang("in-c2-a", 2))
+    _cycle(api)
+    for name in ("in-c1-a", "in-c2-a"):
+        assert _status(team, "team-a", name)["state"] == "Admitted"
+    _submit(team, "team-a", _gang("big", 5))
+    assert _explain(team, "team-a", "big")["cause"] is None  # not tried yet
+    _cycle(api)
+
+    answer = _explain(team, "team-a", "big")
+    assert answer["state"] == "Pending"
+    assert answer["inadmissible"] is False
+    assert answer["cause"] == "FragmentedAcrossIslands"
+    assert answer["fragmentation"] == {
+        "flavor": "h100",
+        "resource": GPU,
+        "requested": "40",
+        "freeInFleet": "40",
+        "largestFreeIsland": {"name": "c1/c1-b", "free": "32"},
+    }
+    assert f"40 {GPU} of flavor h100 are free in the fleet" in answer["waitingFor"]
+    assert "the largest free island (c1/c1-b) has 32" in answer["waitingFor"]
+    recorded = _status(team, "team-a", "big")
+    assert recorded["pendingReasonCode"] == "WaitingForCapacity"
+    assert recorded["pendingCause"] == "FragmentedAcrossIslands"
+
+
+def test_a_gang_bigger_than_the_free_total_is_not_called_fragmented(api: Api) -> None:
+    """The same fleet, but 6 x 8 GPUs wanted with 40 free: it waits for
+    capacity, and no fragmentation is claimed (quota covers it)."""
+    _fleet(api)
+    _queue(api, gpus=104)
+    team = api.as_role("submitter", ["team-a"])
+    _submit(team, "team-a", _gang("in-c1-a", 5))
+    _submit(team, "team-a", _gang("in-c2-a", 2))
+    _cycle(api)
+    _submit(team, "team-a", _gang("bigger", 6))
+    _cycle(api)
+    answer = _explain(team, "team-a", "bigger")
+    assert answer["state"] == "Pending"
+    assert answer["inadmissible"] is False
+    assert answer["cause"] == "WaitingForCapacity"
+    assert "fragmentation" not in answer
+    assert "pendingCause" not in _status(team, "team-a", "bigger")

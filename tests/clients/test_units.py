@@ -263,6 +263,20 @@ def test_a_pending_gang_explained_in_short() -> None:
     assert summary(never) == (
         "can never fit: no cluster is large enough; position 3 of 12 in language"
     )
+    fragmented = explanation.model_copy(
+        update={
+            "waiting_for": "no cluster has room now for 5 pod(s) of {nvidia.com/gpu: 8} in "
+            "flavor h100: fragmented across islands: 40 nvidia.com/gpu of flavor h100 are "
+            "free in the fleet, 40 needed in one island, but the largest free island "
+            "(c1/c1-b) has 32"
+        }
+    )
+    assert summary(fragmented) == (
+        "fragmentation: enough is free in the fleet, but no single island has room; "
+        "position 3 of 12 in language"
+    )
+    assert in_words(fragmented)[-2].startswith("Why it waits: no cluster has room now")
+    assert "the largest free island (c1/c1-b) has 32." in in_words(fragmented)[-2]
     first = explanation.model_copy(update={"waiting_for": None, "position_in_queue": 1})
     assert summary(first) is None  # the position alone is already a line of its own
 

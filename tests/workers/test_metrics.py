@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.app.admission import CycleReport, CycleWrites
 from service.app.bootstrap import Services
-from service.engine import CycleResult, PendingReason
+from service.engine import CycleResult, PendingReason, admission_cycle
 from service.runtime.embedded import free_port
+from tests.engine.scenario import load
 from tests.workers.conftest import ADMIN, GPU, wait_for, workload_status
 from tests.workers.members import gang, members, scheduling, settings, setup_central
 from workers.metrics import SchedulerMetrics
@@ -157,3 +158,25 @@ def test_pending_workloads_are_split_by_kueue_status() -> None:
     cycle(("WaitingForQuota", "a"))
     assert (value("a", "active"), value("a", "inadmissible")) == (0, 1)
     assert value("b", "inadmissible") == 0
+
+
+def test_gangs_pending_for_fragmentation_alone_are_counted_by_cluster_queue() -> None:
+    """Issue 24: the engine's own cycle on the scenario where four islands,
+    each a quarter used, hold 96 free GPUs and a 32-GPU gang fits none; then
+    a cycle without it reads 0, not a vanished series."""
+    scenarios = Path(__file__).parents[1] / "engine" / "scenarios"
+    scenario = load(scenarios / "qm_fragmented_across_islands.yaml")
+    result = admission_cycle(scenario.snapshot, scenario.now)
+    metrics = SchedulerMetrics()
+    metrics.observe(CycleReport(result, CycleWrites(), len(result.pending), 0, 0.01, {}))
+
+    def fragmented() -> float | None:
+        return metrics.registry.get_sample_value(
+            "qm_fragmented_workloads", {"cluster_queue": "team"}
+        )
+
+    assert fragmented() == 1
+    inadmissible = {"cluster_queue": "team", "status": "inadmissible"}
+    assert metrics.registry.get_sample_value("qm_pending_workloads", inadmissible) == 1
+    metrics.observe(CycleReport(CycleResult(), CycleWrites(), 0, 0, 0.01, {}))
+    assert fragmented() == 0

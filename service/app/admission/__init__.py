@@ -27,7 +27,10 @@ Shapes it reads and writes (the sync and reconcile workers meet them):
   A pending workload carries ``pendingReason`` (words), ``pendingReasonCode``
   (Kueue's reason), ``pendingReasonAt`` (when they were written: the same
   reason in other words is rewritten at most every 30 s) and a
-  ``QuotaReserved=False`` condition saying the same.
+  ``QuotaReserved=False`` condition saying the same; ``pendingCause`` when
+  the engine names one (``TooBigForAnyIsland``, ``FragmentedAcrossIslands``,
+  ...), and for fragmentation ``pendingFragmentation``: ``{flavor, resource,
+  requested, freeInFleet, largestFreeIsland: {name, free}}`` (canonical amounts).
 """
 
 from service.app.admission.caches import ConfigCache, WorkloadCache

@@ -24,6 +24,7 @@ from service.engine import (
     AdmissionDecision,
     CycleResult,
     Eviction,
+    Fragmentation,
     PendingReason,
     Preemption,
 )
@@ -202,8 +203,10 @@ def _words(row: WorkloadRow, reason: PendingReason) -> str:
 def _pend(out: CycleWrites, row: WorkloadRow, reason: PendingReason, now: datetime) -> None:
     status = row.status
     message = _words(row, reason)
-    same = status.get("pendingReasonCode") == reason.reason and (
-        not reason.cluster_queue or status.get("clusterQueue") == reason.cluster_queue
+    same = (
+        status.get("pendingReasonCode") == reason.reason
+        and status.get("pendingCause") == reason.cause
+        and (not reason.cluster_queue or status.get("clusterQueue") == reason.cluster_queue)
     )
     if same and status.get("pendingReason") == message:
         return  # unchanged: no write, so an idle cycle writes nothing
@@ -213,7 +216,26 @@ def _pend(out: CycleWrites, row: WorkloadRow, reason: PendingReason, now: dateti
         # are refreshed now and then.
         return
     change = lifecycle.pend(
-        lifecycle.Status(status), reason.reason, message, reason.cluster_queue, now
+        lifecycle.Status(status),
+        reason.reason,
+        message,
+        reason.cluster_queue,
+        now,
+        cause=reason.cause,
+        fragmentation=_fragmentation(reason.fragmentation),
     )
     out.appends.append((_stream(row), row.version, change.event, row.state(change.status.raw)))
     out.pending_changed += 1
+
+
+def _fragmentation(found: Fragmentation | None) -> dict[str, Any] | None:
+    """A fragmentation's numbers as the status keeps them (canonical amounts)."""
+    if found is None:
+        return None
+    return {
+        "flavor": found.flavor,
+        "resource": found.resource,
+        "requested": found.requested,
+        "freeInFleet": found.fleet_free,
+        "largestFreeIsland": {"name": found.largest_island, "free": found.largest_free},
+    }

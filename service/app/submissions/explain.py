@@ -28,6 +28,7 @@ from service.app.workloads import WorkloadSpec, total_requests
 from service.domain.quantity import format_amount
 from service.engine import Snapshot
 from service.engine.feasibility import Verdict
+from service.engine.fragmentation import FRAGMENTED_ACROSS_ISLANDS
 
 WORKLOADS = KINDS["workloads"]
 #: How many of the workloads ahead explain names (those the reader may read).
@@ -127,6 +128,15 @@ def _waiting(
     if not recorded:
         words = "the next admission cycle: no admission decision has been made yet"
         return {"inadmissible": False, "cause": None, "waitingFor": words}
+    fragmented = status.get("pendingFragmentation")
+    if status.get("pendingCause") == FRAGMENTED_ACROSS_ISLANDS and fragmented:
+        # Tried and blocked by fragmentation alone: others ahead are not why it waits.
+        return {
+            "inadmissible": False,
+            "cause": FRAGMENTED_ACROSS_ISLANDS,
+            "waitingFor": recorded,
+            "fragmentation": _fragmentation(fragmented),
+        }
     if code in _WAITS_FOR_OTHERS and (position > 1 or code == "StrictFIFO"):
         others = ahead["inOtherNamespaces"]
         hidden = f", {others} of them in namespaces you cannot read" if others else ""
@@ -137,6 +147,23 @@ def _waiting(
         )
         return {"inadmissible": False, "cause": "WaitingBehindOthers", "waitingFor": words}
     return {"inadmissible": False, "cause": code, "waitingFor": recorded}
+
+
+def _fragmentation(recorded: Obj) -> Obj:
+    """The recorded numbers of a fragmented wait, amounts as people write them."""
+    resource = str(recorded.get("resource", ""))
+    largest = recorded.get("largestFreeIsland") or {}
+
+    def amount(key: str, where: Obj = recorded) -> str:
+        return format_amount(resource, int(where.get(key, 0)))
+
+    return {
+        "flavor": recorded.get("flavor"),
+        "resource": resource,
+        "requested": amount("requested"),
+        "freeInFleet": amount("freeInFleet"),
+        "largestFreeIsland": {"name": largest.get("name"), "free": amount("free", largest)},
+    }
 
 
 def _may_read(reader: Principal, namespace: str) -> bool:
