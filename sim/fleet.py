@@ -1,28 +1,28 @@
 """The fleet file: member clusters, their GPU nodes by flavor and fabric island, and queues.
 
-A fleet file is YAML with Kueue-shaped (``v1beta2``) sections, each a list whose
-entries are either full objects (``metadata``/``spec``) or flattened
-(``name`` + spec fields): ``topologies`` (``name``, ``levels``: node-label keys
-widest first, each a string or ``{nodeLabel: …}``; the first level is the fabric
-island, e.g. ``example.com/fabric-block`` > ``kubernetes.io/hostname``),
-``resourceFlavors`` (``name``, ``nodeLabels``, ``nodeTaints``, ``tolerations``,
-``topologyName``), ``clusters`` (``name``, ``labels``, optional ``healthy`` /
-``cordoned``, and ``nodeGroups``: ``flavor``, ``islands``: N, ``nodesPerIsland``:
-M, ``allocatable`` per node such as ``{cpu: 96, memory: 1Ti, nvidia.com/gpu: 8}``,
-optional extra ``labels`` and ``taints``, and ``racksPerIsland`` to fill levels
-between the island and the hostname), and the optional ``cohorts``,
+A fleet file is YAML with Kueue-shaped (``v1beta2``) sections, each a list whose entries
+are either full objects (``metadata``/``spec``) or flattened (``name`` + spec fields):
+``topologies`` (``name``, ``levels``: node-label keys widest first, each a string or
+``{nodeLabel: …}``; the first level is the fabric island, e.g.
+``example.com/fabric-block`` > ``kubernetes.io/hostname``), ``resourceFlavors``
+(``name``, ``nodeLabels``, ``nodeTaints``, ``tolerations``, ``topologyName``),
+``clusters`` (``name``, ``labels``, optional ``healthy`` / ``cordoned``, optional
+``backend``: ``kueue`` (the default) or ``volcano``, which admission objects the
+member's stand-in serves and runs, and ``nodeGroups``: ``flavor``, ``islands``: N,
+``nodesPerIsland``: M, ``allocatable`` per node such as ``{cpu: 96, memory: 1Ti,
+nvidia.com/gpu: 8}``, optional extra ``labels`` and ``taints``, and ``racksPerIsland``
+to fill levels between the island and the hostname), and the optional ``cohorts``,
 ``clusterQueues``, ``localQueues`` (with ``namespace``), ``workloadPriorityClasses``
 (``name``, ``value``) and ``namespaces`` (``name``, ``labels``, for
 ``namespaceSelector``). Quantities are Kubernetes quantities (``"500m"``, ``1Ti``),
-stored as integers in canonical units (cpu in milli-cores, the rest in units).
-A ClusterQueue without ``namespaceSelector`` admits no namespace, exactly as in
-Kueue; write ``namespaceSelector: {}`` for all. :meth:`Fleet.nodes` expands the
-node groups deterministically: node ``{cluster}-{flavor}-i{island}-n{k}`` carries
-its flavor's ``nodeLabels`` and ``nodeTaints``, the group's extra labels and
-taints, ``kubernetes.io/hostname`` = its name, and one label per topology level
-(island level value ``{cluster}-{flavor}-i{island}``). Islands of several groups
-of one flavor in one cluster are numbered on from the previous group. See
-``sim/fleets/demo.yaml``.
+stored as integers in canonical units (cpu in milli-cores, the rest in units). A
+ClusterQueue without ``namespaceSelector`` admits no namespace, exactly as in Kueue;
+write ``namespaceSelector: {}`` for all. :meth:`Fleet.nodes` expands the node groups
+deterministically: node ``{cluster}-{flavor}-i{island}-n{k}`` carries its flavor's
+``nodeLabels`` and ``nodeTaints``, the group's extra labels and taints,
+``kubernetes.io/hostname`` = its name, and one label per topology level (island level
+value ``{cluster}-{flavor}-i{island}``). Islands of several groups of one flavor in one
+cluster are numbered on from the previous group. See ``sim/fleets/demo.yaml``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ from service.domain.quota import (
     WorkloadPriorityClass,
 )
 
-__all__ = ["Fleet", "FleetError", "NodeGroup", "fleet_from_mapping", "load_fleet"]
+__all__ = ["BACKENDS", "Fleet", "FleetError", "NodeGroup", "fleet_from_mapping", "load_fleet"]
+
+#: A member's admission backend: which objects it serves and the centre reconciles to.
+BACKENDS = ("kueue", "volcano")
 
 
 class FleetError(ValueError):
@@ -81,6 +84,7 @@ class NodeGroup:
 class ClusterSpec:
     cluster: Cluster
     node_groups: tuple[NodeGroup, ...]
+    backend: str = "kueue"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,13 @@ class Fleet:
 
     def cluster_objects(self) -> tuple[Cluster, ...]:
         return tuple(spec.cluster for spec in self.clusters)
+
+    def backend(self, cluster: str) -> str:
+        """The admission backend of ``cluster`` (``kueue`` for a cluster not in the fleet)."""
+        for spec in self.clusters:
+            if spec.cluster.name == cluster:
+                return spec.backend
+        return "kueue"
 
     def flavor(self, name: str) -> ResourceFlavor:
         for flavor in self.resource_flavors:
@@ -182,8 +193,13 @@ def _cluster(obj: Mapping[str, Any]) -> ClusterSpec:
         healthy=bool(spec.get("healthy", True)),
         cordoned=bool(spec.get("cordoned", False)),
     )
+    backend = str(spec.get("backend", "kueue"))
+    if backend not in BACKENDS:
+        raise FleetError(f"cluster {name}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
     return ClusterSpec(
-        cluster=cluster, node_groups=tuple(_node_group(g) for g in spec.get("nodeGroups") or ())
+        cluster=cluster,
+        node_groups=tuple(_node_group(g) for g in spec.get("nodeGroups") or ()),
+        backend=backend,
     )
 
 

@@ -3,7 +3,9 @@
 :class:`SimCluster` is the composition root of the stand-in. It owns the store
 and the :class:`~sim.kubesim.api.ApiCore`, the tokens, the discovery documents,
 the fault switches, and — once :meth:`start` runs on an event loop — the
-garbage collector and the Kueue-like controllers. The HTTP server
+garbage collector and the controllers of its backend: Kueue-like (the default)
+or, for a member started with ``backend="volcano"`` (or a fleet cluster with
+``backend: volcano``), Volcano-like, serving Volcano's CRDs and not Kueue's. The HTTP server
 (:mod:`sim.kubesim.server`) only adapts requests to it.
 """
 
@@ -18,15 +20,22 @@ from typing import Any
 
 import yaml
 
-from sim.fleet import Fleet, load_fleet
+from sim.fleet import BACKENDS, Fleet, load_fleet
 from sim.kubesim import errors
 from sim.kubesim.api import ApiCore, Context, now_rfc3339
 from sim.kubesim.auth import Authorizer, User
 from sim.kubesim.discovery import Discovery
 from sim.kubesim.faults import Faults
 from sim.kubesim.gc import EventExpiry, GarbageCollector
-from sim.kubesim.resources import ResourceType, builtin_types, kueue_types
-from sim.kubesim.seed import SYSTEM_NAMESPACES, kueue_objects, node_object, node_status
+from sim.kubesim.resources import ResourceType, builtin_types, kueue_types, volcano_types
+from sim.kubesim.seed import (
+    SYSTEM_NAMESPACES,
+    kueue_objects,
+    namespace_objects,
+    node_object,
+    node_status,
+    volcano_objects,
+)
 from sim.kubesim.store import Store, Watcher, clone
 
 __all__ = ["ClusterOptions", "SimCluster"]
@@ -53,6 +62,8 @@ class ClusterOptions:
     event_ttl: float = 3600.0
     controllers: bool = True
     extra_objects: list[dict[str, Any]] = field(default_factory=list)
+    #: ``kueue`` or ``volcano``; ``None``: the fleet cluster's ``backend`` (else ``kueue``).
+    backend: str | None = None
 
 
 class SimCluster:
@@ -61,7 +72,11 @@ class SimCluster:
     def __init__(self, options: ClusterOptions | None = None) -> None:
         self.options = options or ClusterOptions()
         self.log = log
-        self.types: tuple[ResourceType, ...] = builtin_types() + kueue_types(self.options.crds_dir)
+        self.fleet: Fleet | None = None
+        self._fleet_data: dict[str, Any] = {}
+        self._load_fleet()
+        self.backend = self._backend()
+        self.types: tuple[ResourceType, ...] = builtin_types() + self._backend_types()
         self.store = Store(self.types, self.options.history_size)
         self.core = ApiCore(
             self.types, self.store, default_field_validation=self.options.default_field_validation
@@ -77,9 +92,6 @@ class SimCluster:
         self.partition_hook: Callable[[float | None, str], None] | None = None
         self.heal_hook: Callable[[], None] | None = None
         self.controllers: list[Any] = []
-        self.fleet: Fleet | None = None
-        self._fleet_data: dict[str, Any] = {}
-        self._load_fleet()
         self._bootstrap()
 
     # -- set-up ----------------------------------------------------------------------------
@@ -96,6 +108,19 @@ class SimCluster:
     def fleet_cluster(self) -> str:
         return self.options.fleet_cluster or self.options.name
 
+    def _backend(self) -> str:
+        if self.options.backend is not None:
+            if self.options.backend not in BACKENDS:
+                raise ValueError(f"backend {self.options.backend!r}: not one of {BACKENDS}")
+            return self.options.backend
+        return self.fleet.backend(self.fleet_cluster) if self.fleet is not None else "kueue"
+
+    def _backend_types(self) -> tuple[ResourceType, ...]:
+        """A member serves its own backend's CRDs only, so discovery tells them apart."""
+        if self.backend == "volcano":
+            return volcano_types()
+        return kueue_types(self.options.crds_dir)
+
     def _bootstrap(self) -> None:
         for name in SYSTEM_NAMESPACES:
             self.apply_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -105,11 +130,19 @@ class SimCluster:
                 self.set_status(
                     "nodes", created, node_status(node, now_rfc3339(), ready=node.ready)
                 )
-        if self.options.seed_kueue and self._fleet_data:
-            for obj in kueue_objects(self._fleet_data):
-                self.apply_object(obj)
+        for obj in self._seed_objects():
+            self.apply_object(obj)
         for obj in self.options.extra_objects:
             self.apply_object(obj)
+
+    def _seed_objects(self) -> Iterable[dict[str, Any]]:
+        """What the backend installs itself, then (``seed_kueue``) the fleet's queues."""
+        if self.backend == "volcano":
+            yield from volcano_objects()
+            if self.options.seed_kueue:
+                yield from namespace_objects(self._fleet_data)
+        elif self.options.seed_kueue and self._fleet_data:
+            yield from kueue_objects(self._fleet_data)
 
     def apply_object(self, obj: dict[str, Any], ctx: Context | None = None) -> dict[str, Any]:
         """Create ``obj`` (or return the existing one of that name) as the system."""

@@ -4,9 +4,10 @@ Built-in kinds (core ``v1``, ``batch/v1``) and the job CRDs whose schemas we do
 not have (JobSet, PyTorchJob, MPIJob) are declared here by hand; every Kueue kind
 comes from the real CustomResourceDefinitions in ``../shared/kueue-crds`` read at
 start-up, so served versions, scope, short names, printer columns and the
-``openAPIV3Schema`` are exactly upstream's. The CRD files carry no conversion
-webhook, so, as a real API server would with ``strategy: None``, one stored
-object is served at every version with only ``apiVersion`` rewritten.
+``openAPIV3Schema`` are exactly upstream's. A Volcano member serves Volcano's
+kinds instead, from the copies of its CRDs in ``crds/`` (:func:`volcano_types`).
+The CRD files carry no conversion webhook, so, as a real API server would with
+``strategy: None``, one stored object is served at every version with only ``apiVersion`` rewritten.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "default_crds_dir",
     "kueue_types",
     "load_crd",
+    "volcano_types",
 ]
 
 CRDS_ENV = "QM_KUEUE_CRDS_DIR"
@@ -35,6 +37,10 @@ CRDS_ENV = "QM_KUEUE_CRDS_DIR"
 #: Kinds we serve from the Kueue CRD directory (the MultiKueue / provisioning ones are
 #: loaded too when present: a real Kueue install has them, and they cost nothing).
 KUEUE_GROUP = "kueue.x-k8s.io"
+#: The Volcano kinds a Volcano member serves, from the project's copies of Volcano's
+#: CRDs next to this module (provenance and sha256 in ``crds/README.md``).
+VOLCANO_GROUPS = ("scheduling.volcano.sh", "batch.volcano.sh", "topology.volcano.sh")
+_PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +259,11 @@ def _crd_documents(directory: Path) -> Iterable[Mapping[str, Any]]:
 
 
 @functools.cache
-def _kueue_types_cached(directory: str, _mtime: float) -> tuple[ResourceType, ...]:
-    return tuple(load_crd(doc) for doc in _crd_documents(Path(directory)))
+def _types_cached(
+    directory: str, _mtime: float, groups: tuple[str, ...]
+) -> tuple[ResourceType, ...]:
+    documents = _crd_documents(Path(directory))
+    return tuple(load_crd(doc) for doc in documents if doc["spec"]["group"] in groups)
 
 
 def kueue_types(directory: Path | None = None) -> tuple[ResourceType, ...]:
@@ -264,4 +273,10 @@ def kueue_types(directory: Path | None = None) -> tuple[ResourceType, ...]:
         raise FileNotFoundError(
             f"Kueue CRD directory {path} not found; set {CRDS_ENV} or pass --crds-dir"
         )
-    return _kueue_types_cached(str(path), path.stat().st_mtime)
+    return _types_cached(str(path), path.stat().st_mtime, (KUEUE_GROUP,))
+
+
+def volcano_types() -> tuple[ResourceType, ...]:
+    """Volcano's Queue, PodGroup, Job and HyperNode, from the copies shipped in this
+    package (the shared reference folder holds the same files, unmodified)."""
+    return _types_cached(str(_PACKAGE_CRDS), _PACKAGE_CRDS.stat().st_mtime, VOLCANO_GROUPS)

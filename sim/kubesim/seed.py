@@ -16,7 +16,14 @@ from typing import Any
 from service.domain.inventory import Node
 from sim.kubesim.quantity import resource_quantity
 
-__all__ = ["SYSTEM_NAMESPACES", "kueue_objects", "node_object", "node_status"]
+__all__ = [
+    "SYSTEM_NAMESPACES",
+    "kueue_objects",
+    "namespace_objects",
+    "node_object",
+    "node_status",
+    "volcano_objects",
+]
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 KUEUE = "kueue.x-k8s.io/v1beta2"
@@ -128,11 +135,28 @@ def _topology_levels(body: dict[str, Any]) -> None:
     ]
 
 
-def kueue_objects(data: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """Namespaces and Kueue objects of a parsed fleet file, in dependency order."""
+def namespace_objects(data: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The Namespaces of a parsed fleet file."""
     for entry in data.get("namespaces") or ():
         metadata = {"name": entry["name"], "labels": dict(entry.get("labels") or {})}
         yield {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+
+
+def volcano_objects() -> Iterator[dict[str, Any]]:
+    """What a Volcano install creates: the ``default`` Queue (open, weight 1, no
+    capability) that a PodGroup without ``queue`` goes to, and its namespace."""
+    yield {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "volcano-system"}}
+    yield {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": "default"},
+        "spec": {"weight": 1, "reclaimable": True},
+    }
+
+
+def kueue_objects(data: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Namespaces and Kueue objects of a parsed fleet file, in dependency order."""
+    yield from namespace_objects(data)
     sections = (
         ("topologies", "Topology"),
         ("resourceFlavors", "ResourceFlavor"),

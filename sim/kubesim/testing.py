@@ -130,8 +130,10 @@ def running_clusters(
     crds_dir: Path | None = None,
     extra_objects: Sequence[dict[str, Any]] = (),
     event_ttl: float = 3600.0,
+    backend: str | None = None,
 ) -> Iterator[list[RunningCluster]]:
-    """Serve one cluster per name (fleet clusters of that name supply Nodes)."""
+    """Serve one cluster per name (fleet clusters of that name supply Nodes; ``backend``
+    ``volcano`` or ``kueue`` overrides the fleet cluster's own)."""
     workdir = Path(tempfile.mkdtemp(prefix="kubesim-"))
     thread = ServerThread()
     servers: list[ClusterServer] = []
@@ -155,6 +157,7 @@ def running_clusters(
                 controllers=controllers,
                 extra_objects=list(extra_objects),
                 event_ttl=event_ttl,
+                backend=backend,
             )
             cluster = thread.run(SimCluster, options)
             token = thread.run(lambda c=cluster: c.add_user("admin", None))

@@ -1,5 +1,6 @@
 """The controllers that make a simulated cluster behave like one: scheduler, kubelet,
-Job / JobSet / PyTorchJob / MPIJob controllers and a Kueue-like admission loop.
+Job / JobSet / PyTorchJob / MPIJob controllers and a Kueue-like admission loop — or,
+on a Volcano member, a Volcano-like scheduler and Job controller in its place.
 
 All run on the server's event loop and write through the same API core as
 clients do; see :mod:`sim.kubesim.controllers.base`.
@@ -15,6 +16,7 @@ from sim.kubesim.controllers.jobset import JobSetController
 from sim.kubesim.controllers.kueue import KueueController
 from sim.kubesim.controllers.nodes import Kubelet, Scheduler
 from sim.kubesim.controllers.training import MPIJobController, PyTorchJobController
+from sim.kubesim.controllers.volcano import VolcanoJobController, VolcanoScheduler
 
 if TYPE_CHECKING:
     from sim.kubesim.cluster import SimCluster
@@ -24,13 +26,17 @@ __all__ = ["start_controllers"]
 
 def start_controllers(cluster: SimCluster, loop: asyncio.AbstractEventLoop) -> list[Any]:
     """Kubelet first: chaos hooks (node readiness, pod failure) are looked up in this order."""
-    kinds = (
+    common: tuple[type[Any], ...] = (
         Kubelet,
         Scheduler,
         JobController,
         JobSetController,
         PyTorchJobController,
         MPIJobController,
-        KueueController,
     )
-    return [kind(cluster, loop) for kind in kinds]
+    backend: tuple[type[Any], ...] = (
+        (VolcanoScheduler, VolcanoJobController)
+        if cluster.backend == "volcano"
+        else (KueueController,)
+    )
+    return [kind(cluster, loop) for kind in common + backend]

@@ -99,7 +99,7 @@ class JobController(Reconciler):
         elif resource_key == "pods":
             self.pods.observe(event)
             owner = controller_of(event.obj)
-            if owner and owner.get("kind") == "Job":
+            if owner and owner.get("kind") == "Job" and owner.get("apiVersion") == "batch/v1":
                 yield (event.key[0], owner.get("name", ""))
 
     def _owned(self, job: Obj) -> list[Obj]:

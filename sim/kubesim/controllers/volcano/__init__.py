@@ -1,0 +1,11 @@
+"""A Volcano-like member: the scheduler (:mod:`.session`, with :mod:`.placement` for
+where a gang fits) and the Job controller (:mod:`.job`), over the PodGroup and Queue
+vocabulary of :mod:`.podgroup`. Started instead of the Kueue controller on a member
+whose backend is ``volcano``; see ``docs/volcano.md``."""
+
+from __future__ import annotations
+
+from sim.kubesim.controllers.volcano.job import VolcanoJobController, podgroup_name
+from sim.kubesim.controllers.volcano.session import VolcanoScheduler
+
+__all__ = ["VolcanoJobController", "VolcanoScheduler", "podgroup_name"]
