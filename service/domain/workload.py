@@ -127,3 +127,6 @@ class AdmittedWorkload:
     admitted_at: float = 0.0
     #: Whether all pods reported Ready (``waitForPodsReady``); ``None`` = not tracked.
     pods_ready: bool | None = None
+    #: When it last saved its work (the ``quartermaster.dev/last-checkpoint``
+    #: annotation of its job); ``None``: never, so a preemption loses all since admission.
+    last_checkpoint: float | None = None

@@ -160,9 +160,20 @@ class _Search:
         return PreemptionPlan(victims=list(targets), placement=placement, borrow=borrow)
 
 
-def _ordering_key(cq: CQState) -> Callable[[AdmittedInfo], tuple[bool, int, float, str]]:
-    """Other ClusterQueues first, lower priority first, most recently admitted first."""
-    return lambda c: (c.cq is cq, c.priority, -c.admitted_at, c.key)
+def _ordering_key(
+    state: CycleState, cq: CQState
+) -> Callable[[AdmittedInfo], tuple[bool, int, float, float, str]]:
+    """Other ClusterQueues first, lower priority first (Kueue's rules), then the
+    least work destroyed (accelerator-seconds since the last checkpoint, issue
+    24; kueue#477), then most recently admitted first."""
+    now, accelerators = state.now, state.config.accelerator_resources
+    return lambda c: (
+        c.cq is cq,
+        c.priority,
+        c.work_at_risk(now, accelerators),
+        -c.admitted_at,
+        c.key,
+    )
 
 
 def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
@@ -228,7 +239,7 @@ def _collect_subtree(
 def _classical(search: _Search) -> PreemptionPlan | None:
     cq = search.cq
     spec = cq.spec.preemption
-    key = _ordering_key(cq)
+    key = _ordering_key(search.state, cq)
     same: list[tuple[AdmittedInfo, int, QuotaNode | None]] = []
     if spec.within_cluster_queue != "Never":
         for candidate in cq.preemptible.values():
@@ -335,7 +346,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
                 for c in other.preemptible.values()
                 if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
             )
-    key = _ordering_key(cq)
+    key = _ordering_key(search.state, cq)
     result.sort(key=key)
     return result
 

@@ -183,6 +183,7 @@ class CycleState:
             fresh=False,
         )
         info.pods_ready = admitted.pods_ready
+        info.checkpoint = admitted.last_checkpoint
         self.admitted[info.key] = info
         self._hold(info)
 

@@ -241,6 +241,7 @@ class AdmittedInfo:
 
     __slots__ = (
         "admitted_at",
+        "checkpoint",
         "cluster",
         "cq",
         "cq_name",
@@ -281,6 +282,8 @@ class AdmittedInfo:
         self.admitted_at = admitted_at
         self.fresh = fresh
         self.pods_ready: bool | None = None
+        #: Its last checkpoint (see ``AdmittedWorkload.last_checkpoint``).
+        self.checkpoint: float | None = None
         if pending is not None and len(pending.pod_sets) == 1:
             # One pod set: its totals are the usage summed over flavors, in the same order.
             self.key, self.time, self.lq = pending.key, pending.time, pending.lq
@@ -296,3 +299,12 @@ class AdmittedInfo:
 
     def uses_any(self, frs: set[FlavorResource] | frozenset[FlavorResource]) -> bool:
         return any(fr in frs for fr in self.usage)
+
+    def work_at_risk(self, now: float, accelerators: tuple[str, ...]) -> float:
+        """Accelerator-seconds a preemption now would destroy: since its last
+        checkpoint, or since admission when none is known (or it predates it)."""
+        saved = self.admitted_at
+        if self.checkpoint is not None and self.checkpoint > saved:
+            saved = min(self.checkpoint, now)
+        held = sum(self.resources.get(r, 0) for r in accelerators)
+        return held * max(0.0, now - saved)

@@ -18,6 +18,8 @@ Conveniences so that files stay short and read like the spec:
 * a workload may name ``clusterQueue: X`` instead of ``queue``: a LocalQueue
   ``X`` pointing to it is created in the workload's namespace;
 * ``requests`` + ``count`` (+ ``topology``) describe a single pod set ``main``;
+* an admitted workload may give ``admittedAt`` and ``lastCheckpoint`` (seconds,
+  like ``now``; none: it never saved its work);
 * an admitted workload's ``admission`` gives ``cluster`` (default: the first),
   ``flavors`` (resource → flavor) and optionally ``nodes`` (node → pods); when
   nodes are omitted the pods are placed first-fit on nodes of that flavor.
@@ -272,6 +274,7 @@ def _admitted(
         ),
         admitted_at=float(wl_data.get("admittedAt", 0)),
         pods_ready=wl_data.get("podsReady"),
+        last_checkpoint=_optional_float(wl_data.get("lastCheckpoint")),
     )
 
 
@@ -395,3 +398,7 @@ def load(path: Path) -> Scenario:
 
 def all_scenario_paths() -> list[Path]:
     return sorted(SCENARIOS.glob("*.yaml"))
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
