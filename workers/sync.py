@@ -38,6 +38,7 @@ from workers import fence
 from workers.clusters import Member, MemberError
 from workers.plan import (
     ADMISSION_LABEL,
+    CHECKPOINT_ANNOTATION,
     RUNS_HERE,
     WORKLOAD_ANNOTATION,
     ClusterView,
@@ -434,6 +435,19 @@ def _job(
             now=now,
         )
         _change(change, key, row, evicted, now)
+    elif phase == "Running":
+        _checkpoint(change, key, row, meta, now)
+
+
+def _checkpoint(
+    change: Change, key: str, row: WorkloadRow, meta: Mapping[str, Any], now: datetime
+) -> None:
+    """A running job's ``quartermaster.dev/last-checkpoint``, when newer than
+    the one recorded (an unreadable one is ignored: nothing saved is known)."""
+    at = parse_time((meta.get("annotations") or {}).get(CHECKPOINT_ANNOTATION))
+    transition = lifecycle.checkpoint(Status(row.status), at) if at is not None else None
+    if transition is not None:
+        _change(change, key, row, transition, now)
 
 
 def _change(

@@ -55,6 +55,7 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
     "WorkloadFinished",
 )
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
+CHECKPOINTED_EVENT = "WorkloadCheckpointed"
 SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
 GPU_SUFFIX = "gpu"
 #: What a pending status may tell beside its reason (see :func:`pend`).
@@ -360,6 +361,20 @@ def run(status: Status, started_at: str, now: datetime) -> Transition:
     )
     new = {**status.raw, "state": RUNNING, "podsReady": True, "startedAt": started_at}
     return Transition(RUNNING_EVENT, Status({**new, "conditions": conditions}))
+
+
+def checkpoint(status: Status, at: datetime) -> Transition | None:
+    """A running gang saved its work at ``at`` (its job's
+    ``quartermaster.dev/last-checkpoint``): a preemption now destroys only
+    what it did since (the engine's victim order). ``None`` when it is not
+    newer than the one recorded, or the gang does not run."""
+    if status.state != RUNNING:
+        return None
+    at = at.replace(microsecond=0)  # as recorded: RFC 3339 in whole seconds
+    recorded = parse_time(status.raw.get("lastCheckpoint"))
+    if recorded is not None and at <= recorded:
+        return None
+    return Transition(CHECKPOINTED_EVENT, Status({**status.raw, "lastCheckpoint": rfc3339(at)}))
 
 
 # --- ending holding capacity: each closes the admission's usage once -----------------------

@@ -135,6 +135,9 @@ WORKLOAD_DISPATCHED = declare(
     "WorkloadDispatched", WORKLOAD_STREAMS, _OBJECT, "its job is on the member cluster"
 )
 WORKLOAD_RUNNING = declare("WorkloadRunning", WORKLOAD_STREAMS, _OBJECT, "every pod ready")
+WORKLOAD_CHECKPOINTED = declare(
+    "WorkloadCheckpointed", WORKLOAD_STREAMS, _OBJECT, "its job reported a newer checkpoint"
+)
 WORKLOAD_FINISHED = declare(
     "WorkloadFinished", WORKLOAD_STREAMS, _OBJECT, "succeeded or failed on its member"
 )

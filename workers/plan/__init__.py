@@ -26,6 +26,7 @@ from workers.plan.desired import PlanMemo, desired
 from workers.plan.jobs import job_kinds
 from workers.plan.names import (
     ADMISSION_LABEL,
+    CHECKPOINT_ANNOTATION,
     CLUSTER_UID_LABEL,
     JOB_KINDS,
     MANAGED,
@@ -45,6 +46,7 @@ from workers.plan.views import Actions, ClusterView, Ref, WorkloadView
 
 __all__ = [
     "ADMISSION_LABEL",
+    "CHECKPOINT_ANNOTATION",
     "CLUSTER_UID_LABEL",
     "JOB_KINDS",
     "MANAGED",

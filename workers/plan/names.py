@@ -23,6 +23,9 @@ ADMISSION_ID_ANNOTATION = "quartermaster.dev/admission-id"
 #: what it ran (workers/metering.py).
 USAGE_FINALIZER = "quartermaster.dev/usage"
 WORKLOAD_ANNOTATION = "quartermaster.dev/workload"
+#: Set by the job itself (its code, or an operator's hook) to the RFC 3339 time of
+#: its last saved checkpoint; sync records it, the engine's victim order weighs it.
+CHECKPOINT_ANNOTATION = "quartermaster.dev/last-checkpoint"
 UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

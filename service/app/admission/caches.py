@@ -29,6 +29,7 @@ from service.app.admission.repository import (
     workloads_by_key,
 )
 from service.app.lifecycle import HOLDS_QUOTA, PENDING
+from service.domain.times import parse_time
 from service.domain.workload import AdmittedWorkload, Workload
 
 log = logging.getLogger("service.app.admission")
@@ -55,8 +56,15 @@ def cached_workload(row: WorkloadRow, workload: Workload | None = None) -> Cache
             admission=admission_from_status(raw),
             admitted_at=timestamp(raw.get("admittedAt"), workload.creation_time),
             pods_ready=row.status.get("podsReady"),
+            last_checkpoint=_checkpoint(row.status.get("lastCheckpoint")),
         )
     return CachedWorkload(row, workload, admitted)
+
+
+def _checkpoint(value: Any) -> float | None:
+    """``status.lastCheckpoint`` (RFC 3339, from the job's annotation) in seconds."""
+    at = parse_time(value)
+    return None if at is None else at.timestamp()
 
 
 class WorkloadCache:
