@@ -204,6 +204,9 @@ class World:
     token: str
     namespaces: int = 0
     names: dict[str, int] = field(default_factory=dict)
+    #: The audit's length when every rule was last granted (at the start, or
+    #: when a case gave back the grant it took away).
+    granted_at: int = 0
 
     # -- the centre ----------------------------------------------------------------------
 
@@ -360,7 +363,10 @@ class World:
     # -- rules and the audit --------------------------------------------------------------
 
     def grant(self, rules: list[dict[str, Any]] | None = None) -> None:
+        """``rules`` alone, or every rule again."""
         self.member.set_rules(WORKERS, self.rules if rules is None else rules)
+        if rules is None:
+            self.granted_at = self.mark()
 
     def audit(self, since: int = 0) -> list[AuditRecord]:
         return self.member.audit(WORKERS)[since:]
