@@ -120,7 +120,11 @@ def cluster(
     tls: Annotated[bool, typer.Option(help="Serve HTTPS with a generated CA.")] = True,
     time_scale: Annotated[float, typer.Option(help="Multiplier for simulated durations.")] = 1.0,
     seed_kueue: Annotated[
-        bool, typer.Option(help="Also create the fleet's namespaces and Kueue objects.")
+        bool,
+        typer.Option(
+            help="Also create the fleet's namespaces and Kueue objects (Volcano members: "
+            "namespaces only)."
+        ),
     ] = False,
     crds_dir: Annotated[
         Path | None,
@@ -129,7 +133,11 @@ def cluster(
         ),
     ] = None,
     controllers: Annotated[
-        bool, typer.Option(help="Run the scheduler, kubelet and Kueue loop.")
+        bool,
+        typer.Option(
+            help="Run the scheduler, kubelet and the Kueue (or, for a fleet cluster with "
+            "backend: volcano, Volcano) loop."
+        ),
     ] = True,
     event_ttl: Annotated[
         float, typer.Option(help="Seconds an Event is kept after it last occurred.")

@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sim.fleet import FleetError, load_fleet
 from sim.kubesim.testing import RunningCluster, running_clusters
 from tests.kubesim.conftest import status_body
 from tests.waiting import wait_for
@@ -217,6 +218,13 @@ def test_a_volcano_member_serves_volcanos_kinds_and_not_kueues(
     assert "kueue.x-k8s.io" not in served["vc-1"]
     assert "kueue.x-k8s.io" in served["kq-1"]
     assert not volcano & served["kq-1"]
+
+
+def test_the_fleet_file_names_a_members_backend_and_refuses_an_unknown_one() -> None:
+    fleet = load_fleet(FLEET)
+    assert (fleet.backend("vc-1"), fleet.backend("kq-1")) == ("volcano", "kueue")
+    with pytest.raises(FleetError, match="backend 'slurm' is not one of kueue, volcano"):
+        load_fleet(FLEET.replace("backend: volcano", "backend: slurm"))
 
 
 def test_volcano_installs_its_default_queue_and_the_crd_defaults_apply(
@@ -442,3 +450,25 @@ def test_volcanos_example_job_runs_to_completed(
     assert (job["status"]["succeeded"], job["status"]["minAvailable"]) == (6, 3)
     assert [c["status"] for c in job["status"]["conditions"]][-1] == "Completed"
     wait_for(lambda: _phase(custom, group) == "Completed", what="its PodGroup completed")
+
+
+def test_a_volcano_job_whose_pods_fail_ends_failed(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    job = yaml.safe_load(EXAMPLE_JOB)
+    job["metadata"]["name"] = "doomed"
+    task = job["spec"]["tasks"][0]
+    task["replicas"] = 3
+    task["template"]["metadata"]["annotations"]["quartermaster.dev/sim-exit"] = "1"
+    task["template"]["spec"]["restartPolicy"] = "Never"
+    created = custom.create_namespaced_custom_object(*BATCH, NS, "jobs", job)
+
+    def state() -> Obj:
+        found = custom.get_namespaced_custom_object(*BATCH, NS, "jobs", "doomed")
+        return dict(found.get("status") or {})
+
+    wait_for(lambda: state().get("state", {}).get("phase") == "Failed", what="job failed")
+    assert (state()["failed"], state()["succeeded"]) == (3, 0)
+    group = f"doomed-{created['metadata']['uid']}"
+    wait_for(lambda: _phase(custom, group) == "Completed", what="its PodGroup released")
+    assert _group(custom, group)["status"]["failed"] == 3

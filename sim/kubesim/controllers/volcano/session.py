@@ -333,7 +333,8 @@ class Session:
 
     def _count(self, group: Obj, status: Obj) -> None:
         """Counts and phase as Volcano's ``jobStatus``: ``Running`` while ``minMember`` pods
-        are placed or done, ``Completed`` once all placed ones succeeded; a group that
+        are placed or done, ``Completed`` once all placed ones succeeded (or, failed
+        ones too, once ``minMember`` pods have ended and none is left); a group that
         falls short goes back to ``Pending`` unless it is ``Inqueue``."""
         members = self.members[_key(group)]
         phases = Counter(_phase(p) for p in members if not p["metadata"].get("deletionTimestamp"))
@@ -348,9 +349,14 @@ class Session:
                 status.pop(field, None)
         if status["phase"] == "Completed":
             return
+        minimum = int(group["spec"].get("minMember", 1))
+        ended = phases["Succeeded"] + phases["Failed"]
+        if ended >= minimum and not any(_live(p) for p in members):
+            status["phase"] = "Completed"  # every pod ended: nothing left to hold or bind
+            return
         placed = sum(1 for p in members if _live(p) and p["spec"].get("nodeName"))
         allocated = placed + self.just_bound.get(_key(group), 0) + phases["Succeeded"]
-        if allocated >= int(group["spec"].get("minMember", 1)):
+        if allocated >= minimum:
             status["phase"] = "Running" if phases["Succeeded"] < allocated else "Completed"
         elif status["phase"] != "Inqueue":
             status["phase"] = "Pending"
