@@ -214,6 +214,16 @@ def replay(
             callback=_spread,
         ),
     ] = _ENGINE.spread_packing,
+    checkpoint_interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Jobs save a checkpoint every S seconds of their run on average (each "
+            "its own seeded interval, S/2 to 3S/2); a preempted job restarts from it. "
+            "Default: no job saves, everything since admission is lost.",
+            min=0.0,
+        ),
+    ] = None,
+    checkpoint_seed: Annotated[int, typer.Option(help="Seeds the jobs' checkpoint intervals.")] = 0,
 ) -> None:
     """Replay a job trace through the admission engine (no database) and write RESULT."""
     engine = EngineOptions(
@@ -231,6 +241,8 @@ def replay(
         cycle_interval=cycle_interval,
         gpus_per_pod=gpus_per_pod,
         engine=engine.engine_config(),
+        checkpoint_interval=checkpoint_interval or None,
+        checkpoint_seed=checkpoint_seed,
     )
     console = Console(stderr=True)
     jobs = load_trace(trace, limit)
@@ -240,6 +252,8 @@ def replay(
         "fleet": str(fleet),
         "cycle_interval_s": cycle_interval,
         "gpus_per_pod": gpus_per_pod,
+        "checkpoint_interval_s": options.checkpoint_interval,
+        "checkpoint_seed": checkpoint_seed,
         "engine": _engine_record(options.engine),
     }
     result.update(_replays(load_fleet(fleet), jobs, options, baseline, console))

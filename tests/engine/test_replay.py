@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from service.engine import Snapshot, admission_cycle
 from sim.cli import app as sim_app
 from sim.fleet import Fleet, fleet_from_mapping, load_fleet
 from sim.replay import ReplayOptions, TraceJob, fifo_fleet, load_trace, replay, stable_team
-from sim.replay.loop import fifo_options
+from sim.replay.loop import Simulator, checkpoint_interval_of, fifo_options
 from sim.replay.metrics import (
     contended_jain,
     jain_index,
@@ -298,3 +299,46 @@ def test_sim_replay_command_writes_result_with_baseline(tmp_path: Path) -> None:
         assert data["island_violations"] == 0
         assert 0 < data["gpu_utilization"] <= 1
     assert result["baseline"]["scheduler"] == "fifo"
+
+
+def test_a_preempted_job_restarts_from_its_last_checkpoint() -> None:
+    """Issue 24: with checkpoints a reclaimed borrower loses only the run since
+    its last one; its delay and the GPU-hours destroyed shrink by what it saved."""
+    fleet = small_fleet(islands=1, nodes=2, quotas=(8, 8))
+    jobs = [job("greedy", 0, 10_000, 16, "alpha"), job("owner", 100, 100, 8, "beta")]
+    before = replay(fleet, jobs, ReplayOptions(cycle_interval=10))
+    options = ReplayOptions(cycle_interval=10, checkpoint_interval=30, checkpoint_seed=3)
+    after = replay(fleet, jobs, options)
+    interval = checkpoint_interval_of("greedy", 30, 3)
+    assert 15 <= interval <= 45
+    assert checkpoint_interval_of("greedy", 30, 3) == interval  # seeded: always the same
+    kept = (100 // interval) * interval  # preempted 100 s into its run
+    assert before["preemptions"] == after["preemptions"] == 1
+    assert before["delay_s"]["max"] == 200.0
+    assert after["delay_s"]["max"] == pytest.approx(200.0 - kept, abs=0.05)  # to 0.1 s
+    assert after["lost_gpu_hours"] == round(16 * (100 - kept) / 3600, 1)
+    assert after["checkpoint_saved_gpu_hours"] == round(16 * kept / 3600, 1)
+    assert (before["checkpoint_interval_s"], after["checkpoint_interval_s"]) == (None, 30)
+    assert after["completed"] == 2
+
+
+def test_the_engine_is_told_each_running_jobs_last_checkpoint() -> None:
+    fleet = small_fleet(islands=1, nodes=2, quotas=(8, 8))
+    options = ReplayOptions(cycle_interval=10, checkpoint_interval=30, checkpoint_seed=3)
+    simulator = Simulator(fleet, [job("greedy", 0, 10_000, 16, "alpha")], options)
+    simulator.apply(admission_cycle(_queued(simulator), 0.0), 0.0)  # admitted at 0
+    interval = checkpoint_interval_of("greedy", 30, 3)
+    (early,) = simulator.snapshot(interval / 2).admitted
+    (late,) = simulator.snapshot(2.5 * interval).admitted
+    assert early.last_checkpoint is None
+    assert late.last_checkpoint == pytest.approx(2 * interval)
+    assert simulator.snapshot().admitted[0].last_checkpoint is None  # no time, no checkpoint
+
+
+def _queued(simulator: Simulator) -> Snapshot:
+    """The simulator's one job queued, as at its submission."""
+    (original,) = simulator.jobs
+    wl = simulator.workload(original)
+    simulator.pending[wl.key] = wl
+    simulator.stats.queued_at[original.job_id] = 0.0
+    return simulator.snapshot()
