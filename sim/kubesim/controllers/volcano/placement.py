@@ -107,9 +107,8 @@ def _try(pods: Sequence[Obj], rooms: Sequence[NodeRoom], domain: str) -> Placeme
     for pod in pods:
         reasons: Counter[str] = Counter()
         room = _place_one(pod, trial, reasons)
-        if room is None:
-            placement.reasons = reasons or Counter({"no nodes": 1})
-            return placement
+        if room is None:  # all or nothing: a gang that does not fit whole binds nothing
+            return Placement(reasons=reasons or Counter({"no nodes": 1}), domain=domain)
         placement.bound[pod["metadata"]["name"]] = room.name
     return placement
 
