@@ -387,6 +387,22 @@ def test_tier_one_hypernodes_decide_the_domain_where_a_member_has_them(
     assert sorted(str(_node_of(core, pod)) for pod in pods) == [_node(0, 1), _node(1, 1)]
 
 
+def test_a_gang_that_loses_a_member_is_unknown_and_still_holds_its_queue(
+    members: list[RunningCluster], core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    pods = _create_group(core, custom, _podgroup("pair", 2, 16), 2)
+    wait_for(
+        lambda: all(core.read_namespaced_pod(p, NS).status.phase == "Running" for p in pods),
+        what="the pair runs",
+    )
+    members[0].fail_pod(NS, pods[0])  # restartPolicy Never: the pod stays Failed
+    wait_for(lambda: _phase(custom, "pair") == "Unknown", what="the pair short of a member")
+    status = _group(custom, "pair")["status"]
+    assert (status["running"], status["failed"]) == (1, 1)
+    queue = custom.get_cluster_custom_object(*SCHEDULING, "queues", "default")["status"]
+    assert queue["allocated"]["nvidia.com/gpu"] == "16"
+
+
 def test_a_queues_capability_holds_a_rival_group_pending(
     core: client.CoreV1Api, custom: client.CustomObjectsApi
 ) -> None:

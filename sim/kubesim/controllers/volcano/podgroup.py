@@ -39,8 +39,9 @@ SCHEDULER_NAME = "volcano"
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 READY_REASON = "tasks in gang are ready to be scheduled"
 #: Phases in which a group holds its queue's resources (Volcano's proportion plugin
-#: counts ``Inqueue`` groups' ``minResources`` and ``Running`` groups' allocation).
-HOLDING = ("Inqueue", "Running")
+#: counts ``Inqueue`` groups' ``minResources`` and running groups' allocation;
+#: ``Unknown`` is a gang that has lost members while others still run).
+HOLDING = ("Inqueue", "Running", "Unknown")
 
 
 def group_of(pod: Obj) -> str | None:

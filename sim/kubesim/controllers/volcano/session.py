@@ -11,7 +11,8 @@ its actions ``enqueue, allocate`` each period.
   else ``Unschedulable``/``NotEnoughResources`` (or ``NotEnoughPods``), a Warning
   event ``Unschedulable``, and no pod of the group is bound.
 * **status** — ``Inqueue`` → ``Running`` once ``minMember`` pods are placed, →
-  ``Completed`` once they have all ended; ``running``/``succeeded``/``failed``
+  ``Completed`` once they have all ended (``Unknown`` while a gang short of
+  members still runs); ``running``/``succeeded``/``failed``
   counted; each Queue's ``state`` and counts of groups per phase written back.
 
 Not simulated: preemption and reclaim (the central service decides those),
@@ -334,8 +335,9 @@ class Session:
     def _count(self, group: Obj, status: Obj) -> None:
         """Counts and phase as Volcano's ``jobStatus``: ``Running`` while ``minMember`` pods
         are placed or done, ``Completed`` once all placed ones succeeded (or, failed
-        ones too, once ``minMember`` pods have ended and none is left); a group that
-        falls short goes back to ``Pending`` unless it is ``Inqueue``."""
+        ones too, once ``minMember`` pods have ended and none is left); a running group
+        that falls short while some of it runs is ``Unknown``; one with nothing placed
+        goes back to ``Pending`` unless it is ``Inqueue``."""
         members = self.members[_key(group)]
         phases = Counter(_phase(p) for p in members if not p["metadata"].get("deletionTimestamp"))
         for field, phase in (
@@ -358,6 +360,8 @@ class Session:
         allocated = placed + self.just_bound.get(_key(group), 0) + phases["Succeeded"]
         if allocated >= minimum:
             status["phase"] = "Running" if phases["Succeeded"] < allocated else "Completed"
+        elif placed and status["phase"] in ("Running", "Unknown"):
+            status["phase"] = "Unknown"  # short of its gang, yet some of it still runs
         elif status["phase"] != "Inqueue":
             status["phase"] = "Pending"
 
