@@ -387,7 +387,7 @@ def test_tier_one_hypernodes_decide_the_domain_where_a_member_has_them(
     assert sorted(str(_node_of(core, pod)) for pod in pods) == [_node(0, 1), _node(1, 1)]
 
 
-def test_a_gang_that_loses_a_member_is_unknown_and_still_holds_its_queue(
+def test_a_gang_part_of_which_runs_while_the_rest_cannot_be_placed_is_unknown(
     members: list[RunningCluster], core: client.CoreV1Api, custom: client.CustomObjectsApi
 ) -> None:
     pods = _create_group(core, custom, _podgroup("pair", 2, 16), 2)
@@ -396,9 +396,15 @@ def test_a_gang_that_loses_a_member_is_unknown_and_still_holds_its_queue(
         what="the pair runs",
     )
     members[0].fail_pod(NS, pods[0])  # restartPolicy Never: the pod stays Failed
-    wait_for(lambda: _phase(custom, "pair") == "Unknown", what="the pair short of a member")
+    wait_for(lambda: _group(custom, "pair")["status"].get("failed") == 1, what="one failed")
+    assert _phase(custom, "pair") == "Running"  # a failed pod still counts as allocated
+
+    # Its replacement asks for more than any node has: the gang is short and part of it runs.
+    core.create_namespaced_pod(NS, _pod("pair-2", "pair", gpus=16))
+    wait_for(lambda: _phase(custom, "pair") == "Unknown", what="the pair unknown")
     status = _group(custom, "pair")["status"]
     assert (status["running"], status["failed"]) == (1, 1)
+    assert _node_of(core, "pair-2") is None
     queue = custom.get_cluster_custom_object(*SCHEDULING, "queues", "default")["status"]
     assert queue["allocated"]["nvidia.com/gpu"] == "16"
 

@@ -40,7 +40,7 @@ GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 READY_REASON = "tasks in gang are ready to be scheduled"
 #: Phases in which a group holds its queue's resources (Volcano's proportion plugin
 #: counts ``Inqueue`` groups' ``minResources`` and running groups' allocation;
-#: ``Unknown`` is a gang that has lost members while others still run).
+#: ``Unknown`` is a gang part of which runs while the rest cannot be placed).
 HOLDING = ("Inqueue", "Running", "Unknown")
 
 

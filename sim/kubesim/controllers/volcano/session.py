@@ -11,8 +11,8 @@ its actions ``enqueue, allocate`` each period.
   else ``Unschedulable``/``NotEnoughResources`` (or ``NotEnoughPods``), a Warning
   event ``Unschedulable``, and no pod of the group is bound.
 * **status** — ``Inqueue`` → ``Running`` once ``minMember`` pods are placed, →
-  ``Completed`` once they have all ended (``Unknown`` while a gang short of
-  members still runs); ``running``/``succeeded``/``failed``
+  ``Completed`` once they have all ended (``Unknown`` while part of a gang runs
+  and the rest cannot be placed); ``running``/``succeeded``/``failed``
   counted; each Queue's ``state`` and counts of groups per phase written back.
 
 Not simulated: preemption and reclaim (the central service decides those),
@@ -129,6 +129,8 @@ class Session:
         self.domains: list[Domain] | None = None
         #: Pods bound in this session, per group (the snapshot still shows them unbound).
         self.just_bound: Counter[tuple[str, str]] = Counter()
+        #: Groups found unschedulable in this session (Volcano: the condition's transitionID).
+        self.unschedulable: set[tuple[str, str]] = set()
 
     # -- snapshot ----------------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class Session:
             return
         if len(waiting) < need:
             why = self._gang_message(group, need, f"{len(waiting)} Pending, pod group is not ready")
-            self._unschedulable(status, messages, "NotEnoughPods", why)
+            self._unschedulable(group, status, messages, "NotEnoughPods", why)
             return
         within = self._within(group, placed)
         batch = waiting[:need] if need else waiting[:1]  # the gang, then one at a time
@@ -262,7 +264,7 @@ class Session:
         if _hard_tier_one(group):
             fit = f"no tier-1 hypernode has room for {need} pods; {fit}"
         why = self._gang_message(group, need, fit)
-        self._unschedulable(status, messages, "NotEnoughResources", why)
+        self._unschedulable(group, status, messages, "NotEnoughResources", why)
         for pod in waiting:
             self._pod_unschedulable(pod, fit)
 
@@ -271,8 +273,9 @@ class Session:
         return f"{need}/{minimum} tasks in gang unschedulable: {detail}"
 
     def _unschedulable(
-        self, status: Obj, messages: list[tuple[str, str]], reason: str, why: str
+        self, group: Obj, status: Obj, messages: list[tuple[str, str]], reason: str, why: str
     ) -> None:
+        self.unschedulable.add(_key(group))
         if set_pg_condition(status, "Unschedulable", "True", reason, why, self.uid):
             messages.append(("Unschedulable", why))
 
@@ -333,11 +336,10 @@ class Session:
         )
 
     def _count(self, group: Obj, status: Obj) -> None:
-        """Counts and phase as Volcano's ``jobStatus``: ``Running`` while ``minMember`` pods
-        are placed or done, ``Completed`` once all placed ones succeeded (or, failed
-        ones too, once ``minMember`` pods have ended and none is left); a running group
-        that falls short while some of it runs is ``Unknown``; one with nothing placed
-        goes back to ``Pending`` unless it is ``Inqueue``."""
+        """Counts and phase as Volcano's ``jobStatus``: ``Unknown`` when some pods run and
+        the rest were found unschedulable this session; else ``Running`` while
+        ``minMember`` pods are placed or ended, ``Completed`` once every placed pod
+        ended; short of that, back to ``Pending`` unless ``Inqueue``."""
         members = self.members[_key(group)]
         phases = Counter(_phase(p) for p in members if not p["metadata"].get("deletionTimestamp"))
         for field, phase in (
@@ -350,18 +352,15 @@ class Session:
             else:
                 status.pop(field, None)
         if status["phase"] == "Completed":
-            return
-        minimum = int(group["spec"].get("minMember", 1))
-        ended = phases["Succeeded"] + phases["Failed"]
-        if ended >= minimum and not any(_live(p) for p in members):
-            status["phase"] = "Completed"  # every pod ended: nothing left to hold or bind
+            return  # kept: its pods' removal must not send it back to the queue
+        if phases["Running"] and _key(group) in self.unschedulable:
+            status["phase"] = "Unknown"  # part of it runs, the rest did not fit this session
             return
         placed = sum(1 for p in members if _live(p) and p["spec"].get("nodeName"))
-        allocated = placed + self.just_bound.get(_key(group), 0) + phases["Succeeded"]
-        if allocated >= minimum:
-            status["phase"] = "Running" if phases["Succeeded"] < allocated else "Completed"
-        elif placed and status["phase"] in ("Running", "Unknown"):
-            status["phase"] = "Unknown"  # short of its gang, yet some of it still runs
+        ended = phases["Succeeded"] + phases["Failed"]
+        allocated = placed + self.just_bound.get(_key(group), 0) + ended
+        if allocated >= int(group["spec"].get("minMember", 1)):
+            status["phase"] = "Completed" if ended == allocated else "Running"
         elif status["phase"] != "Inqueue":
             status["phase"] = "Pending"
 
