@@ -329,6 +329,7 @@ def test_a_gang_of_four_is_bound_whole_or_not_at_all(
     assert sorted(n for n in nodes if n) == sorted(_node(i, k) for i in (0, 1) for k in (0, 1))
     assert _condition(custom, "gang", "Scheduled") is not None
     assert _condition(custom, "gang", "Unschedulable") is None
+    assert {"Unschedulable", "Scheduled"} <= _event_reasons(core, "gang")
     wait_for(
         lambda: all(core.read_namespaced_pod(p, NS).status.phase == "Running" for p in pods),
         what="the kubelet runs the gang",

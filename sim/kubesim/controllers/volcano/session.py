@@ -56,6 +56,8 @@ __all__ = ["VolcanoScheduler"]
 
 Obj = dict[str, Any]
 SESSION = ("session",)
+#: Events to record about a group once its status is written: (type, reason, message).
+Messages = list[tuple[str, str, str]]
 _TERMINAL = ("Succeeded", "Failed")
 _WATCHED = ("pods", "nodes", PODGROUPS, QUEUES, HYPERNODES)
 #: Where the island label comes from when the fleet names no topology.
@@ -182,7 +184,7 @@ class Session:
     def _schedule(self, group: Obj) -> None:
         status = clone(group.get("status") or {})
         status.setdefault("phase", "Pending")
-        messages: list[tuple[str, str]] = []
+        messages: Messages = []
         if status["phase"] == "Pending":
             self._enqueue(group, status, messages)
         if status["phase"] in HOLDING:
@@ -190,7 +192,7 @@ class Session:
         self._count(group, status)
         self._write(group, status, messages)
 
-    def _enqueue(self, group: Obj, status: Obj, messages: list[tuple[str, str]]) -> None:
+    def _enqueue(self, group: Obj, status: Obj, messages: Messages) -> None:
         name = self._queue_name(group)
         queue = self.queues.get(name)
         state = ((queue or {}).get("status") or {}).get("state") or "Open"
@@ -211,11 +213,11 @@ class Session:
         status["phase"] = "Inqueue"
         drop_condition(status, ("Unschedulable",))
 
-    def _not_inqueueable(self, status: Obj, messages: list[tuple[str, str]], why: str) -> None:
+    def _not_inqueueable(self, status: Obj, messages: Messages, why: str) -> None:
         if set_pg_condition(status, "Unschedulable", "True", "NotInqueueable", why, self.uid):
-            messages.append(("Uninqueueable", why))
+            messages.append(("Warning", "Uninqueueable", why))
 
-    def _allocate(self, group: Obj, status: Obj, messages: list[tuple[str, str]]) -> None:
+    def _allocate(self, group: Obj, status: Obj, messages: Messages) -> None:
         members = self.members[_key(group)]
         live = [p for p in members if _live(p)]
         placed = [p for p in live if p["spec"].get("nodeName")]
@@ -225,7 +227,9 @@ class Session:
         if not waiting:
             return
         if len(waiting) < need:
-            why = self._gang_message(group, need, f"{len(waiting)} Pending, pod group is not ready")
+            minimum = group["spec"].get("minMember", 1)
+            detail = f"pod group is not ready, {len(waiting)} Pending, {minimum} minAvailable"
+            why = self._gang_message(group, len(waiting), detail)
             self._unschedulable(group, status, messages, "NotEnoughPods", why)
             return
         within = self._within(group, placed)
@@ -236,7 +240,8 @@ class Session:
             return
         self.just_bound[_key(group)] += self._bind_all(waiting, placement)
         drop_condition(status, ("Unschedulable",))
-        set_pg_condition(status, "Scheduled", "True", READY_REASON, "", self.uid)
+        if set_pg_condition(status, "Scheduled", "True", READY_REASON, "", self.uid):
+            messages.append(("Normal", "Scheduled", READY_REASON))
         status["phase"] = "Running"
 
     def _within(self, group: Obj, placed: list[Obj]) -> list[Domain] | None:
@@ -252,7 +257,7 @@ class Session:
         self,
         group: Obj,
         status: Obj,
-        messages: list[tuple[str, str]],
+        messages: Messages,
         waiting: list[Obj],
         need: int,
         placement: Placement,
@@ -263,21 +268,22 @@ class Session:
         fit = f"0/{len(self.nodes)} nodes are unavailable: {parts}."
         if _hard_tier_one(group):
             fit = f"no tier-1 hypernode has room for {need} pods; {fit}"
-        why = self._gang_message(group, need, fit)
+        why = self._gang_message(group, len(waiting), fit)
         self._unschedulable(group, status, messages, "NotEnoughResources", why)
         for pod in waiting:
             self._pod_unschedulable(pod, fit)
 
-    def _gang_message(self, group: Obj, need: int, detail: str) -> str:
-        minimum = int(group["spec"].get("minMember", 1))
-        return f"{need}/{minimum} tasks in gang unschedulable: {detail}"
+    def _gang_message(self, group: Obj, pending: int, detail: str) -> str:
+        """The gang plugin's wording: pending tasks over all the group's tasks, then why."""
+        total = len(self.members[_key(group)])
+        return f"{pending}/{total} tasks in gang unschedulable: {detail}"
 
     def _unschedulable(
-        self, group: Obj, status: Obj, messages: list[tuple[str, str]], reason: str, why: str
+        self, group: Obj, status: Obj, messages: Messages, reason: str, why: str
     ) -> None:
         self.unschedulable.add(_key(group))
         if set_pg_condition(status, "Unschedulable", "True", reason, why, self.uid):
-            messages.append(("Unschedulable", why))
+            messages.append(("Warning", "Unschedulable", why))
 
     # -- writes ------------------------------------------------------------------------
 
@@ -364,12 +370,12 @@ class Session:
         elif status["phase"] != "Inqueue":
             status["phase"] = "Pending"
 
-    def _write(self, group: Obj, status: Obj, messages: list[tuple[str, str]]) -> None:
+    def _write(self, group: Obj, status: Obj, messages: Messages) -> None:
         if status == (group.get("status") or {}):
             return
         updated = self.s.mutate(PODGROUPS, group, lambda g: g.__setitem__("status", status))
-        for reason, message in messages:
-            self.s.events.emit(updated, "PodGroup", reason, message, "Warning")
+        for type_, reason, message in messages:
+            self.s.events.emit(updated, "PodGroup", reason, message, type_)
 
     def _queue_status(self, queue: Obj) -> None:
         name = queue["metadata"]["name"]
