@@ -83,6 +83,7 @@ async def _serve(
                 json.dumps(
                     {
                         "cluster": name,
+                        "backend": cluster.backend,
                         "server": server.url,
                         "admin": server.admin_url,
                         "adminToken": admin_token,

@@ -89,6 +89,7 @@ def test_cluster_command_serves_the_fleet_and_stops_cleanly(
 ) -> None:
     process, kubeconfig, announced = served
     assert [entry["cluster"] for entry in announced] == ["east-1", "west-1"]
+    assert [entry["backend"] for entry in announced] == ["kueue", "kueue"]  # the fleet's default
     east_port = int(announced[0]["server"].rsplit(":", 1)[1])
     assert int(announced[1]["server"].rsplit(":", 1)[1]) == east_port + 1
     assert kubeconfig.stat().st_mode & 0o077 == 0  # holds tokens: owner-only
