@@ -164,16 +164,15 @@ def _ordering_key(
     state: CycleState, cq: CQState
 ) -> Callable[[AdmittedInfo], tuple[bool, int, float, float, str]]:
     """Other ClusterQueues first, lower priority first (Kueue's rules), then the
-    least work destroyed (accelerator-seconds since the last checkpoint, issue
-    24; kueue#477), then most recently admitted first."""
-    now, accelerators = state.now, state.config.accelerator_resources
-    return lambda c: (
-        c.cq is cq,
-        c.priority,
-        c.work_at_risk(now, accelerators),
-        -c.admitted_at,
-        c.key,
-    )
+    least work destroyed per accelerator freed — the seconds since the last
+    checkpoint (issue 24; kueue#477) — then most recently admitted first.
+
+    Per accelerator freed, not in all: ordered by whole GPU-seconds the search
+    took many small victims where one would do, and on cluster04 preempted 23 %
+    more and delayed jobs 28 % longer (docs/scheduling-quality.md). With no
+    checkpoint reported this is newest-first, as Kueue orders."""
+    now = state.now
+    return lambda c: (c.cq is cq, c.priority, c.seconds_at_risk(now), -c.admitted_at, c.key)
 
 
 def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:

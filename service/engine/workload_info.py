@@ -300,11 +300,10 @@ class AdmittedInfo:
     def uses_any(self, frs: set[FlavorResource] | frozenset[FlavorResource]) -> bool:
         return any(fr in frs for fr in self.usage)
 
-    def work_at_risk(self, now: float, accelerators: tuple[str, ...]) -> float:
-        """Accelerator-seconds a preemption now would destroy: since its last
+    def seconds_at_risk(self, now: float) -> float:
+        """Seconds of run a preemption now would destroy: since its last
         checkpoint, or since admission when none is known (or it predates it)."""
         saved = self.admitted_at
         if self.checkpoint is not None and self.checkpoint > saved:
             saved = min(self.checkpoint, now)
-        held = sum(self.resources.get(r, 0) for r in accelerators)
-        return held * max(0.0, now - saved)
+        return max(0.0, now - saved)
