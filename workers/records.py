@@ -87,6 +87,12 @@ class ClusterRow:
     def state(self) -> str:
         return str(self.status.get("state", "Ready"))
 
+    @property
+    def backend(self) -> str:
+        """``spec.backend``, else what discovery recorded (``status.backend``,
+        written by sync), else ``kueue``: what every member was before."""
+        return str(self.spec.get("backend") or self.status.get("backend") or "kueue")
+
     def data(self, status: Mapping[str, Any], *, keep_secret: bool = True) -> Obj:
         """The Cluster's whole state with ``status``; ``keep_secret=False``
         drops its credentials from the read model (a deleted Cluster's,
@@ -181,7 +187,13 @@ def workload_rows(conn: Connection, cluster: str) -> list[WorkloadRow]:
     return ROWS.rows(conn, cluster)
 
 
-def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str = "") -> ClusterView:
+def view(
+    conn: Connection,
+    cluster: str,
+    rows: Sequence[WorkloadRow],
+    uid: str = "",
+    backend: str = "kueue",
+) -> ClusterView:
     config: dict[str, dict[str, Mapping[str, Any]]] = {
         "ResourceFlavor": {},
         "Topology": {},
@@ -199,6 +211,7 @@ def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str =
         topologies=config["Topology"],
         cluster_queues=config["ClusterQueue"],
         cluster_uid=uid,
+        backend=backend,
     )
 
 
@@ -215,7 +228,10 @@ def load(engine: Engine, cluster: str) -> tuple[ClusterRow | None, list[Workload
     with engine.connect().execution_options(**options) as conn, conn.begin():
         found = clusters(conn, cluster)
         rows = workload_rows(conn, cluster)
-        cluster_view = view(conn, cluster, rows, found[0].uid if found else "")
+        row = found[0] if found else None
+        cluster_view = view(
+            conn, cluster, rows, row.uid if row else "", row.backend if row else "kueue"
+        )
     return (found[0] if found else None), rows, cluster_view
 
 
