@@ -45,10 +45,15 @@ clusters:
 
 
 @contextmanager
-def members(tmp_path: Path, names: tuple[str, ...] = ("c1",)) -> Iterator[list[RunningCluster]]:
+def members(
+    tmp_path: Path, names: tuple[str, ...] = ("c1",), backend: str | None = None
+) -> Iterator[list[RunningCluster]]:
+    """``backend``: ``volcano`` serves Volcano's CRDs and scheduler instead of Kueue's."""
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET)
-    with running_clusters(fleet, names, time_scale=0.01, bookmark_interval=0.5) as clusters:
+    with running_clusters(
+        fleet, names, time_scale=0.01, bookmark_interval=0.5, backend=backend
+    ) as clusters:
         yield clusters
 
 

@@ -1,0 +1,200 @@
+"""What a Volcano member should hold: per central ClusterQueue a Volcano
+``Queue`` whose ``capability`` is exactly what the centre admitted there,
+per admitted gang a ``PodGroup`` and the job, scheduled by ``volcano``.
+
+The contract is the Kueue mirror's (``queues.py``): the member can never
+admit what the centre did not, nor block what it did. Volcano's enqueue
+lets a PodGroup into its Queue only while the Queue's groups' resources
+plus the group's ``minResources`` stay within ``capability`` on every
+resource the capability names (a resource it leaves out is unlimited), so
+the capability names every resource the central ClusterQueue covers, 0
+where nothing is admitted: a rival group in the Queue finds no room, and
+each of our groups, whose ``minResources`` is what the centre reserved for
+it, always does (the capability is raised before the group is created).
+The Queue is not ``reclaimable`` and has no ``deserved`` or ``guarantee``:
+Volcano's reclaim and preempt actions have nothing to take; the centre
+decides preemption and deletes the whole group. docs/volcano.md says why
+and where each rule comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence, Set
+from typing import Any
+
+from service.domain.jobs import job_pod_templates
+from service.domain.quantity import format_amount
+from workers.plan.desired import Admitted, PlanMemo, admitted_here
+from workers.plan.jobs import member_job, priority_of
+from workers.plan.names import (
+    ADMISSION_LABEL,
+    API_VERSIONS,
+    CLUSTER_UID_LABEL,
+    GROUP_KIND,
+    GROUP_NAME_ANNOTATION,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    UID_ANNOTATION,
+    VOLCANO_SCHEDULER,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_LABEL,
+    admission_id,
+    dns_label,
+    job_name,
+    managed_labels,
+    priority_class_name,
+    short_name,
+    workload_label,
+)
+from workers.plan.queues import Desired
+from workers.plan.views import ClusterView, Obj, Ref, WorkloadView
+
+#: The network topology of a gang placed in one island: inside one tier-1
+#: HyperNode (one NVLink / RDMA domain), never spread over more.
+ISLAND_TOPOLOGY = {"mode": "hard", "highestTierAllowed": 1}
+
+
+def priority_class(priority: int) -> tuple[Ref, Obj]:
+    """``qm-p<priority>``: the Kubernetes PriorityClass a PodGroup names
+    (Volcano orders groups by it); never preempting, since the centre alone
+    preempts."""
+    ref = Ref("PriorityClass", "", priority_class_name(priority))
+    return ref, {
+        "apiVersion": API_VERSIONS["PriorityClass"],
+        "kind": "PriorityClass",
+        "metadata": {"name": ref.name, "labels": managed_labels()},
+        "value": priority,
+        "preemptionPolicy": "Never",
+        "description": "Quartermaster: the centre's priority of the gangs it admitted here",
+    }
+
+
+def queue_name(central: str) -> str:
+    return short_name(f"qm-{dns_label(central)}")
+
+
+def _covered(spec: Mapping[str, Any]) -> set[str]:
+    return {
+        str(resource)
+        for group in spec.get("resourceGroups") or ()
+        for resource in group.get("coveredResources") or ()
+    }
+
+
+def _usage(entries: Iterable[Admitted]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for entry in entries:
+        for use in entry.uses:
+            for resource, amount in use.usage.items():
+                total[resource] = total.get(resource, 0) + amount
+    return total
+
+
+def member_queue(name: str, spec: Mapping[str, Any], entries: Sequence[Admitted]) -> Obj:
+    """The Volcano Queue of one central ClusterQueue: its capability the sum
+    of what the centre admitted here, on every resource it covers."""
+    usage = _usage(entries)
+    capability = {r: format_amount(r, usage.get(r, 0)) for r in sorted(_covered(spec) | {*usage})}
+    return {
+        "apiVersion": API_VERSIONS["Queue"],
+        "kind": "Queue",
+        "metadata": {"name": name, "labels": managed_labels()},
+        "spec": {"weight": 1, "reclaimable": False, "capability": capability},
+    }
+
+
+def _island(workload: WorkloadView) -> str | None:
+    """The one island the gang was placed in, when it asked for one."""
+    asked = any(
+        (ps.get("topologyRequest") or {}).get("required")
+        for ps in workload.spec.get("podSets") or ()
+    )
+    islands = {
+        str(i)
+        for a in workload.admission.get("podSetAssignments") or ()
+        for i in a.get("islands") or ()
+    }
+    return next(iter(islands)) if asked and len(islands) == 1 else None
+
+
+def _pods(workload: WorkloadView) -> int:
+    return sum(int(a.get("count") or 0) for a in workload.admission.get("podSetAssignments") or ())
+
+
+def pod_group(entry: Admitted, queue: str, admission: str) -> Obj:
+    """The gang's PodGroup: all its pods (``minMember``) and all the centre
+    reserved (``minResources``) at once, in its queue, at its priority."""
+    workload = entry.workload
+    spec: Obj = {
+        "minMember": _pods(workload),
+        "minResources": {r: format_amount(r, a) for r, a in sorted(_usage([entry]).items())},
+        "queue": queue,
+        "priorityClassName": priority_class_name(priority_of(workload)),
+    }
+    if _island(workload) is not None:
+        spec["networkTopology"] = dict(ISLAND_TOPOLOGY)
+    return {
+        "apiVersion": API_VERSIONS[GROUP_KIND],
+        "kind": GROUP_KIND,
+        "metadata": {
+            "name": job_name(workload),
+            "namespace": workload.namespace,
+            "labels": managed_labels(
+                **{
+                    WORKLOAD_LABEL: workload_label(workload.namespace, workload.name),
+                    ADMISSION_LABEL: admission,
+                }
+            ),
+            "annotations": {WORKLOAD_ANNOTATION: workload.key, UID_ANNOTATION: workload.uid},
+        },
+        "spec": spec,
+    }
+
+
+def volcano_job(entry: Admitted, group: str, admission: str) -> Obj:
+    """The member job (as for Kueue members: pinned per pod set to its
+    island), its pods scheduled by ``volcano`` as members of ``group``;
+    without Kueue's queue and priority labels, which nothing reads there."""
+    job = member_job(entry.workload, "", entry.selectors, admission)
+    labels = job["metadata"]["labels"]
+    for key in (QUEUE_LABEL, PRIORITY_LABEL):
+        labels.pop(key, None)
+    found, _ = job_pod_templates(job)
+    for template in found:
+        pod = template.template
+        if not isinstance(pod, dict):
+            continue
+        meta = pod["metadata"] = dict(pod.get("metadata") or {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_NAME_ANNOTATION: group}
+        pod["spec"] = {**(pod.get("spec") or {}), "schedulerName": VOLCANO_SCHEDULER}
+    return job
+
+
+def volcano_desired(
+    view: ClusterView, held: Set[tuple[str, str]] = frozenset(), memo: PlanMemo | None = None
+) -> Desired:
+    """What a Volcano member should hold; ``held`` and ``memo`` as for
+    :func:`workers.plan.desired.desired`."""
+    out = Desired()
+    for central, entries in sorted(admitted_here(view, out, memo, priority_class).items()):
+        name = queue_name(central)
+        spec = view.cluster_queues.get(central) or {}
+        out.queues[Ref("Queue", "", name)] = member_queue(name, spec, entries)
+        for entry in entries:
+            admission = admission_id(entry.workload)
+            key = (entry.workload.key, admission)
+            if key in held:
+                out.held.add(key)
+                continue
+            group = pod_group(entry, name, admission)
+            out.groups[key] = group
+            out.jobs[key] = volcano_job(entry, group["metadata"]["name"], admission)
+    if view.cluster_uid:
+        for obj in (
+            *out.namespaces.values(),
+            *out.queues.values(),
+            *out.jobs.values(),
+            *out.groups.values(),
+        ):
+            obj["metadata"]["labels"][CLUSTER_UID_LABEL] = view.cluster_uid
+    return out
