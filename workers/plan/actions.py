@@ -14,7 +14,7 @@ from workers.plan.names import (
     WORKLOAD_ANNOTATION,
 )
 from workers.plan.views import Actions, ClusterView, Ref
-from workers.plan.volcano import volcano_desired
+from workers.plan.volcano import emptied_queue, volcano_desired
 
 # -- plan ------------------------------------------------------------------------------------
 
@@ -83,6 +83,15 @@ def plan(
             if key in want.groups:
                 actions.groups[str(Ref.of(job))] = want.groups[key]
     unused = [ref for ref in refs if ref.kind in queue_kinds and ref not in want.queues]
+    if volcano:
+        # Volcano deletes only a Closed Queue (its webhook refuses the rest),
+        # and closing one is a command to its controller: an unused Queue
+        # is kept, holding nothing and admitting nothing (capability 0).
+        for ref in [r for r in unused if r.kind == "Queue"]:
+            emptied = emptied_queue(on_cluster[ref])
+            if not _contains(on_cluster[ref], emptied):
+                actions.apply.append(emptied)
+        unused = [r for r in unused if r.kind != "Queue"]
     for kind in queue_kinds:
         actions.collect += [ref for ref in unused if ref.kind == kind]
     running = {key for key, _ in present}

@@ -99,7 +99,33 @@ def member_queue(name: str, spec: Mapping[str, Any], entries: Sequence[Admitted]
         "apiVersion": API_VERSIONS["Queue"],
         "kind": "Queue",
         "metadata": {"name": name, "labels": managed_labels()},
-        "spec": {"weight": 1, "reclaimable": False, "capability": capability},
+        # deserved = capability: what the capacity plugin (which needs one)
+        # would let other queues reclaim is nothing beyond what we hold.
+        "spec": {
+            "weight": 1,
+            "reclaimable": False,
+            "capability": capability,
+            "deserved": dict(capability),
+        },
+    }
+
+
+def emptied_queue(queue: Mapping[str, Any]) -> Obj:
+    """A Queue of ours that no admission uses any more, as we keep it: 0 of
+    every resource its capability named."""
+    meta = queue.get("metadata") or {}
+    named = ((queue.get("spec") or {}).get("capability") or {}).keys()
+    capability = {str(r): format_amount(str(r), 0) for r in sorted(named)}
+    return {
+        "apiVersion": API_VERSIONS["Queue"],
+        "kind": "Queue",
+        "metadata": {"name": meta["name"], "labels": dict(meta.get("labels") or {})},
+        "spec": {
+            "weight": 1,
+            "reclaimable": False,
+            "capability": capability,
+            "deserved": dict(capability),
+        },
     }
 
 
