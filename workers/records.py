@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -193,6 +193,7 @@ def view(
     rows: Sequence[WorkloadRow],
     uid: str = "",
     backend: str = "kueue",
+    inventory: Sequence[Mapping[str, Any]] = (),
 ) -> ClusterView:
     config: dict[str, dict[str, Mapping[str, Any]]] = {
         "ResourceFlavor": {},
@@ -212,7 +213,17 @@ def view(
         cluster_queues=config["ClusterQueue"],
         cluster_uid=uid,
         backend=backend,
+        hyper_islands=hyper_islands(inventory),
     )
+
+
+def hyper_islands(nodes: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """The islands that sync found as tier-1 HyperNodes, with their nodes."""
+    out: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.get("islandFrom") == "HyperNode":
+            out.setdefault(str(node["island"]), []).append(str(node["name"]))
+    return {island: tuple(sorted(names)) for island, names in out.items()}
 
 
 def cluster_row(engine: Engine, cluster: str) -> ClusterRow | None:
@@ -230,7 +241,12 @@ def load(engine: Engine, cluster: str) -> tuple[ClusterRow | None, list[Workload
         rows = workload_rows(conn, cluster)
         row = found[0] if found else None
         cluster_view = view(
-            conn, cluster, rows, row.uid if row else "", row.backend if row else "kueue"
+            conn,
+            cluster,
+            rows,
+            row.uid if row else "",
+            row.backend if row else "kueue",
+            ((row.status.get("inventory") or {}).get("nodes") or ()) if row else (),
         )
     return (found[0] if found else None), rows, cluster_view
 

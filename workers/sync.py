@@ -47,6 +47,7 @@ from workers.plan import (
     admission_id,
     job_kinds,
     member_status,
+    tier_one_islands,
     volcano_status,
 )
 from workers.reconcile import managed
@@ -117,11 +118,15 @@ def inventory(
     nodes: Iterable[Mapping[str, Any]],
     view: ClusterView,
     taken: Mapping[str, Mapping[str, str]] | None = None,
+    hypernodes: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """The inventory nodes (admission.py's shape) of the nodes that carry a
     flavor's labels; the rest are not ours to schedule on. ``taken``: what
-    pods we do not manage reserve per node."""
+    pods we do not manage reserve per node; ``hypernodes``: a Volcano
+    member's tier-1 HyperNode of each node, its island there (marked
+    ``islandFrom: HyperNode``), else the island label's value."""
     taken = taken or {}
+    hypernodes = hypernodes or {}
     out = []
     for node in nodes:
         meta, spec, status = (
@@ -140,11 +145,14 @@ def inventory(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or ()
         )
+        hypernode = hypernodes.get(str(meta["name"])) if levels else None
+        extra = {"islandFrom": "HyperNode"} if hypernode else {}
         out.append(
             {
+                **extra,
                 "name": meta["name"],
                 "flavor": flavor,
-                "island": island or f"{cluster}-{flavor}",
+                "island": hypernode or island or f"{cluster}-{flavor}",
                 "allocatable": {
                     k: v for k, v in (status.get("allocatable") or {}).items() if k != "pods"
                 },
@@ -253,8 +261,10 @@ def sync(
         backend = _backend(row, member)
         jobs = managed(member, job_kinds(r.spec for r in rows))
         volcano = (row.spec.get("backend") or backend) == "volcano"
+        hypernodes: dict[str, str] = {}
         if volcano:
             owners = _groups(member.list_objects("PodGroup", MANAGED))
+            hypernodes = tier_one_islands(member.list_objects("HyperNode"), nodes)
         else:
             owners = _owners(member.list_objects("Workload"))
     except MemberError as error:
@@ -264,7 +274,7 @@ def sync(
         return report
     agent = _agent(member, fencing)
     now = clock()
-    nodes_now = inventory(cluster, nodes, view, reserved(foreign))
+    nodes_now = inventory(cluster, nodes, view, reserved(foreign), hypernodes)
     fenced = fence.status(row.status.get("fence"), agent, fencing, now)
     if _heartbeat(
         unit_of_work, row, nodes_now, fenced, heartbeat_interval, now, report, member_time, backend

@@ -215,3 +215,62 @@ def test_a_rival_podgroup_in_our_queue_gets_none_of_the_centres_capacity(
             time.sleep(1)
             assert refused()
             assert _group(c1, "a")["status"]["phase"] == "Running"
+
+
+def _hypernode(name: str, member: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": name},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": member}]},
+    }
+
+
+#: Tier-1 domains across the fabric-block labels: each takes the n0 (or n1)
+#: node of both label islands, so a gang placed by them straddles the labels.
+HYPERNODES = [
+    _hypernode("hn-x", {"regexMatch": {"pattern": "c1-h100-i[01]-n0"}}),
+    _hypernode(
+        "hn-y", {"labelMatch": {"matchLabels": {"kubernetes.io/hostname": "c1-h100-i0-n1"}}}
+    ),
+    _hypernode("hn-z", {"exactMatch": {"name": "c1-h100-i1-n1"}}),
+]
+
+
+def test_tier_one_hypernodes_are_the_islands_and_a_gang_lands_in_one(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    with members(tmp_path, backend="volcano", extra_objects=HYPERNODES) as (c1,):
+        setup_central(services, [c1], gpu_quota=32)
+        with scheduling(engine, settings(database_url, broker), send):
+
+            def islands() -> dict[str, str]:
+                cluster = services.resources.get(ADMIN.principal, "clusters", "", "c1")
+                nodes = ((cluster.get("status") or {}).get("inventory") or {}).get("nodes") or []
+                return {n["name"]: n["island"] for n in nodes if n.get("islandFrom") == "HyperNode"}
+
+            wait_for(lambda: len(islands()) == 4, 60)
+            assert islands() == {
+                "c1-h100-i0-n0": "hn-x",
+                "c1-h100-i1-n0": "hn-x",
+                "c1-h100-i0-n1": "hn-y",
+                "c1-h100-i1-n1": "hn-z",
+            }
+            services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
+            assert workload_status(engine, "team-a", "a")["admission"]["island"] == "hn-x"
+            created = job(c1, "a")
+            assert created is not None
+            spec = created["spec"]["template"]["spec"]
+            assert ISLAND not in spec["nodeSelector"]  # no label names a HyperNode
+            (term,) = spec["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"]
+            assert term["matchExpressions"][-1]["values"] == ["c1-h100-i0-n0", "c1-h100-i1-n0"]
+            nodes = {p["spec"]["nodeName"] for p in _pods(c1, "a")}
+            assert nodes == {"c1-h100-i0-n0", "c1-h100-i1-n0"}

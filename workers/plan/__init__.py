@@ -45,6 +45,7 @@ from workers.plan.names import (
 )
 from workers.plan.status import member_status, volcano_status
 from workers.plan.views import Actions, ClusterView, Ref, WorkloadView
+from workers.plan.volcano import tier_one_islands
 
 __all__ = [
     "ADMISSION_LABEL",
@@ -72,6 +73,7 @@ __all__ = [
     "job_name",
     "member_status",
     "plan",
+    "tier_one_islands",
     "volcano_status",
     "workload_label",
 ]

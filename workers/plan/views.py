@@ -70,6 +70,9 @@ class ClusterView:
     cluster_uid: str = ""
     #: ``kueue`` or ``volcano``: which admission objects mirror the centre there.
     backend: str = "kueue"
+    #: A Volcano member's islands that are tier-1 HyperNodes, with their
+    #: nodes (the inventory's): pods are pinned to them by hostname.
+    hyper_islands: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass

@@ -19,6 +19,7 @@ and where each rule comes from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
@@ -67,6 +68,46 @@ def priority_class(priority: int) -> tuple[Ref, Obj]:
         "preemptionPolicy": "Never",
         "description": "Quartermaster: the centre's priority of the gangs it admitted here",
     }
+
+
+def _selected(member: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether a HyperNode member (``type: Node``) selects ``node``: by
+    ``exactMatch`` name, ``regexMatch`` pattern (the whole name) or
+    ``labelMatch`` labels."""
+    selector = member.get("selector") or {}
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name"))
+    if "exactMatch" in selector:
+        return bool((selector["exactMatch"] or {}).get("name") == name)
+    if "regexMatch" in selector:
+        pattern = str((selector["regexMatch"] or {}).get("pattern") or "")
+        try:
+            return re.fullmatch(pattern, name) is not None
+        except re.error:
+            return False
+    wanted = ((selector.get("labelMatch") or {}).get("matchLabels")) or {}
+    labels = meta.get("labels") or {}
+    return bool(wanted) and all(labels.get(k) == v for k, v in wanted.items())
+
+
+def tier_one_islands(
+    hypernodes: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]]
+) -> dict[str, str]:
+    """Node name → the tier-1 HyperNode it belongs to (the first by name, if
+    several claim it): a Volcano member's islands where it has them."""
+    tier_one = sorted(
+        (h for h in hypernodes if str((h.get("spec") or {}).get("tier")) == "1"),
+        key=lambda h: str(h["metadata"]["name"]),
+    )
+    out: dict[str, str] = {}
+    for node in nodes:
+        name = str(node["metadata"]["name"])
+        for hypernode in tier_one:
+            members = (hypernode.get("spec") or {}).get("members") or ()
+            if any(m.get("type", "Node") == "Node" and _selected(m, node) for m in members):
+                out[name] = str(hypernode["metadata"]["name"])
+                break
+    return out
 
 
 def queue_name(central: str) -> str:
@@ -177,15 +218,64 @@ def pod_group(entry: Admitted, queue: str, admission: str) -> Obj:
     }
 
 
-def volcano_job(entry: Admitted, group: str, admission: str) -> Obj:
+def _island_keys(view: ClusterView) -> set[str]:
+    """The node labels that name an island in the centre's topologies."""
+    return {
+        str(levels[0]["nodeLabel"])
+        for topology in view.topologies.values()
+        if (levels := topology.get("levels") or ())
+    }
+
+
+def _hyper_pins(view: ClusterView, workload: WorkloadView) -> dict[str, Sequence[str]]:
+    """Per pod set placed in an island that is a tier-1 HyperNode, its nodes."""
+    out: dict[str, Sequence[str]] = {}
+    for assignment in workload.admission.get("podSetAssignments") or ():
+        islands = list(assignment.get("islands") or ())
+        if len(islands) == 1 and str(islands[0]) in view.hyper_islands:
+            out[str(assignment.get("name"))] = view.hyper_islands[str(islands[0])]
+    return out
+
+
+def _pin_to_nodes(spec: Obj, keys: set[str], nodes: Sequence[str]) -> None:
+    """Pinned to a HyperNode's nodes by hostname (its island has no label
+    of its own), instead of by the island label."""
+    spec["nodeSelector"] = {
+        k: v for k, v in (spec.get("nodeSelector") or {}).items() if k not in keys
+    }
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}
+        ]
+    }
+    affinity = dict(spec.get("affinity") or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = list(required.get("nodeSelectorTerms") or ()) or [{}]
+    # Terms are ORed: the hostnames go into each, so that every one holds them.
+    required["nodeSelectorTerms"] = [
+        {**t, "matchExpressions": [*(t.get("matchExpressions") or ()), *term["matchExpressions"]]}
+        for t in terms
+    ]
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_affinity
+    spec["affinity"] = affinity
+
+
+def volcano_job(view: ClusterView, entry: Admitted, group: str, admission: str) -> Obj:
     """The member job (as for Kueue members: pinned per pod set to its
-    island), its pods scheduled by ``volcano`` as members of ``group``;
-    without Kueue's queue and priority labels, which nothing reads there."""
+    island, by hostname where the island is a tier-1 HyperNode), its pods
+    scheduled by ``volcano`` as members of ``group``; without Kueue's queue
+    and priority labels, which nothing reads there."""
     job = member_job(entry.workload, "", entry.selectors, admission)
     labels = job["metadata"]["labels"]
     for key in (QUEUE_LABEL, PRIORITY_LABEL):
         labels.pop(key, None)
+    pins = _hyper_pins(view, entry.workload) if view.hyper_islands else {}
+    keys = _island_keys(view) if pins else set()
     found, _ = job_pod_templates(job)
+    # One template and one pin: the same pod set, whatever the template is called.
+    only = next(iter(pins.values())) if len(pins) == 1 and len(found) == 1 else None
     for template in found:
         pod = template.template
         if not isinstance(pod, dict):
@@ -193,6 +283,9 @@ def volcano_job(entry: Admitted, group: str, admission: str) -> Obj:
         meta = pod["metadata"] = dict(pod.get("metadata") or {})
         meta["annotations"] = {**(meta.get("annotations") or {}), GROUP_NAME_ANNOTATION: group}
         pod["spec"] = {**(pod.get("spec") or {}), "schedulerName": VOLCANO_SCHEDULER}
+        nodes = pins.get(template.name) or only
+        if nodes:
+            _pin_to_nodes(pod["spec"], keys, nodes)
     return job
 
 
@@ -214,7 +307,7 @@ def volcano_desired(
                 continue
             group = pod_group(entry, name, admission)
             out.groups[key] = group
-            out.jobs[key] = volcano_job(entry, group["metadata"]["name"], admission)
+            out.jobs[key] = volcano_job(view, entry, group["metadata"]["name"], admission)
     if view.cluster_uid:
         for obj in (
             *out.namespaces.values(),
