@@ -69,12 +69,16 @@ def test_a_gang_runs_as_a_whole_podgroup_in_its_island_and_finishes(
 ) -> None:
     with members(tmp_path, backend="volcano") as (c1,):
         setup_central(services, [c1], gpu_quota=16)
-        with scheduling(engine, settings(database_url, broker), send):
+        with scheduling(engine, settings(database_url, broker), send) as scheduler:
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="300s"))
             services.submissions.submit(ADMIN, "team-a", gang("b", duration="300s"))
             created = wait_for(lambda: job(c1, "a"), 60)
             cluster = services.resources.get(ADMIN.principal, "clusters", "", "c1")
             assert cluster["status"]["backend"] == "volcano"  # discovered, recorded
+            fleet = scheduler.fleet
+            assert fleet is not None  # its watch follows PodGroups, not Kueue Workloads
+            wait_for(lambda: fleet.watches["c1"][1].kinds == ("Node", "PodGroup"), 60)
+            wait_for(lambda: all(s.version for s in fleet.watches["c1"][1].streams), 60)
             status = workload_status(engine, "team-a", "a")
             island = status["admission"]["island"]
             pod = created["spec"]["template"]
