@@ -44,7 +44,14 @@ JOB_API_VERSIONS: Mapping[str, tuple[str, ...]] = {
 }
 #: The kinds the workers can apply to a member cluster today; a workload of
 #: another accepted kind is held pending until they can (issue 22).
-MEMBER_JOB_KINDS: tuple[str, ...] = ("Job", "JobSet", "PyTorchJob", "MPIJob")
+MEMBER_JOB_KINDS: tuple[str, ...] = (
+    "Job",
+    "JobSet",
+    "PyTorchJob",
+    "MPIJob",
+    "RayJob",
+    "RayCluster",
+)
 #: Kinds that serve: their workloads are ``inference`` unless they say otherwise.
 SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
 #: On a StatefulSet: ``"true"`` admits all its replicas as one gang (as

@@ -20,6 +20,24 @@ def _true(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, An
     return None
 
 
+def _ray_job(job: Mapping[str, Any]) -> Obj | None:
+    """A RayJob's end, as KubeRay writes it: ``jobDeploymentStatus`` ``Complete``
+    or ``Failed`` (a RayCluster never ends of itself)."""
+    if job.get("kind") != "RayJob":
+        return None
+    status = job.get("status") or {}
+    deployment = status.get("jobDeploymentStatus")
+    if deployment not in ("Complete", "Failed"):
+        return None
+    if deployment == "Complete" and status.get("jobStatus") != "FAILED":
+        return {"phase": "Succeeded", "at": status.get("endTime"), "reason": "Succeeded"}
+    return {
+        "phase": "Failed",
+        "at": status.get("endTime"),
+        "reason": status.get("reason") or "Failed",
+    }
+
+
 def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) -> Obj:
     """What the member says of one of our jobs: ``{phase, at, reason}``,
     phase one of ``Pending``, ``Running``, ``Succeeded``, ``Failed``,
@@ -32,6 +50,9 @@ def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) ->
         failed = finished.get("reason") == "Failed" or _true(j_conditions, "Failed") is not None
         phase = "Failed" if failed else "Succeeded"
         return {"phase": phase, "at": finished.get("lastTransitionTime"), "reason": phase}
+    ended = _ray_job(job)
+    if ended is not None:
+        return ended
     for condition in j_conditions:
         if condition.get("status") != "True":
             continue
