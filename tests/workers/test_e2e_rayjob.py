@@ -87,12 +87,12 @@ def stack(engine: sa.Engine, database_url: str, broker: str, tmp_path: Path) -> 
         yield running
 
 
-def _status(engine: sa.Engine, name: str) -> dict[str, Any]:
+def _status(engine: sa.Engine, name: str, namespace: str = NS) -> dict[str, Any]:
     with engine.connect() as conn:
         found = conn.exec_driver_sql(
             "SELECT status FROM resources WHERE kind = 'Workload' "
             "AND namespace = %(ns)s AND name = %(name)s",
-            {"ns": NS, "name": name},
+            {"ns": namespace, "name": name},
         ).scalar_one_or_none()
     return dict(found or {})
 
@@ -108,13 +108,14 @@ def _events(engine: sa.Engine) -> list[str]:
         )
 
 
-def _ledger(engine: sa.Engine) -> list[tuple[str, dict[str, Any]]]:
+def _ledger(engine: sa.Engine, name: str = "rayjob-sample") -> list[tuple[str, dict[str, Any]]]:
+    """The ledger entries that name workload ``name``, in order."""
     with engine.connect() as conn:
         return [
             (kind, dict(body))
             for kind, body in conn.exec_driver_sql(
-                "SELECT kind, body FROM ledger_entries WHERE body::text LIKE '%%rayjob-sample%%' "
-                "ORDER BY seq"
+                "SELECT kind, body FROM ledger_entries WHERE body::text LIKE %(like)s ORDER BY seq",
+                {"like": f"%{name}%"},
             )
         ]
 
