@@ -52,8 +52,8 @@ _JOB_MANIFEST = (
     "them. Its class is inference for Deployment, StatefulSet and LeaderWorkerSet and "
     f"training for the others unless its annotation {CLASS_ANNOTATION} says otherwise. "
     "The serving kinds are held pending (KindNotRunnable) until members can run them; "
-    "a TrainJob is refused until runtimes can be registered "
-    "(docs/workload-kinds.md)."
+    "a TrainJob becomes the JobSet its registered TrainingRuntime or "
+    "ClusterTrainingRuntime describes (docs/workload-kinds.md)."
 )
 
 

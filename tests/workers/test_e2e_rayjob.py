@@ -175,10 +175,16 @@ def test_a_kuberay_sample_rayjob_runs_through_the_centre_to_succeeded(
     events = _events(engine)
     order = [e for e in events if e in ("WorkloadAdmitted", "WorkloadRunning", "WorkloadFinished")]
     assert order == ["WorkloadAdmitted", "WorkloadRunning", "WorkloadFinished"], events
+    # What its pods ran is metered once the member's pods are read (after the end).
+    wait_for(
+        lambda: "workload.ran" in [kind for kind, _ in _ledger(engine)],
+        LONG_CEILING,
+        "its pods' runs in the ledger",
+        seen=lambda: [kind for kind, _ in _ledger(engine)],
+    )
     ledger = _ledger(engine)
     decisions = [(k, b) for k, b in ledger if k in ("workload.admitted", "workload.finished")]
     assert [kind for kind, _ in decisions] == ["workload.admitted", "workload.finished"], ledger
-    assert "workload.ran" in [kind for kind, _ in ledger]  # what its pods ran, metered
     closed = decisions[1][1]
     assert closed["outcome"] == "succeeded" and closed["gpu_seconds"] > 0, closed
 
