@@ -101,6 +101,8 @@ KINDS: dict[str, Kind] = {
         Kind("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", True),
         Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),
         Kind("kubeflow.org/v2beta1", "MPIJob", "mpijobs", True),
+        Kind("ray.io/v1", "RayJob", "rayjobs", True),
+        Kind("ray.io/v1", "RayCluster", "rayclusters", True),
         Kind("coordination.k8s.io/v1", "Lease", "leases", True),  # workers/fence.py
         # A Volcano member's (workers/plan/volcano.py).
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),

@@ -22,7 +22,7 @@ read, so a concurrent change makes the commit fail and the next pass redo it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -113,11 +113,18 @@ def _in_use(engine: Engine, cluster: str, backend: str = "kueue") -> tuple[str, 
 
 
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
-    """Every object of ours on the member cluster."""
+    """Every object of ours on the member cluster. One that another object
+    controls is that owner's, not a job of ours: KubeRay copies a RayJob's
+    labels to the RayCluster it makes, which is no stray."""
     out: list[dict[str, Any]] = []
     for kind in kinds:
-        out += member.list_objects(kind, MANAGED)
+        out += [o for o in member.list_objects(kind, MANAGED) if not _controlled(o)]
     return out
+
+
+def _controlled(obj: Mapping[str, Any]) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(ref.get("controller") for ref in refs)
 
 
 #: What this process's passes worked out of each cluster's gangs, for its

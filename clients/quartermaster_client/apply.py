@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from quartermaster_client.kinds import RUNTIME_KINDS
 from quartermaster_client.models import API_VERSION, Resource
 
 KUEUE_GROUP = "kueue.x-k8s.io/"
+TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
 #: Object metadata that Quartermaster keeps; the rest (uid, resourceVersion,
 #: managedFields, ownerReferences ...) belongs to the cluster it came from.
 KEPT_METADATA = ("name", "namespace", "labels", "annotations")
@@ -50,6 +52,9 @@ def kueue_to_quartermaster(body: Mapping[str, Any]) -> tuple[dict[str, Any], lis
     returned as it is), and notes on what was dropped."""
     out = dict(body)
     api_version = str(out.get("apiVersion", ""))
+    if api_version == TRAINER_API_VERSION and out.get("kind") in RUNTIME_KINDS:
+        out["apiVersion"] = API_VERSION  # served as ours, spec as Trainer writes it
+        return out, []
     if not api_version.startswith(KUEUE_GROUP):
         return out, []
     kind = str(out.get("kind", ""))

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from quartermaster_client.models import (
     Cluster,
     ClusterQueue,
+    ClusterTrainingRuntime,
     Cohort,
     LocalQueue,
     Resource,
     ResourceFlavor,
     Topology,
+    TrainingRuntime,
     Workload,
     WorkloadPriorityClass,
 )
@@ -50,6 +52,10 @@ KINDS: tuple[Kind, ...] = (
         WorkloadPriorityClass,
         ("wpc", "priorityclass", "priorityclasses", "pc"),
     ),
+    Kind("TrainingRuntime", "trainingruntimes", True, TrainingRuntime, ("tr",)),
+    Kind(
+        "ClusterTrainingRuntime", "clustertrainingruntimes", False, ClusterTrainingRuntime, ("ctr",)
+    ),
     Kind("Cluster", "clusters", False, Cluster, ()),
     Kind("Workload", "workloads", True, Workload, ("wl", "wls")),
 )
@@ -69,6 +75,8 @@ APPLY_ORDER = (
     "ClusterQueue",
     "LocalQueue",
     "WorkloadPriorityClass",
+    "TrainingRuntime",
+    "ClusterTrainingRuntime",
     "Cluster",
     "Workload",
 )
@@ -78,7 +86,9 @@ APPLY_ORDER = (
 #: translates them).
 GROUPS = ("quartermaster.dev", "kueue.x-k8s.io")
 #: API groups of the jobs a submission may carry; the server says which kinds.
-JOB_GROUPS = ("batch", "jobset.x-k8s.io", "kubeflow.org")
+JOB_GROUPS = ("batch", "jobset.x-k8s.io", "kubeflow.org", "ray.io", "trainer.kubeflow.org")
+#: Kubeflow Trainer's runtimes, applied as Trainer writes them (its TrainJob is a job).
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
 
 def lookup(name: str) -> Kind:
@@ -113,6 +123,8 @@ def of_manifest(api_version: str, kind: str) -> Kind:
     Raises KeyError naming both for anything else: a Volcano ``Queue`` is no
     LocalQueue, though ``queue`` is one's short name on the command line."""
     group = api_version.rpartition("/")[0] if api_version else None
+    if group == "trainer.kubeflow.org" and kind in RUNTIME_KINDS:
+        return BY_KIND[kind]
     if group is None or group in GROUPS:
         found = BY_KIND.get(kind)
         if found is not None or group is None:

@@ -199,6 +199,18 @@ class WorkloadPriorityClass(Resource):
     description: str | None = None
 
 
+class TrainingRuntime(Resource):
+    """Kubeflow Trainer's runtime, registered centrally: its spec as Trainer writes it."""
+
+    KIND = "TrainingRuntime"
+    spec: dict[str, Any]
+
+
+class ClusterTrainingRuntime(Resource):
+    KIND = "ClusterTrainingRuntime"
+    spec: dict[str, Any]
+
+
 # -- member clusters ---------------------------------------------------------------------
 
 

@@ -51,9 +51,9 @@ _JOB_MANIFEST = (
     "Kubernetes' schema, its pod sets derived as Kueue's integration for the kind derives "
     "them. Its class is inference for Deployment, StatefulSet and LeaderWorkerSet and "
     f"training for the others unless its annotation {CLASS_ANNOTATION} says otherwise. "
-    "RayJob, RayCluster and the serving kinds are held pending (KindNotRunnable) until "
-    "members can run them; a TrainJob is refused until runtimes can be registered "
-    "(docs/workload-kinds.md)."
+    "The serving kinds are held pending (KindNotRunnable) until members can run them; "
+    "a TrainJob becomes the JobSet its registered TrainingRuntime or "
+    "ClusterTrainingRuntime describes (docs/workload-kinds.md)."
 )
 
 

@@ -14,11 +14,13 @@ from service.app.schemas import (
     LocalQueueSpec,
     ResourceFlavorSpec,
     TopologySpec,
+    TrainingRuntimeSpec,
     WorkloadPriorityClassSpec,
 )
 from service.app.workloads import WorkloadSpec
 
 _EVERYONE = frozenset(Role)
+TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class Kind:
     write: frozenset[Role]
     flat: bool = False
     """WorkloadPriorityClass keeps its fields at the top level, as Kueue's does."""
+    crd: str | None = None
+    """The apiVersion of the upstream kind whose CRD (``service/app/crds``) reads
+    the spec, and which a manifest may carry as it is (Kubeflow's runtimes)."""
 
 
 #: ``status.collection.state`` of a deleted Cluster once the fleet loop has
@@ -71,6 +76,26 @@ KINDS: dict[str, Kind] = {
             flat=True,
         ),
         Kind("LocalQueue", "localqueues", True, LocalQueueSpec, _EVERYONE, QUOTA_WRITERS),
+        # What a TrainJob's pods are made from (docs/workload-kinds.md): registered by
+        # those who set quotas, read by everyone who submits.
+        Kind(
+            "TrainingRuntime",
+            "trainingruntimes",
+            True,
+            TrainingRuntimeSpec,
+            _EVERYONE,
+            QUOTA_WRITERS,
+            crd=TRAINER_API_VERSION,
+        ),
+        Kind(
+            "ClusterTrainingRuntime",
+            "clustertrainingruntimes",
+            False,
+            TrainingRuntimeSpec,
+            _EVERYONE,
+            QUOTA_WRITERS,
+            crd=TRAINER_API_VERSION,
+        ),
         Kind(
             "Cluster",
             "clusters",

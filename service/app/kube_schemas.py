@@ -45,6 +45,14 @@ CRDS = {
         "LeaderWorkerSet",
     ): "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
+    (
+        "trainer.kubeflow.org/v1alpha1",
+        "TrainingRuntime",
+    ): "trainer.kubeflow.org_trainingruntimes.yaml",
+    (
+        "trainer.kubeflow.org/v1alpha1",
+        "ClusterTrainingRuntime",
+    ): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
 }
 _DROPPED = frozenset({"description", "default", "example", "externalDocs", "nullable", "format"})
 #: Problems reported per manifest at most: the first ones say enough.

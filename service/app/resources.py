@@ -38,6 +38,7 @@ from service.app.errors import (
 )
 from service.app.floor import relaxations
 from service.app.kinds import COLLECTION_ENDED, FLOOR_RELAXERS, KINDS, QUOTA_WRITERS, Kind
+from service.app.kube_schemas import custom_problems
 from service.app.references import dependents, references
 from service.app.schemas import API_VERSION, KUEUE_API_VERSION, ObjectMeta, SecurityPolicy, dump
 from service.app.selectors import FieldSelector, LabelSelector
@@ -110,8 +111,9 @@ def parse_object(kind: Kind, body: Any, namespace: str | None) -> tuple[ObjectMe
         raise Invalid("the body must be a JSON or YAML object", [("", "expected an object")])
     problems: list[tuple[str, str]] = []
     api_version = body.get("apiVersion", API_VERSION)
-    if api_version not in (API_VERSION, KUEUE_API_VERSION):
-        problems.append(("apiVersion", f"must be {API_VERSION} (or {KUEUE_API_VERSION})"))
+    upstream = kind.crd or KUEUE_API_VERSION
+    if api_version not in (API_VERSION, upstream):
+        problems.append(("apiVersion", f"must be {API_VERSION} (or {upstream})"))
     if body.get("kind", kind.kind) != kind.kind:
         problems.append(("kind", f"must be {kind.kind} on this path"))
     allowed_top = {"apiVersion", "kind", "metadata", "status"} | (
@@ -140,6 +142,9 @@ def parse_object(kind: Kind, body: Any, namespace: str | None) -> tuple[ObjectMe
         problems += [
             (".".join(x for x in (prefix, p) if x), m) for p, m in validation_problems(error)
         ]
+    if kind.crd is not None and isinstance(raw_spec, Mapping):
+        crd_object = {"apiVersion": kind.crd, "kind": kind.kind, "spec": raw_spec}
+        problems += custom_problems(crd_object)
     if meta is not None and kind.namespaced and meta.namespace not in (None, namespace):
         problems.append(("metadata.namespace", f"does not match the path's namespace {namespace}"))
     if meta is not None and not kind.namespaced and meta.namespace:

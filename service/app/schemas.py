@@ -372,6 +372,14 @@ class LocalQueueSpec(Strict):
     fairSharing: FairSharing | None = None
 
 
+class TrainingRuntimeSpec(BaseModel):
+    """A TrainingRuntime's or ClusterTrainingRuntime's spec, as Kubeflow Trainer
+    writes it: read against the runtime's own CRD (``service/app/crds``) by
+    :func:`service.app.resources.parse_object`, field by field, and kept whole."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class WorkloadPriorityClassSpec(Strict):
     value: int = Field(ge=-2_147_483_648, le=1_000_000_000)
     description: str | None = Field(default=None, max_length=1024)

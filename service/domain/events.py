@@ -30,6 +30,8 @@ ADMIN_STREAMS: Final = frozenset(
         "workloadpriorityclass",
         "localqueue",
         "cluster",
+        "trainingruntime",
+        "clustertrainingruntime",
     }
 )
 WORKLOAD_STREAMS: Final = frozenset({"workload"})

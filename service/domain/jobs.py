@@ -13,6 +13,7 @@ those of one replica, the gang Kueue admits as one Workload, and
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +23,13 @@ __all__ = [
     "JOB_API_VERSIONS",
     "MEMBER_JOB_KINDS",
     "SERVING_KINDS",
+    "TRAINJOB_ANNOTATION",
     "JobPodTemplate",
     "job_class",
     "job_pod_templates",
     "job_replicas",
     "kind_not_runnable",
+    "trainjob_jobset",
 ]
 
 #: The job kinds a submission may carry, with the apiVersions accepted.
@@ -44,7 +47,14 @@ JOB_API_VERSIONS: Mapping[str, tuple[str, ...]] = {
 }
 #: The kinds the workers can apply to a member cluster today; a workload of
 #: another accepted kind is held pending until they can (issue 22).
-MEMBER_JOB_KINDS: tuple[str, ...] = ("Job", "JobSet", "PyTorchJob", "MPIJob")
+MEMBER_JOB_KINDS: tuple[str, ...] = (
+    "Job",
+    "JobSet",
+    "PyTorchJob",
+    "MPIJob",
+    "RayJob",
+    "RayCluster",
+)
 #: Kinds that serve: their workloads are ``inference`` unless they say otherwise.
 SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
 #: On a StatefulSet: ``"true"`` admits all its replicas as one gang (as
@@ -265,18 +275,85 @@ def job_class(kind: str) -> str:
 
 
 def _trainjob(spec: Mapping[str, Any], problems: list[tuple[str, str]]) -> Iterator[JobPodTemplate]:
-    """A TrainJob's pods come from its runtime, which cannot be registered
-    here yet: refused, naming the reference (docs/workload-kinds.md)."""
+    """A TrainJob's pods come from its registered runtime, which the submit path
+    resolves into the JobSet it runs as (:func:`trainjob_jobset`) before this reading;
+    one that reaches it unresolved (carried in a Workload's ``spec.job``) is refused,
+    naming the reference (docs/workload-kinds.md)."""
     runtime = _mapping(spec.get("runtimeRef"))
     problems.append(
         (
             "spec.runtimeRef",
             f"{runtime.get('kind') or 'ClusterTrainingRuntime'} {runtime.get('name')!r}: "
-            "a TrainJob's pod sets come from its TrainingRuntime or ClusterTrainingRuntime, "
-            "and Quartermaster cannot register runtimes yet; submit the JobSet it would make",
+            "a TrainJob's pod sets come from its registered TrainingRuntime or "
+            "ClusterTrainingRuntime: submit the TrainJob itself, not inside a Workload",
         )
     )
     return iter(())
+
+
+#: Kubeflow Trainer's names (``pkg/constants`` at kubeflow/trainer ``a55f03a8``): the
+#: replicated job a TrainJob's ``spec.trainer`` shapes, and its container.
+TRAINER_NODE = "trainer-node"
+TRAINER_CONTAINER = "trainer"
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+#: On the JobSet a TrainJob was submitted as: the runtime it was made from.
+TRAINJOB_ANNOTATION = "quartermaster.dev/training-runtime"
+
+
+def trainjob_jobset(trainjob: Mapping[str, Any], runtime_spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The JobSet a TrainJob runs as: its runtime's ``template`` with the TrainJob's
+    ``spec.trainer`` applied to the ``trainer-node`` job as Trainer's JobSet builder
+    applies it (``numNodes``, else the runtime's ``mlPolicy.numNodes``, as its
+    parallelism and completions; ``image``, ``command``, ``args`` and
+    ``resourcesPerNode`` on the ``trainer`` container), the TrainJob's labels and
+    annotations (and ``spec.labels`` / ``spec.annotations``) on it. Kueue's trainjob
+    integration reads the pod sets from this very JobSet (docs/workload-kinds.md)."""
+    spec = _mapping(trainjob.get("spec"))
+    template = _mapping(runtime_spec.get("template"))
+    jobset_spec: dict[str, Any] = copy.deepcopy(dict(_mapping(template.get("spec"))))
+    trainer = _mapping(spec.get("trainer"))
+    nodes = trainer.get("numNodes", _mapping(runtime_spec.get("mlPolicy")).get("numNodes"))
+    for job in jobset_spec.get("replicatedJobs") or ():
+        if not isinstance(job, dict) or job.get("name") != TRAINER_NODE:
+            continue
+        job_spec = job.setdefault("template", {}).setdefault("spec", {})
+        if nodes is not None:
+            job_spec["parallelism"] = job_spec["completions"] = nodes
+        pod_spec = job_spec.setdefault("template", {}).setdefault("spec", {})
+        for container in pod_spec.get("containers") or ():
+            if isinstance(container, dict) and container.get("name") == TRAINER_CONTAINER:
+                for field, key in (
+                    ("image", "image"),
+                    ("command", "command"),
+                    ("args", "args"),
+                    ("resourcesPerNode", "resources"),
+                ):
+                    if trainer.get(field) is not None:
+                        container[key] = copy.deepcopy(trainer[field])
+    meta = _mapping(trainjob.get("metadata"))
+    runtime_meta = _mapping(template.get("metadata"))
+    labels = {**_mapping(runtime_meta.get("labels")), **_mapping(spec.get("labels"))}
+    labels.update(_mapping(meta.get("labels")))
+    annotations = {
+        **_mapping(runtime_meta.get("annotations")),
+        **_mapping(spec.get("annotations")),
+        **_mapping(meta.get("annotations")),
+    }
+    metadata: dict[str, Any] = {"name": meta.get("name")}
+    if meta.get("namespace"):
+        metadata["namespace"] = meta["namespace"]
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    if spec.get("suspend") is not None:
+        jobset_spec["suspend"] = spec["suspend"]
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": jobset_spec,
+    }
 
 
 Problems = list[tuple[str, str]]

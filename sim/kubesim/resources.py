@@ -46,6 +46,13 @@ _PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
 #: The workload kinds every member serves from the CRDs the project keeps for submissions
 #: (``service/app/crds``, provenance and sha256 in its README): read as files, not imported.
 WORKLOAD_GROUPS = ("ray.io", "leaderworkerset.x-k8s.io", "trainer.kubeflow.org")
+#: The files of those kinds (the folder holds more: parsing is what a stand-in's start costs).
+WORKLOAD_CRDS = (
+    "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+    "ray.io_rayclusters.yaml",
+    "ray.io_rayjobs.yaml",
+    "trainer.kubeflow.org_trainjobs.yaml",
+)
 _WORKLOAD_CRDS = Path(__file__).resolve().parents[2] / "service" / "app" / "crds"
 
 
@@ -312,8 +319,11 @@ def load_crd(document: Mapping[str, Any]) -> ResourceType:
     )
 
 
-def _crd_documents(directory: Path) -> Iterable[Mapping[str, Any]]:
-    for path in sorted(directory.glob("*.yaml")):
+def _crd_documents(
+    directory: Path, names: tuple[str, ...] | None = None
+) -> Iterable[Mapping[str, Any]]:
+    paths = [directory / n for n in names] if names else sorted(directory.glob("*.yaml"))
+    for path in paths:
         with path.open(encoding="utf-8") as stream:
             for document in yaml.load_all(stream, Loader=yaml.CSafeLoader):
                 if (
@@ -325,9 +335,9 @@ def _crd_documents(directory: Path) -> Iterable[Mapping[str, Any]]:
 
 @functools.cache
 def _types_cached(
-    directory: str, _mtime: float, groups: tuple[str, ...]
+    directory: str, _mtime: float, groups: tuple[str, ...], names: tuple[str, ...] | None = None
 ) -> tuple[ResourceType, ...]:
-    documents = _crd_documents(Path(directory))
+    documents = _crd_documents(Path(directory), names)
     return tuple(load_crd(doc) for doc in documents if doc["spec"]["group"] in groups)
 
 
@@ -350,4 +360,6 @@ def volcano_types() -> tuple[ResourceType, ...]:
 def workload_types() -> tuple[ResourceType, ...]:
     """RayJob, RayCluster, LeaderWorkerSet and TrainJob from the project's copies of their
     CRDs (the ones submissions are validated against), parsed once per process."""
-    return _types_cached(str(_WORKLOAD_CRDS), _WORKLOAD_CRDS.stat().st_mtime, WORKLOAD_GROUPS)
+    return _types_cached(
+        str(_WORKLOAD_CRDS), _WORKLOAD_CRDS.stat().st_mtime, WORKLOAD_GROUPS, WORKLOAD_CRDS
+    )

@@ -592,3 +592,23 @@ def test_get_clusters_shows_each_members_backend(qmctl: Run, qm: Client) -> None
     assert qm.get("Cluster", "vc-east").backend == "volcano"
     for name in ("vc-east", "kq-west"):
         qmctl("delete", "cluster", name)
+
+
+def test_apply_registers_a_kubeflow_training_runtime_as_trainer_writes_it(
+    qmctl: Run, qm: Client
+) -> None:
+    """Kubeflow Trainer's own ``torch-distributed`` ClusterTrainingRuntime, applied
+    as is (``trainer.kubeflow.org/v1alpha1``), and got back by its names."""
+    from tests.api.test_training_runtimes import TORCH_DISTRIBUTED
+
+    text = yaml.safe_dump(TORCH_DISTRIBUTED)
+    applied = qmctl("apply", "-f", "-", stdin=text)
+    assert _lines(applied.stdout) == ["clustertrainingruntime/torch-distributed created"]
+    again = qmctl("apply", "-f", "-", stdin=text)
+    assert _lines(again.stdout) == ["clustertrainingruntime/torch-distributed unchanged"]
+    listed = _lines(qmctl("get", "ctr").stdout)
+    assert listed[1].split()[0] == "torch-distributed"
+    shown = yaml.safe_load(
+        qmctl("get", "clustertrainingruntime", "torch-distributed", "-o", "yaml").stdout
+    )
+    assert shown["spec"] == TORCH_DISTRIBUTED["spec"]

@@ -53,6 +53,8 @@ JOB_KINDS = {
     "JobSet": ("jobset.x-k8s.io/v1alpha2", "jobsets"),
     "PyTorchJob": ("kubeflow.org/v1", "pytorchjobs"),
     "MPIJob": ("kubeflow.org/v2beta1", "mpijobs"),
+    "RayJob": ("ray.io/v1", "rayjobs"),
+    "RayCluster": ("ray.io/v1", "rayclusters"),
 }
 QUEUE_KINDS = {
     "ResourceFlavor": "resourceflavors",
@@ -129,8 +131,8 @@ def gang(
     kind: str, name: str, duration: str, gpus: int = 8, priority_class: str | None = None
 ) -> dict[str, Any]:
     """A gang of ``gpus`` GPUs that runs on the member as a ``kind``: a
-    Workload of one pod set (Job) or two (JobSet), or a PyTorchJob or MPIJob
-    manifest."""
+    Workload of one pod set (Job) or two (JobSet), or a PyTorchJob, MPIJob,
+    RayJob or RayCluster manifest (a RayCluster runs until it is cancelled)."""
     labels = {"kueue.x-k8s.io/queue-name": "train"}
     # Whole nodes' worth of GPUs in one pod, the rest CPU only: gangs that
     # fill the member leave no GPUs stranded in halves of nodes.
@@ -146,6 +148,15 @@ def gang(
             "Worker": {"replicas": 1, "template": _pod(gpus, duration)},
         }
         body = {"mpiReplicaSpecs": specs}
+    elif kind in ("RayJob", "RayCluster"):
+        body = _ray_cluster(_pod(0, duration, cpu="1"), _pod(gpus, duration))
+        if kind == "RayJob":
+            body = {
+                "entrypoint": "python main.py",
+                "shutdownAfterJobFinishes": True,
+                "rayClusterSpec": body,
+                "submitterPodTemplate": _pod(0, duration, cpu="1"),
+            }
     else:
         sets = [("workers", gpus)] if kind == "Job" else [("a", gpus), ("b", 0)]
         pod_sets = [{"name": n, "count": 1, "template": _pod(g, duration)} for n, g in sets]
@@ -167,6 +178,21 @@ def gang(
     }
 
 
+def _ray_cluster(head: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "headGroupSpec": {"rayStartParams": {}, "template": head},
+        "workerGroupSpecs": [
+            {
+                "groupName": "workers",
+                "replicas": 1,
+                "minReplicas": 1,
+                "maxReplicas": 1,
+                "template": worker,
+            }
+        ],
+    }
+
+
 def stray(kind: str, name: str, namespace: str = "team-a") -> dict[str, Any]:
     """A job of ours that no gang wants (left by a crash, say): our managed
     label, no admission."""
@@ -183,6 +209,13 @@ def stray(kind: str, name: str, namespace: str = "team-a") -> dict[str, Any]:
         "JobSet": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]},
         "PyTorchJob": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template}}},
         "MPIJob": {"mpiReplicaSpecs": {"Launcher": {"replicas": 1, "template": template}}},
+        "RayCluster": {"headGroupSpec": {"rayStartParams": {}, "template": template}},
+        "RayJob": {
+            "entrypoint": "python main.py",
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {"headGroupSpec": {"rayStartParams": {}, "template": template}},
+            "submitterPodTemplate": template,
+        },
     }
     return {
         "apiVersion": JOB_KINDS[kind][0],

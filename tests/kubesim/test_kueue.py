@@ -481,3 +481,53 @@ def test_cluster_queue_borrows_from_its_cohort_beyond_its_nominal_quota(
     assert _conditions(admitted)["Admitted"]["status"] == "True"
     batch.delete_namespaced_job("borrower", "vision", propagation_policy="Background")
     wait_for(lambda: borrowed() == ("", ""))
+
+
+def test_a_queued_rayjob_waits_suspended_then_runs_on_its_flavor_to_success(
+    custom: client.CustomObjectsApi,
+) -> None:
+    """Kueue's RayJob integration on the member: suspended on create, a Workload of
+    ``head``, each worker group and the ``submitter``; admitted, it is let go with its
+    flavor's node labels on every template, and its Workload finishes with the job."""
+    job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "gang-rayjob", "labels": _QUEUED["labels"]},
+        "spec": {
+            "entrypoint": "python /home/ray/samples/sample_code.py",
+            "shutdownAfterJobFinishes": True,
+            "submitterPodTemplate": {
+                "metadata": {"annotations": {"quartermaster.dev/sim-duration": "50s"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "submit", "image": "rayproject/ray:2.46.0"}],
+                },
+            },
+            "rayClusterSpec": {
+                "headGroupSpec": {"rayStartParams": {}, "template": _POD},
+                "workerGroupSpecs": [{"groupName": "small-group", "replicas": 2, "template": _POD}],
+            },
+        },
+    }
+    created = custom.create_namespaced_custom_object("ray.io", "v1", "language", "rayjobs", job)
+    assert created["spec"]["suspend"] is True  # as the webhook stored it
+    workload = _workload_of(custom, "language", "gang-rayjob")
+    pod_sets = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
+    assert pod_sets == {"head": 1, "small-group": 2, "submitter": 1}
+
+    def status() -> dict[str, Any]:
+        current = custom.get_namespaced_custom_object(
+            "ray.io", "v1", "language", "rayjobs", "gang-rayjob"
+        )
+        return dict(current.get("status") or {})
+
+    wait_for(lambda: status().get("jobDeploymentStatus") == "Complete", seen=status)
+    assert status()["jobStatus"] == "SUCCEEDED"
+    ran = custom.get_namespaced_custom_object("ray.io", "v1", "language", "rayjobs", "gang-rayjob")
+    head = ran["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"]  # the flavor's labels, written when it was let go
+    finished = custom.get_namespaced_custom_object(
+        KUEUE, "v1beta2", "language", "workloads", workload["metadata"]["name"]
+    )
+    assert _conditions(finished)["Finished"]["reason"] == "Succeeded"
+    assert _conditions(finished)["PodsReady"]["status"] == "True"

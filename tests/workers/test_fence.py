@@ -226,4 +226,12 @@ def test_the_base_renders_an_agent_with_exactly_its_rules() -> None:
         for v in rule["verbs"]
     }
     assert not {v for _, _, v in verbs} & {"*", "update", "delete", "watch", "escalate"}
-    assert {r for _, r, _ in verbs} == {"leases", "jobs", "jobsets", "pytorchjobs", "mpijobs"}
+    assert {r for _, r, _ in verbs} == {
+        "leases",
+        "jobs",
+        "jobsets",
+        "pytorchjobs",
+        "mpijobs",
+        "rayjobs",
+        "rayclusters",
+    }

@@ -20,6 +20,24 @@ def _true(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, An
     return None
 
 
+def _ray_job(job: Mapping[str, Any]) -> Obj | None:
+    """A RayJob's end, as KubeRay writes it: ``jobDeploymentStatus`` ``Complete``
+    or ``Failed`` (a RayCluster never ends of itself)."""
+    if job.get("kind") != "RayJob":
+        return None
+    status = job.get("status") or {}
+    deployment = status.get("jobDeploymentStatus")
+    if deployment not in ("Complete", "Failed"):
+        return None
+    if deployment == "Complete" and status.get("jobStatus") != "FAILED":
+        return {"phase": "Succeeded", "at": status.get("endTime"), "reason": "Succeeded"}
+    return {
+        "phase": "Failed",
+        "at": status.get("endTime"),
+        "reason": status.get("reason") or "Failed",
+    }
+
+
 def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) -> Obj:
     """What the member says of one of our jobs: ``{phase, at, reason}``,
     phase one of ``Pending``, ``Running``, ``Succeeded``, ``Failed``,
@@ -51,7 +69,10 @@ def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) ->
 
 def _job_end(job: Mapping[str, Any]) -> Obj | None:
     """The job's own end (``Complete``/``Completed``/``Succeeded`` or
-    ``Failed`` condition), if it has one."""
+    ``Failed`` condition, a RayJob's ``jobDeploymentStatus``), if it has one."""
+    ray = _ray_job(job)
+    if ray is not None:
+        return ray
     for condition in (job.get("status") or {}).get("conditions") or ():
         if condition.get("status") != "True":
             continue

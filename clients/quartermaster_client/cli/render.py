@@ -182,6 +182,20 @@ def _cluster(c: Resource, wide: bool, context: Context) -> tuple[Row, Row]:
     return row, [_labels(c.metadata.labels)] if wide else []
 
 
+def _runtime(r: Resource, wide: bool, context: Context) -> tuple[Row, Row]:
+    """A training runtime: its replicated jobs and the ML policy's node count."""
+    spec = getattr(r, "spec", {}) or {}
+    jobs = ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    nodes = (spec.get("mlPolicy") or {}).get("numNodes")
+    names = ",".join(str(j.get("name")) for j in jobs) or "-"
+    return [
+        r.name,
+        names,
+        str(nodes) if nodes is not None else "-",
+        age(r.metadata.creation_timestamp),
+    ], []
+
+
 Columns = Callable[[Resource, bool, "Context"], tuple[Row, Row]]
 COLUMNS: dict[str, tuple[list[str], list[str], Columns]] = {
     "Workload": (
@@ -204,6 +218,8 @@ COLUMNS: dict[str, tuple[list[str], list[str], Columns]] = {
         ["LABELS"],
         _cluster,
     ),
+    "TrainingRuntime": (["NAME", "REPLICATED-JOBS", "NODES", "AGE"], [], _runtime),
+    "ClusterTrainingRuntime": (["NAME", "REPLICATED-JOBS", "NODES", "AGE"], [], _runtime),
 }
 
 

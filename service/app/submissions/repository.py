@@ -41,6 +41,20 @@ def named_by(
     return list(conn.exec_driver_sql(_PREFETCH, params).all())
 
 
+def runtime_spec(conn: Connection, kind: str, namespace: str, name: str) -> Obj | None:
+    """The spec of a live TrainingRuntime (in ``namespace``) or ClusterTrainingRuntime
+    (``namespace`` ``""``), or None when there is none of that name."""
+    found = conn.execute(
+        select(resources.c.spec).where(
+            resources.c.kind == kind,
+            resources.c.namespace == namespace,
+            resources.c.name == name,
+            resources.c.deleted.is_(False),
+        )
+    ).scalar_one_or_none()
+    return dict(found) if found is not None else None
+
+
 def workload_for_update(conn: Connection, namespace: str, name: str) -> Row[Any] | None:
     """A live Workload's row, locked until commit."""
     return conn.execute(

@@ -25,9 +25,10 @@ from service.app.errors import (
     UnsupportedKind,
 )
 from service.app.kinds import KINDS
+from service.app.kube_schemas import custom_problems
 from service.app.resources import Actor, ResourceService, check_version, stream_name, to_object
 from service.app.submissions.explain import explain as _explain
-from service.app.submissions.repository import workload_for_update
+from service.app.submissions.repository import runtime_spec, workload_for_update
 from service.app.submissions.resolver import Resolver
 from service.app.submissions.values import (
     REFUSED_BY_DATABASE,
@@ -43,6 +44,7 @@ from service.app.submissions.writes import stage_submissions
 from service.app.uow import SqlUnitOfWork
 from service.app.workloads import SubmissionError, WorkloadObject, parse_submission
 from service.domain.events import RECONCILE_CLUSTER
+from service.domain.jobs import TRAINJOB_ANNOTATION, trainjob_jobset
 from service.engine import Snapshot
 from service.eventstore.port import ANY_VERSION, ConcurrencyConflict, NewEvent, OutboxMessage
 from service.ledger import entries as ledger
@@ -60,6 +62,9 @@ def _by_namespace(
     for index, submission in enumerate(submissions):
         groups.setdefault(submission.namespace, []).append((index, submission))
     return groups
+
+
+RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 
 
 class SubmissionService:
@@ -104,6 +109,7 @@ class SubmissionService:
 
     def parse(self, actor: Actor, namespace: str, body: Any) -> WorkloadObject:
         require(actor.principal, WORKLOADS.write, namespace)
+        body = self._trainjob_as_jobset(namespace, body)
         try:
             workload = parse_submission(body)
         except SubmissionError as error:
@@ -115,6 +121,36 @@ class SubmissionService:
                 [("metadata.namespace", f"does not match the path's namespace {namespace}")],
             )
         return workload
+
+    def _trainjob_as_jobset(self, namespace: str, body: Any) -> Any:
+        """A TrainJob becomes the JobSet its registered runtime describes (as Kueue's
+        trainjob integration reads it, and as it runs on the member); the TrainJob is
+        read against its CRD first, and a runtime not registered is named."""
+        if not isinstance(body, Mapping) or body.get("kind") != "TrainJob":
+            return body
+        problems = custom_problems(body)
+        if problems:
+            raise Invalid("the submission is invalid: the TrainJob", problems)
+        ref = (body.get("spec") or {}).get("runtimeRef") or {}
+        kind = str(ref.get("kind") or "ClusterTrainingRuntime")
+        if kind not in RUNTIME_KINDS:
+            raise Invalid(
+                "the submission is invalid",
+                [("spec.runtimeRef.kind", f"must be one of {list(RUNTIME_KINDS)}")],
+            )
+        scope = namespace if kind == "TrainingRuntime" else ""
+        with self._engine.connect() as conn:
+            runtime = runtime_spec(conn, kind, scope, str(ref.get("name") or ""))
+        if runtime is None:
+            where = f" in namespace {namespace}" if scope else ""
+            raise Invalid(
+                "the submission is invalid",
+                [("spec.runtimeRef", f"no {kind} {ref.get('name')!r}{where} is registered")],
+            )
+        jobset = trainjob_jobset(body, runtime)
+        annotations = jobset["metadata"].setdefault("annotations", {})
+        annotations[TRAINJOB_ANNOTATION] = f"{kind}/{ref.get('name')}"
+        return jobset
 
     def submit(self, actor: Actor, namespace: str, body: Any) -> Obj:
         workload = self.parse(actor, namespace, body)

@@ -83,6 +83,9 @@ class KueueController(JobReconciler, WorkloadEviction, AdmissionCycle):
     def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
         if resource_key in JOB_KINDS:
             yield ("job", resource_key, *event.key)
+            owner = controller_of(event.obj)
+            if owner and owner.get("kind") == "RayJob":  # a RayJob's cluster: its PodsReady
+                yield ("job", "rayjobs.ray.io", event.key[0], owner.get("name", ""))
         elif resource_key == WORKLOADS:
             self._index(event.obj, deleted=event.type == DELETED)
             yield ("workload", *event.key)

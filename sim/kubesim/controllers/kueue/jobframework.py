@@ -68,6 +68,13 @@ class JobKind:
                 count = int(replicated.get("replicas", 1)) * int(job_spec.get("parallelism", 1))
                 sets.append((replicated["name"], count, job_spec.setdefault("template", {})))
             return sets
+        if self.key == RAYJOBS:
+            sets = _ray_podsets(spec.setdefault("rayClusterSpec", {}))
+            if spec.get("submissionMode", "K8sJobMode") == "K8sJobMode":
+                sets.append(("submitter", 1, spec.setdefault("submitterPodTemplate", {})))
+            return sets
+        if self.key == RAYCLUSTERS:
+            return _ray_podsets(spec)
         return [
             (
                 replica_type.lower(),
@@ -78,6 +85,13 @@ class JobKind:
         ]
 
     def finished(self, job: Obj) -> tuple[bool, bool, str]:
+        if self.key == RAYJOBS:  # rayjob_controller.go Finished
+            status = job.get("status") or {}
+            done = status.get("jobDeploymentStatus") in ("Complete", "Failed")
+            succeeded = status.get("jobStatus") != "FAILED"
+            return done, done and succeeded, status.get("message") or ""
+        if self.key == RAYCLUSTERS:  # a RayCluster never finishes on its own
+            return False, False, ""
         success = {"jobs.batch": "Complete", "jobsets.jobset.x-k8s.io": "Completed"}.get(
             self.key, "Succeeded"
         )
@@ -87,6 +101,20 @@ class JobKind:
         if failed is not None and failed.get("status") == "True":
             return True, False, failed.get("message") or "Job failed"
         return False, False, ""
+
+
+RAYJOBS = "rayjobs.ray.io"
+RAYCLUSTERS = "rayclusters.ray.io"
+
+
+def _ray_podsets(cluster: Obj) -> list[tuple[str, int, Obj]]:
+    """``head`` (1) and one pod set per worker group (``raycluster.BuildPodSets``)."""
+    head = cluster.setdefault("headGroupSpec", {})
+    sets = [("head", 1, head.setdefault("template", {}))]
+    for group in cluster.get("workerGroupSpecs") or ():
+        count = int(group.get("replicas", 1)) * int(group.get("numOfHosts", 1) or 1)
+        sets.append((str(group.get("groupName", "")), count, group.setdefault("template", {})))
+    return sets
 
 
 JOB_KINDS: dict[str, JobKind] = {
@@ -103,6 +131,8 @@ JOB_KINDS: dict[str, JobKind] = {
         JobKind(
             "mpijobs.kubeflow.org", "MPIJob", ("spec", "runPolicy", "suspend"), "mpiReplicaSpecs"
         ),
+        JobKind(RAYJOBS, "RayJob", ("spec", "suspend")),
+        JobKind(RAYCLUSTERS, "RayCluster", ("spec", "suspend")),
     )
 }
 _MANAGED_KINDS = {kind.kind for kind in JOB_KINDS.values()}
@@ -280,6 +310,10 @@ class JobReconciler(KueueReconciler):
 
     def _ready_pods(self, kind: JobKind, job: Obj) -> int:
         status = job.get("status") or {}
+        if kind.key in (RAYJOBS, RAYCLUSTERS):  # PodsReady: the cluster's state is ready
+            cluster = status.get("rayClusterStatus") if kind.key == RAYJOBS else status
+            wanted = sum(count for _, count, _ in kind.podsets(clone(job)))
+            return wanted if (cluster or {}).get("state") == "ready" else 0
         if kind.key == "jobs.batch":
             return int(status.get("ready", 0)) + int(status.get("succeeded", 0))
         if kind.key == "jobsets.jobset.x-k8s.io":
