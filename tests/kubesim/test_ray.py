@@ -131,20 +131,28 @@ def _status(custom: client.CustomObjectsApi, name: str = "rayjob-sample") -> Obj
     return (_get(custom, "rayjobs", name) or {}).get("status") or {}
 
 
-def record(member: RunningCluster) -> list[tuple[str, str, str, str]]:
-    """Every write from now on, in store order: (resource, type, name, RayCluster state)."""
+def record(member: RunningCluster) -> tuple[list[tuple[str, str, str, str]], dict[str, Obj]]:
+    """Every write from now on, in store order: (resource, type, name, state),
+    the state a RayCluster's ``state`` or a RayJob's ``jobDeploymentStatus/
+    jobStatus``; and each object as first written in that state, by
+    ``resource/name/state``. Read from the store, not polled: at the test's
+    time scale a RayJob is Running for well under a second."""
     seen: list[tuple[str, str, str, str]] = []
+    first: dict[str, Obj] = {}
 
     def listen(rtype: Any, event: Event) -> None:
-        state = (
-            (event.obj.get("status") or {}).get("state", "")
-            if rtype.key == "rayclusters.ray.io"
-            else ""
-        )
-        seen.append((rtype.key, event.type, event.obj["metadata"]["name"], state))
+        status = event.obj.get("status") or {}
+        state = ""
+        if rtype.key == "rayclusters.ray.io":
+            state = status.get("state", "")
+        elif rtype.key == "rayjobs.ray.io":
+            state = f"{status.get('jobDeploymentStatus', '')}/{status.get('jobStatus', '')}"
+        name = event.obj["metadata"]["name"]
+        seen.append((rtype.key, event.type, name, state))
+        first.setdefault(f"{rtype.key}/{name}/{state}", copy.deepcopy(event.obj))
 
     member.run(lambda: member.cluster.store.listeners.append(listen))
-    return seen
+    return seen, first
 
 
 def _ray_cluster(rayjob: Obj) -> Obj:
@@ -188,21 +196,27 @@ def test_a_raycluster_comes_up_ready(
 def test_a_rayjob_runs_its_cluster_then_its_submitter_to_success(
     custom: client.CustomObjectsApi, core: client.CoreV1Api, member: RunningCluster
 ) -> None:
-    seen = record(member)
+    seen, first = record(member)
     custom.create_namespaced_custom_object(*RAY, NS, "rayjobs", yaml.safe_load(RAY_JOB))
-    running = wait_for(
-        lambda: _status(custom).get("jobDeploymentStatus") == "Running" and _status(custom),
-        what="rayjob Running",
+    done = wait_for(
+        lambda: _status(custom).get("jobDeploymentStatus") == "Complete" and _status(custom),
+        what="rayjob Complete",
         seen=lambda: _status(custom),
     )
+    states = [state for key, _, _, state in seen if key == "rayjobs.ray.io"]
+    went = [s for i, s in enumerate(states) if s and (i == 0 or states[i - 1] != s)]
+    assert "Running/RUNNING" in went, went
+    assert (
+        went.index("Initializing/") < went.index("Running/PENDING") < went.index("Running/RUNNING")
+    )
+    running = first["rayjobs.ray.io/rayjob-sample/Running/RUNNING"]["status"]
     cluster_name = running["rayClusterName"]
     assert cluster_name.startswith("rayjob-sample-")
-    cluster = _get(custom, "rayclusters", cluster_name)
-    assert cluster is not None and cluster["status"]["state"] == "ready"
+    cluster = first[f"rayclusters.ray.io/{cluster_name}/ready"]
     assert cluster["metadata"]["ownerReferences"][0]["kind"] == "RayJob"
     assert running["dashboardURL"].endswith(":8265")
-    submitter = client.BatchV1Api(core.api_client).read_namespaced_job("rayjob-sample", NS)
-    assert submitter.metadata.owner_references[0].kind == "RayJob"
+    submitter = first["jobs.batch/rayjob-sample/"]
+    assert submitter["metadata"]["ownerReferences"][0]["kind"] == "RayJob"
     ready_at = next(
         i
         for i, (key, kind, _, state) in enumerate(seen)
@@ -211,16 +225,6 @@ def test_a_rayjob_runs_its_cluster_then_its_submitter_to_success(
     submitted_at = seen.index(("jobs.batch", "ADDED", "rayjob-sample", ""))
     head_at = next(i for i, e in enumerate(seen) if e[0] == "pods" and "-head-" in e[2])
     assert head_at < ready_at < submitted_at
-    wait_for(
-        lambda: _status(custom).get("jobStatus") == "RUNNING",
-        what="the Ray job RUNNING",
-        seen=lambda: _status(custom),
-    )
-    done = wait_for(
-        lambda: _status(custom).get("jobDeploymentStatus") == "Complete" and _status(custom),
-        what="rayjob Complete",
-        seen=lambda: _status(custom),
-    )
     assert done["jobStatus"] == "SUCCEEDED" and done["succeeded"] == 1
     assert done["endTime"] >= done["startTime"]
     wait_for(
