@@ -348,7 +348,7 @@ class Client:
 
     def submit(self, manifest: ObjectLike, namespace: str | None = None) -> Workload:
         """Submit a Workload, or a job manifest (Job, JobSet, PyTorchJob, MPIJob,
-        RayJob, RayCluster, Deployment, StatefulSet, LeaderWorkerSet)."""
+        RayJob, RayCluster, Deployment, StatefulSet, LeaderWorkerSet, Volcano Job)."""
         return self.call(self.ops.submit(manifest, namespace))
 
     def bulk_submit(

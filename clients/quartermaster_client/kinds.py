@@ -78,7 +78,7 @@ APPLY_ORDER = (
 #: translates them).
 GROUPS = ("quartermaster.dev", "kueue.x-k8s.io")
 #: API groups of the jobs a submission may carry; the server says which kinds.
-JOB_GROUPS = ("batch", "jobset.x-k8s.io", "kubeflow.org")
+JOB_GROUPS = ("batch", "jobset.x-k8s.io", "kubeflow.org", "batch.volcano.sh")
 
 
 def lookup(name: str) -> Kind:

@@ -45,6 +45,7 @@ CRDS = {
         "LeaderWorkerSet",
     ): "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
+    ("batch.volcano.sh/v1alpha1", "Job"): "batch.volcano.sh_jobs.yaml",
 }
 _DROPPED = frozenset({"description", "default", "example", "externalDocs", "nullable", "format"})
 #: Problems reported per manifest at most: the first ones say enough.

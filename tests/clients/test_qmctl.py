@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from service.app.bootstrap import Services
 from tests.api.conftest import ADMIN_TOKEN
-from tests.clients.conftest import job, setup_quota, workload
+from tests.clients.conftest import gpu_pod, job, setup_quota, workload
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
 
@@ -352,6 +352,56 @@ def test_apply_takes_kinds_only_of_their_api_group(qmctl: Run, qm: Client) -> No
     assert "scheduling.volcano.sh is not an API group Quartermaster serves" in refused.stderr
     assert _lines(qmctl("get", "cohorts.kueue.x-k8s.io").stdout)[1].split()[0] == "research"
     assert "No localqueues found" in qmctl("get", "queue", "-A").stderr  # the short name still
+
+
+VOLCANO_JOB = """\
+# Volcano's example/integrations/mpi/mpi-example.yaml, its pods made to meet
+# the security floor.
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: lm-mpi-job
+  labels: {kueue.x-k8s.io/queue-name: train}
+spec:
+  minAvailable: 3
+  schedulerName: volcano
+  plugins: {ssh: [], svc: []}
+  tasks:
+  - replicas: 1
+    name: mpimaster
+    policies:
+    - {event: TaskCompleted, action: CompleteJob}
+    template: {template}
+  - replicas: 2
+    name: mpiworker
+    template: {template}
+"""
+
+
+def test_submit_and_apply_take_a_volcano_job(qmctl: Run, qm: Client) -> None:
+    """A Volcano Job is a job to submit (``qmctl submit`` and ``apply``),
+    a pod set per task; a broken one is refused naming the field."""
+    setup_quota(qm)
+    template = json.dumps(gpu_pod(2))
+    text = VOLCANO_JOB.replace("{template}", template)
+    submitted = qmctl("submit", "-f", "-", stdin=text)
+    assert submitted.stdout.strip() == (
+        "workload/lm-mpi-job submitted to team-a (ClusterQueue cq-a, Pending)"
+    )
+    spec = qm.workloads.get("lm-mpi-job", "team-a").to_dict()["spec"]
+    assert [(p["name"], p["count"]) for p in spec["podSets"]] == [
+        ("mpimaster", 1),
+        ("mpiworker", 2),
+    ]
+    again = qmctl("apply", "-f", "-", stdin=text.replace("lm-mpi-job", "lm-mpi-job-2"))
+    assert _lines(again.stdout) == ["workload/lm-mpi-job-2 created in namespace team-a"]
+    broken = text.replace("lm-mpi-job", "lm-mpi-job-3")
+    broken = broken.replace("name: mpiworker", "name: mpimaster")
+    refused = qmctl("submit", "-f", "-", stdin=broken, code=1)
+    assert refused.stderr.splitlines() == [
+        "error: 422 Invalid object: the submission is invalid",
+        "  spec.tasks[1].name: duplicated task name mpimaster",
+    ]
 
 
 def test_contexts_in_a_config_file(qmctl: Run, tmp_path: Path, api_url: str) -> None:

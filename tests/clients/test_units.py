@@ -462,6 +462,7 @@ def test_an_error_message_says_each_field_error_once() -> None:
         ("kueue.x-k8s.io/v1beta2", "Workload", "Workload"),
         ("batch/v1", "Job", "Workload"),
         ("kubeflow.org/v1", "PyTorchJob", "Workload"),
+        ("batch.volcano.sh/v1alpha1", "Job", "Workload"),
         ("", "ClusterQueue", "ClusterQueue"),
         ("scheduling.volcano.sh/v1beta1", "Queue", None),
         ("kueue.x-k8s.io/v1beta2", "AdmissionCheck", None),
