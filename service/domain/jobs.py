@@ -22,6 +22,7 @@ __all__ = [
     "GANG_ANNOTATION",
     "JOB_API_VERSIONS",
     "MEMBER_JOB_KINDS",
+    "RUN_AS",
     "SERVING_KINDS",
     "VOLCANO_JOB",
     "VOLCANO_JOB_API_VERSION",
@@ -53,6 +54,9 @@ JOB_API_VERSIONS: Mapping[str, tuple[str, ...]] = {
 #: The kinds the workers can apply to a member cluster today; a workload of
 #: another accepted kind is held pending until they can (issue 22).
 MEMBER_JOB_KINDS: tuple[str, ...] = ("Job", "JobSet", "PyTorchJob", "MPIJob")
+#: Kinds the workers run as another kind on a member: a Volcano Job as the
+#: JobSet of its tasks on a Kueue member (docs/volcano.md).
+RUN_AS: Mapping[str, str] = {VOLCANO_JOB: "JobSet"}
 #: Kinds that serve: their workloads are ``inference`` unless they say otherwise.
 SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
 #: On a StatefulSet: ``"true"`` admits all its replicas as one gang (as
@@ -314,7 +318,7 @@ def kind_not_runnable(workload_spec: Mapping[str, Any]) -> str | None:
     member yet (its workload is held pending, never admitted), else None."""
     job = _mapping(workload_spec.get("job"))
     kind = job_kind(job)
-    if kind is None or kind not in _READERS or kind in MEMBER_JOB_KINDS:
+    if kind is None or kind not in _READERS or kind in MEMBER_JOB_KINDS or kind in RUN_AS:
         return None
     return kind
 
