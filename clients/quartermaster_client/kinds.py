@@ -16,6 +16,7 @@ from quartermaster_client.models import (
     Workload,
     WorkloadPriorityClass,
 )
+from quartermaster_client.volcano import QUEUE_API_VERSION
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,13 @@ def of_manifest(api_version: str, kind: str) -> Kind:
     an API server reads them: one of ours, or Workload for a job (of a group
     in JOB_GROUPS, or one without apiVersion, which the server then judges).
 
-    Raises KeyError naming both for anything else: a Volcano ``Queue`` is no
-    LocalQueue, though ``queue`` is one's short name on the command line."""
+    A Volcano ``Queue`` (``scheduling.volcano.sh/v1beta1``) becomes a
+    ClusterQueue (quartermaster_client.volcano), never a LocalQueue, though
+    ``queue`` is one's short name on the command line.
+
+    Raises KeyError naming both for anything else."""
+    if (api_version, kind) == (QUEUE_API_VERSION, "Queue"):
+        return BY_KIND["ClusterQueue"]
     group = api_version.rpartition("/")[0] if api_version else None
     if group is None or group in GROUPS:
         found = BY_KIND.get(kind)
