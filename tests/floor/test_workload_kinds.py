@@ -211,6 +211,32 @@ def volcano_tf_mnist(template: Callable[..., Manifest] | None = None) -> Manifes
     }
 
 
+def volcano_mpi(template: Callable[..., Manifest] | None = None) -> Manifest:
+    """Volcano ``example/integrations/mpi/mpi-example.yaml``: a master whose
+    completion completes the job and two workers that serve it until then
+    (``sshd -D``: they never end by themselves), ``minAvailable`` 3."""
+    make = template or (lambda gpus, ends=True: pod(gpus=gpus, cpu="8" if gpus else "2"))
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta("lm-mpi-job"),
+        "spec": {
+            "minAvailable": 3,
+            "schedulerName": "volcano",
+            "plugins": {"ssh": [], "svc": []},
+            "tasks": [
+                {
+                    "replicas": 1,
+                    "name": "mpimaster",
+                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                    "template": make(0),
+                },
+                {"replicas": 2, "name": "mpiworker", "template": make(8, ends=False)},
+            ],
+        },
+    }
+
+
 def volcano_job() -> Manifest:
     """Volcano ``example/job.yaml``: one unnamed-looking task of six pods
     that may start once three are bound (``minAvailable`` 3 < replicas)."""

@@ -2,18 +2,25 @@
 Quartermaster (issue 23): the API, Postgres, Redis, a Celery worker, the
 scheduler and a stand-in Kueue member, each a process (tests/workers/stack/).
 
-Volcano's ``example/integrations/tensorflow/dist-mnist`` (a parameter server
-and two workers, ``minAvailable: 3``, the workers' completion ending the
-job) is submitted as is over HTTP, admitted whole, run on the Kueue member
-as the JobSet of its tasks (docs/volcano.md), its workers inside one fabric
-island, and ends Completed there and Finished (succeeded) at the centre.
+Two of Volcano's examples, each submitted as is over HTTP, admitted whole,
+run on the Kueue member as the JobSet of its tasks (docs/volcano.md), their
+GPU workers inside one fabric island, ending Completed there and Finished
+(succeeded) at the centre:
+
+* ``example/integrations/tensorflow/dist-mnist``: a parameter server and two
+  workers, ``minAvailable: 3``; every pod ends by itself.
+* ``example/integrations/mpi``: a master whose completion completes the job
+  (``TaskCompleted`` → ``CompleteJob``) and two workers that would serve it
+  for ever; the JobSet's success policy ends it when the master ends, and
+  the workers are stopped.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +31,7 @@ import sqlalchemy as sa
 from kubernetes import watch
 
 from service.runtime.demo import StandIn
-from tests.floor.test_workload_kinds import volcano_tf_mnist
+from tests.floor.test_workload_kinds import volcano_mpi, volcano_tf_mnist
 from tests.waiting import LONG_CEILING
 from tests.waiting import wait_for as wait_until
 from tests.workers.stack import (
@@ -43,11 +50,12 @@ from tests.workers.stack import (
 REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 
 
-def _task(gpus: int) -> dict[str, Any]:
-    """A task's pod as the floor wants it, 30 s of simulated time; the GPU
-    workers ask for one island, as Kueue's annotation says it."""
+def _task(gpus: int, ends: bool = True) -> dict[str, Any]:
+    """A task's pod as the floor wants it, 30 s of simulated time (or, one
+    that does not end by itself, a million); the GPU workers ask for one
+    island, as Kueue's annotation says it."""
     requests = {"cpu": str(gpus or 2), "memory": f"{8 * (gpus or 2)}Gi", GPU: gpus}
-    template = pod_template(requests, "30s")
+    template = pod_template(requests, "30s" if ends else "1000000s")
     if gpus:
         template["metadata"]["annotations"][REQUIRED] = ISLAND
     return template
@@ -111,14 +119,32 @@ def _workload(api: httpx.Client, name: str) -> dict[str, Any]:
     return dict(response.json())
 
 
-def test_volcanos_tensorflow_example_runs_to_completed_on_a_kueue_member(
-    stack: Stack, tmp_path: Path
+@dataclass(frozen=True)
+class Example:
+    manifest: Callable[[Callable[..., dict[str, Any]]], dict[str, Any]]
+    tasks: list[tuple[str, int]]
+    """(task, pods) in order: the pod sets and the JobSet's replicated jobs."""
+    ends_job: str
+    """The task whose completion completes the job: the success target."""
+    workers_end: bool
+    """Whether the GPU workers end by themselves (else they are stopped)."""
+
+
+EXAMPLES = {
+    "tensorflow dist-mnist": Example(volcano_tf_mnist, [("ps", 1), ("worker", 2)], "worker", True),
+    "mpi": Example(volcano_mpi, [("mpimaster", 1), ("mpiworker", 2)], "mpimaster", False),
+}
+
+
+@pytest.mark.parametrize("example", EXAMPLES.values(), ids=list(EXAMPLES))
+def test_a_volcano_example_runs_to_completed_on_a_kueue_member(
+    stack: Stack, tmp_path: Path, example: Example
 ) -> None:
     # One member, two islands of two 8-GPU nodes; a queue of 32 GPUs.
     fleet = write_fleet(tmp_path / "fleet.yaml", {"m1": (2, 2)})
     manifests = [*base_manifests(), team_queue("team-a", 32), local_queue("team-a", "team-a")]
     stack.start(fleet, 1, manifests, time_scale=0.01)
-    vcjob = volcano_tf_mnist(_task)
+    vcjob = example.manifest(_task)
     vcjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "train"
     name = vcjob["metadata"]["name"]
     (member,) = stack.members
@@ -129,10 +155,8 @@ def test_volcanos_tensorflow_example_runs_to_completed_on_a_kueue_member(
     ):
         created = api.post("/v1/namespaces/team-a/workloads", json=vcjob)
         assert created.status_code == 201, created.text
-        assert [(p["name"], p["count"]) for p in created.json()["spec"]["podSets"]] == [
-            ("ps", 1),
-            ("worker", 2),
-        ]
+        pod_sets = [(p["name"], p["count"]) for p in created.json()["spec"]["podSets"]]
+        assert pod_sets == example.tasks
         try:
             wait_until(
                 lambda: _workload(api, name)["status"].get("state") == "Finished",
@@ -141,6 +165,10 @@ def test_volcanos_tensorflow_example_runs_to_completed_on_a_kueue_member(
                 seen=lambda: _workload(api, name)["status"],
             )
             wait_until(lambda: jobsets.completed(name) is not None, LONG_CEILING, "Completed")
+            # Its pods are all gone from the member, stopped or ended.
+            wait_until(
+                lambda: all(p.deleted for p in members.pods.values()), LONG_CEILING, "pods gone"
+            )
         except AssertionError as error:
             raise AssertionError(f"{error}\n{stack.logs()}") from None
         status = _workload(api, name)["status"]
@@ -151,14 +179,20 @@ def test_volcanos_tensorflow_example_runs_to_completed_on_a_kueue_member(
     assert [e["body"]["outcome"] for e in ledger["items"]] == ["succeeded"]
     ran = jobsets.completed(name)
     assert ran is not None
-    assert [r["name"] for r in ran["spec"]["replicatedJobs"]] == ["ps", "worker"]
-    assert ran["spec"]["successPolicy"]["targetReplicatedJobs"] == ["worker"]
-    # Every pod of every task ran and succeeded; the workers in one island.
+    assert [r["name"] for r in ran["spec"]["replicatedJobs"]] == [t for t, _ in example.tasks]
+    assert ran["spec"]["successPolicy"]["targetReplicatedJobs"] == [example.ends_job]
+    # Every pod of every task ran; the workers in one island, stopped or ended.
     pods = [p for p in members.pods.values() if p.namespace == "team-a"]
     assert sorted(p.gpus for p in pods) == [0, 8, 8]
-    assert all("Succeeded" in p.phases for p in pods), [(p.name, p.phases) for p in pods]
-    islands = {members.node_island[("m1", str(p.node))] for p in pods if p.gpus}
-    assert len(islands) == 1 and islands == set(
-        status["admission"]["podSetAssignments"][1]["islands"]
-    )
+    assert all("Running" in p.phases for p in pods), [(p.name, p.phases) for p in pods]
+    (head,) = [p for p in pods if not p.gpus]
+    assert "Succeeded" in head.phases
+    workers = [p for p in pods if p.gpus]
+    assert all(("Succeeded" in p.phases) == example.workers_end for p in workers), [
+        (p.name, p.phases) for p in workers
+    ]
+    islands = {members.node_island[("m1", str(p.node))] for p in workers}
+    assignment = {a["name"]: a for a in status["admission"]["podSetAssignments"]}
+    assert len(islands) == 1
+    assert islands == set(assignment[example.tasks[1][0]]["islands"])
     assert not members.overcommits and not members.errors
