@@ -40,6 +40,12 @@ on the shared local server other clients' queries count too, so read it on an
 otherwise idle machine or with ``--private-postgres``), Redis, and this bench's
 own generators, watches and kubelet.
 
+``--fleets kueue,mixed`` measures the same phases twice in one run, on a
+fresh set of processes each: the Kueue-only fleet, then one whose ``m1``
+(the member the engine fills first) is a Volcano member (docs/volcano.md:
+a Queue mirror, a PodGroup applied before each job); ``fleets`` in the
+result sets their admitted/s, latency and jobs per member side by side.
+
 Progress on stderr; one JSON line on stdout; ``--out`` also writes it.
 """
 
@@ -343,6 +349,11 @@ def phase(
                 if j.name.startswith(tag + "-")
             }
 
+    def by_cluster() -> dict[str, int]:
+        with watch.lock:
+            named = [j.cluster for j in watch.job_history if j.name.startswith(tag + "-")]
+        return {c: named.count(c) for c in sorted(set(named))}
+
     at_end = len(on_member())
     deadline = time.time() + drain
     while len(on_member()) < len(acknowledged) and time.time() < deadline:
@@ -369,6 +380,7 @@ def phase(
         "latency_p99_s": _percentile(latencies, 0.99),
         "latency_max_s": _percentile(latencies, 1.0),
         **_split(database, tag, acknowledged, seen),
+        "jobs_by_cluster": by_cluster(),
     }
     log(f"rate {rate}/s: {json.dumps(result)}")
     return result
@@ -446,6 +458,12 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--worker-concurrency", type=int, default=2)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--private-postgres", action="store_true")
+    parser.add_argument(
+        "--fleets",
+        default="kueue",
+        help="fleets measured one after the other in this run: kueue (three Kueue members), "
+        "mixed (m1, which the engine fills first, a Volcano member); e.g. kueue,mixed",
+    )
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args()
 
@@ -460,8 +478,14 @@ def _database(stack: ExitStack, private: bool) -> str:
     return database
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Every phase against one set of processes; the engine alone after."""
+#: The members' backends of each fleet ``--fleets`` names.
+#: The engine fills m1 first, so in "mixed" the Volcano member takes most gangs.
+FLEETS = {"kueue": {}, "mixed": {"m1": "volcano"}}
+
+
+def measure(args: argparse.Namespace, backends: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every phase against one set of processes; the engine alone after.
+    ``backends``: members that are not Kueue members (``{"m3": "volcano"}``)."""
     started = time.time()
     gpus = 3 * 4 * args.nodes_per_island * 8
     objects = manifests(gpus // len(TEAMS))
@@ -470,10 +494,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         redis_server = stack.enter_context(private_redis())
         database = _database(stack, args.private_postgres)
         fleet = write_fleet(
-            workdir / "fleet.yaml", {f"m{i}": (4, args.nodes_per_island) for i in (1, 2, 3)}
+            workdir / "fleet.yaml",
+            {f"m{i}": (4, args.nodes_per_island) for i in (1, 2, 3)},
+            backends,
         )
         fleet_text = fleet.read_text()
-        log(f"fleet: 3 clusters, {gpus} GPUs; database {database.rsplit('/', 1)[1]}")
+        log(
+            f"fleet: 3 clusters ({backends or 'all kueue'}), {gpus} GPUs; "
+            f"database {database.rsplit('/', 1)[1]}"
+        )
         env = {**ENV, **json.loads(os.environ.get("QM_BENCH_EXTRA_ENV", "{}"))}
         processes = stack.enter_context(Stack(workdir, database, redis_server.url, env))
         processes.start(
@@ -549,8 +578,38 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     args = _arguments()
     load_before = os.getloadavg()
-    measured = measure(args)
+    names = [n.strip() for n in args.fleets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FLEETS]
+    if unknown or not names:
+        raise SystemExit(f"--fleets: {unknown or names} not of {sorted(FLEETS)}")
+    runs = {name: measure(args, FLEETS[name]) for name in names}
+    measured = runs[names[0]]
     at_200 = next((p for p in measured["phases"] if p["rate"] == 200), None)
+    beside: dict[str, Any] = {}
+    if len(runs) > 1:
+        # Each fleet's phases, side by side: admitted/s and p99 per rate.
+        beside["fleets"] = {
+            name: {
+                "backends": FLEETS[name] or "all kueue",
+                "phases": [
+                    {
+                        k: p[k]
+                        for k in (
+                            "rate",
+                            "acknowledged",
+                            "admitted_per_s_end_to_end",
+                            "latency_p50_s",
+                            "latency_p99_s",
+                            "missing_after_drain",
+                            "jobs_by_cluster",
+                        )
+                    }
+                    for p in run["phases"]
+                ],
+                "cpu_ms_per_workload_in_phases": run["cpu_ms_per_workload_in_phases"],
+            }
+            for name, run in runs.items()
+        }
     result = {
         "bench": "e2e",
         "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -569,6 +628,7 @@ def main() -> None:
                 and (at_200["latency_p99_s"] or 99) <= 3.0
             ),
         },
+        **beside,
         "load_average": {"before": load_before, "after": os.getloadavg()},
     }
     line = json.dumps(result)

@@ -206,8 +206,12 @@ def standalone(
         ),
     ] = None,
     clusters: Annotated[
-        int, typer.Option(help="Stand-in member clusters to serve from the fleet (0: none).")
-    ] = 3,
+        int,
+        typer.Option(
+            help="Stand-in member clusters to serve: the fleet's first N (0: none; the demo "
+            "fleet's four are three Kueue members and the Volcano member vc-1)."
+        ),
+    ] = 4,
     fleet: Annotated[
         Path | None,
         typer.Option(help="Fleet file of the stand-ins.", show_default="sim/fleets/demo.yaml"),

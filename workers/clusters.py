@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +31,7 @@ import yaml
 # Imported here, not on first use: the client loads its API modules lazily,
 # and CoreV1Api alone takes seconds of CPU; a Celery worker imports this
 # module before it forks, so its pool processes share the import.
-from kubernetes.client import CoreV1Api, CustomObjectsApi
+from kubernetes.client import ApisApi, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from workers.jsonio import dumps, loads
@@ -47,6 +47,7 @@ __all__ = [
     "RateLimiter",
     "Ref",
     "configuration",
+    "discovered_backend",
 ]
 
 FIELD_MANAGER = "quartermaster"
@@ -101,8 +102,25 @@ KINDS: dict[str, Kind] = {
         Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),
         Kind("kubeflow.org/v2beta1", "MPIJob", "mpijobs", True),
         Kind("coordination.k8s.io/v1", "Lease", "leases", True),  # workers/fence.py
+        # A Volcano member's (workers/plan/volcano.py).
+        Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
+        Kind("scheduling.volcano.sh/v1beta1", "Queue", "queues", False),
+        Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups", True),
+        Kind("topology.volcano.sh/v1alpha1", "HyperNode", "hypernodes", False),
     )
 }
+
+
+#: The API group that tells each backend's members apart (``/apis``): a Kueue
+#: member serves Kueue's CRDs, a Volcano member Volcano's scheduling ones.
+BACKEND_GROUPS = (("kueue", "kueue.x-k8s.io"), ("volcano", "scheduling.volcano.sh"))
+
+
+def discovered_backend(groups: Iterable[str]) -> str | None:
+    """The backend whose API group a member serves (Kueue first, where one
+    serves both: it was the only backend before Volcano's); none if neither."""
+    served = set(groups)
+    return next((backend for backend, group in BACKEND_GROUPS if group in served), None)
 
 
 class RateLimiter:
@@ -261,6 +279,16 @@ class Member:
             return items, parsedate_to_datetime(date) if date else None
         except (TypeError, ValueError):
             return items, None
+
+    def api_groups(self) -> list[str]:
+        """The API groups the member serves (discovery, ``GET /apis``)."""
+        with self._call("discover api groups"):
+            found: Any = ApisApi(self.api).get_api_versions(_request_timeout=self.timeout)
+        return [str(group.name) for group in found.groups or ()]
+
+    def backend(self) -> str | None:
+        """The admission backend the member serves, by discovery."""
+        return discovered_backend(self.api_groups())
 
     def exists(self, ref: Ref) -> bool:
         return self.read(ref) is not None

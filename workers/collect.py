@@ -44,9 +44,11 @@ from workers.clusters import Member, MemberError
 from workers.metering import Meter
 from workers.plan import (
     CLUSTER_UID_LABEL,
+    GROUP_KIND,
     JOB_KINDS,
     MANAGED,
     QUEUE_KINDS,
+    VOLCANO_QUEUE_KINDS,
     WORKLOAD_ANNOTATION,
     Ref,
 )
@@ -62,6 +64,9 @@ FINAL = COLLECTION_ENDED
 REASON = "ClusterDeleted"
 #: What we remove, in this order: jobs first, then the queues they used.
 SWEPT = (*JOB_KINDS, *QUEUE_KINDS)
+#: The same on a Volcano member: jobs, their PodGroups, then Queues and
+#: PriorityClasses.
+VOLCANO_SWEPT = (*JOB_KINDS, GROUP_KIND, *VOLCANO_QUEUE_KINDS)
 _SHOWN = 50
 
 Connect = Callable[[ClusterRow], Member]
@@ -121,18 +126,21 @@ def _ours(obj: Mapping[str, Any], uid: str) -> bool:
     return bool(labels.get(CLUSTER_UID_LABEL, uid) == uid)
 
 
-def sweep(member: Member, uid: str) -> tuple[list[str], list[Mapping[str, Any]]]:
+def sweep(
+    member: Member, uid: str, backend: str = "kueue"
+) -> tuple[list[str], list[Mapping[str, Any]]]:
     """Delete every object of ours there (jobs first); what was deleted, and
     what is still there afterwards (terminating, or held by a finalizer)."""
     removed: list[str] = []
-    for kind in SWEPT:
+    swept = VOLCANO_SWEPT if backend == "volcano" else SWEPT
+    for kind in swept:
         for obj in member.list_objects(kind, MANAGED):
             if not _ours(obj, uid) or (obj.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             member.delete(Ref.of(obj))
             removed.append(str(Ref.of(obj)))
     left: list[Mapping[str, Any]] = [
-        o for kind in SWEPT for o in member.list_objects(kind, MANAGED) if _ours(o, uid)
+        o for kind in swept for o in member.list_objects(kind, MANAGED) if _ours(o, uid)
     ]
     return removed, left
 
@@ -162,7 +170,7 @@ def collect(
     left: list[Mapping[str, Any]] = []
     try:
         member = connect(row)
-        report.removed, left = sweep(member, row.uid)
+        report.removed, left = sweep(member, row.uid, row.backend)
         if not left:  # its pods, ended, wait for what they ran to be read: docs/billing.md
             Meter(member, engine, lambda: now).let_go()
     except Exception as error:  # every failure is retried, and recorded without secrets

@@ -31,7 +31,7 @@ from workers.reconcile import Report, reconcile
 from workers.records import ClusterRow, clusters
 from workers.settings import WorkerSettings
 from workers.sync import SyncReport, sync
-from workers.watch import ClusterWatch
+from workers.watch import ClusterWatch, watched
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +217,12 @@ class FleetLoop:
                 log.exception("cannot connect to %s", row.name)
                 continue
             current = self.watches.get(row.name)
-            if current is not None and current[0] is member:
+            kinds = watched(row.backend)
+            if current is not None and current[0] is member and current[1].kinds == kinds:
                 continue
             if current is not None:
                 current[1].close()
-            watch = ClusterWatch(member, functools.partial(self.wake, row.name))
+            watch = ClusterWatch(member, functools.partial(self.wake, row.name), kinds)
             self.watches[row.name] = (member, watch)
 
     def _take(self) -> list[str]:

@@ -38,6 +38,7 @@ from workers.clusters import KINDS, Member, MemberError
 from workers.metering import Meter, admission_ids
 from workers.plan import (
     ADMISSION_LABEL,
+    GROUP_KIND,
     JOB_KINDS,
     MANAGED,
     WORKLOAD_ANNOTATION,
@@ -72,6 +73,15 @@ _LISTED = (
     "LocalQueue",
     *JOB_KINDS,
 )
+#: What a pass lists on a Volcano member: its queue objects, the gangs'
+#: PodGroups, the jobs.
+_VOLCANO_LISTED = ("Namespace", "PriorityClass", "Queue", GROUP_KIND, *JOB_KINDS)
+
+
+def listed(backend: str) -> tuple[str, ...]:
+    """The kinds of ours a member of ``backend`` may hold, jobs last."""
+    return _VOLCANO_LISTED if backend == "volcano" else _LISTED
+
 
 Connect = Callable[[ClusterRow], Member]
 
@@ -92,14 +102,14 @@ class Report:
     skipped: str | None = None
 
 
-def _in_use(engine: Engine, cluster: str) -> tuple[str, ...]:
+def _in_use(engine: Engine, cluster: str, backend: str = "kueue") -> tuple[str, ...]:
     """The queue kinds, and the job kinds of the gangs the centre has on
     ``cluster`` (read before the member is listed: a job of a kind not
     listed can only be one no pass has dispatched yet, since passes of a
     cluster never overlap, or a stray)."""
     with engine.connect() as conn:
         specs = [r.spec for r in workload_rows(conn, cluster)]
-    return (*_LISTED[: -len(JOB_KINDS)], *job_kinds(specs))
+    return (*listed(backend)[: -len(JOB_KINDS)], *job_kinds(specs))
 
 
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
@@ -142,7 +152,8 @@ def reconcile(
     member = connect(row)
     # A cluster that was ever lost may hold jobs of gangs since requeued, of
     # any kind, that must be gone before anything new runs: all are listed.
-    kinds = _LISTED if strays or row.status.get("lost") else _in_use(engine, cluster)
+    every = listed(row.backend)
+    kinds = every if strays or row.status.get("lost") else _in_use(engine, cluster, row.backend)
     # The member is read before the centre: a view older than the listing
     # would take a job that another pass dispatched meanwhile (for a gang
     # admitted after this view was read) for a stray, delete it, and the
@@ -263,8 +274,14 @@ def _terminating(actual: list[dict[str, Any]], ref: Ref) -> bool:
 DISPATCHERS = 8
 
 
-def _dispatch(member: Member, obj: dict[str, Any]) -> MemberError | None:
+def _dispatch(
+    member: Member, obj: dict[str, Any], group: dict[str, Any] | None = None
+) -> MemberError | None:
+    """Apply one job, after its PodGroup on a Volcano member (its pods,
+    created with the job, name the group that binds them)."""
     try:
+        if group is not None:
+            member.apply(group)
         member.apply(obj)
     except MemberError as error:
         return error
@@ -276,7 +293,12 @@ def _carry_out(member: Member, actions: Actions, report: Report) -> None:
         member.apply(obj)
         report.applied.append(str(Ref.of(obj)))
     with ThreadPoolExecutor(min(DISPATCHERS, max(1, len(actions.dispatch)))) as pool:
-        outcomes = list(pool.map(lambda obj: _dispatch(member, obj), actions.dispatch))
+        outcomes = list(
+            pool.map(
+                lambda obj: _dispatch(member, obj, actions.groups.get(str(Ref.of(obj)))),
+                actions.dispatch,
+            )
+        )
     failed: MemberError | None = None
     for obj, error in zip(actions.dispatch, outcomes, strict=True):
         if error is None:
@@ -340,4 +362,4 @@ def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime) -> None:
     _apply(uow, row, change, now)
 
 
-__all__ = ["ACTOR", "KINDS", "REQUEUED", "TOPIC", "Report", "managed", "reconcile"]
+__all__ = ["ACTOR", "KINDS", "REQUEUED", "TOPIC", "Report", "listed", "managed", "reconcile"]

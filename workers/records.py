@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -86,6 +86,12 @@ class ClusterRow:
     @property
     def state(self) -> str:
         return str(self.status.get("state", "Ready"))
+
+    @property
+    def backend(self) -> str:
+        """``spec.backend``, else what discovery recorded (``status.backend``,
+        written by sync), else ``kueue``: what every member was before."""
+        return str(self.spec.get("backend") or self.status.get("backend") or "kueue")
 
     def data(self, status: Mapping[str, Any], *, keep_secret: bool = True) -> Obj:
         """The Cluster's whole state with ``status``; ``keep_secret=False``
@@ -181,7 +187,14 @@ def workload_rows(conn: Connection, cluster: str) -> list[WorkloadRow]:
     return ROWS.rows(conn, cluster)
 
 
-def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str = "") -> ClusterView:
+def view(
+    conn: Connection,
+    cluster: str,
+    rows: Sequence[WorkloadRow],
+    uid: str = "",
+    backend: str = "kueue",
+    inventory: Sequence[Mapping[str, Any]] = (),
+) -> ClusterView:
     config: dict[str, dict[str, Mapping[str, Any]]] = {
         "ResourceFlavor": {},
         "Topology": {},
@@ -199,7 +212,18 @@ def view(conn: Connection, cluster: str, rows: Sequence[WorkloadRow], uid: str =
         topologies=config["Topology"],
         cluster_queues=config["ClusterQueue"],
         cluster_uid=uid,
+        backend=backend,
+        hyper_islands=hyper_islands(inventory),
     )
+
+
+def hyper_islands(nodes: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """The islands that sync found as tier-1 HyperNodes, with their nodes."""
+    out: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.get("islandFrom") == "HyperNode":
+            out.setdefault(str(node["island"]), []).append(str(node["name"]))
+    return {island: tuple(sorted(names)) for island, names in out.items()}
 
 
 def cluster_row(engine: Engine, cluster: str) -> ClusterRow | None:
@@ -215,7 +239,15 @@ def load(engine: Engine, cluster: str) -> tuple[ClusterRow | None, list[Workload
     with engine.connect().execution_options(**options) as conn, conn.begin():
         found = clusters(conn, cluster)
         rows = workload_rows(conn, cluster)
-        cluster_view = view(conn, cluster, rows, found[0].uid if found else "")
+        row = found[0] if found else None
+        cluster_view = view(
+            conn,
+            cluster,
+            rows,
+            row.uid if row else "",
+            row.backend if row else "kueue",
+            ((row.status.get("inventory") or {}).get("nodes") or ()) if row else (),
+        )
     return (found[0] if found else None), rows, cluster_view
 
 

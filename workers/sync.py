@@ -39,6 +39,7 @@ from workers.clusters import Member, MemberError
 from workers.plan import (
     ADMISSION_LABEL,
     CHECKPOINT_ANNOTATION,
+    MANAGED,
     RUNS_HERE,
     WORKLOAD_ANNOTATION,
     ClusterView,
@@ -46,6 +47,8 @@ from workers.plan import (
     admission_id,
     job_kinds,
     member_status,
+    tier_one_islands,
+    volcano_status,
 )
 from workers.reconcile import managed
 from workers.records import (
@@ -115,11 +118,15 @@ def inventory(
     nodes: Iterable[Mapping[str, Any]],
     view: ClusterView,
     taken: Mapping[str, Mapping[str, str]] | None = None,
+    hypernodes: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """The inventory nodes (admission.py's shape) of the nodes that carry a
     flavor's labels; the rest are not ours to schedule on. ``taken``: what
-    pods we do not manage reserve per node."""
+    pods we do not manage reserve per node; ``hypernodes``: a Volcano
+    member's tier-1 HyperNode of each node, its island there (marked
+    ``islandFrom: HyperNode``), else the island label's value."""
     taken = taken or {}
+    hypernodes = hypernodes or {}
     out = []
     for node in nodes:
         meta, spec, status = (
@@ -138,11 +145,14 @@ def inventory(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or ()
         )
+        hypernode = hypernodes.get(str(meta["name"])) if levels else None
+        extra = {"islandFrom": "HyperNode"} if hypernode else {}
         out.append(
             {
+                **extra,
                 "name": meta["name"],
                 "flavor": flavor,
-                "island": island or f"{cluster}-{flavor}",
+                "island": hypernode or island or f"{cluster}-{flavor}",
                 "allocatable": {
                     k: v for k, v in (status.get("allocatable") or {}).items() if k != "pods"
                 },
@@ -248,8 +258,15 @@ def sync(
         foreign = member.pods(f"!{ADMISSION_LABEL}")
         # Only the kinds of the gangs read above: a job of another kind has
         # no row here, and sync would pass it over.
+        backend = _backend(row, member)
         jobs = managed(member, job_kinds(r.spec for r in rows))
-        owners = _owners(member.list_objects("Workload"))
+        volcano = (row.spec.get("backend") or backend) == "volcano"
+        hypernodes: dict[str, str] = {}
+        if volcano:
+            owners = _groups(member.list_objects("PodGroup", MANAGED))
+            hypernodes = tier_one_islands(member.list_objects("HyperNode"), nodes)
+        else:
+            owners = _owners(member.list_objects("Workload"))
     except MemberError as error:
         report.reachable = False
         log.info("%s unreachable: %s", cluster, error)
@@ -257,10 +274,10 @@ def sync(
         return report
     agent = _agent(member, fencing)
     now = clock()
-    nodes_now = inventory(cluster, nodes, view, reserved(foreign))
+    nodes_now = inventory(cluster, nodes, view, reserved(foreign), hypernodes)
     fenced = fence.status(row.status.get("fence"), agent, fencing, now)
     if _heartbeat(
-        unit_of_work, row, nodes_now, fenced, heartbeat_interval, now, report, member_time
+        unit_of_work, row, nodes_now, fenced, heartbeat_interval, now, report, member_time, backend
     ):
         promise = fenced
     else:
@@ -278,9 +295,32 @@ def sync(
             now,
             report,
             pods_ready,
+            volcano,
         )
     _write_all(unit_of_work, report, changes)
     return report
+
+
+def _backend(row: ClusterRow, member: Member) -> str | None:
+    """The backend discovery finds, when the registration names none and
+    none was recorded yet (``status.backend``, written with the heartbeat:
+    sync is the one writer of a Cluster's status)."""
+    if row.spec.get("backend"):
+        return None
+    recorded = row.status.get("backend")
+    return str(recorded) if recorded else member.backend()
+
+
+def _groups(groups: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Any]:
+    """A Volcano member's PodGroups of ours by (namespace, admission id): a
+    group of an earlier admission of the same gang is never read as the new
+    one's."""
+    out = {}
+    for group in groups:
+        meta = group.get("metadata") or {}
+        admission = str((meta.get("labels") or {}).get(ADMISSION_LABEL, ""))
+        out[(str(meta.get("namespace")), admission)] = group
+    return out
 
 
 def _owners(workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Any]:
@@ -304,18 +344,21 @@ def _heartbeat(
     now: datetime,
     report: SyncReport,
     member_time: datetime | None = None,
+    backend: str | None = None,
 ) -> bool:
     """Record the heartbeat (and with it ``status.fence``, the promise of
     heartbeat writes that lets the member's Lease be renewed: one per
     ``interval``, or when something an operator sees changed; and
     ``memberTime``, the member's own clock then, where a lost member's
-    estimate of what ran ends); whether it was written."""
+    estimate of what ran ends; and ``backend``, what discovery found when
+    the registration names none); whether it was written."""
     status = dict(row.status)
     last = parse_time(status.get("lastHeartbeat"))
     changed = (
         row.state != "Ready"
         or (status.get("inventory") or {}).get("nodes") != nodes
         or fence.settled(status.get("fence") or {}) != fence.settled(fenced)
+        or (backend is not None and status.get("backend") != backend)
     )
     if not changed and last is not None and (now - last).total_seconds() < interval:
         return False
@@ -329,6 +372,8 @@ def _heartbeat(
     )
     if member_time is not None:
         status["memberTime"] = rfc3339(member_time)
+    if backend is not None:
+        status["backend"] = backend
 
     def write(uow: SqlUnitOfWork) -> None:
         append_cluster(uow, row, SYNCED, status, ACTOR, now, entries)
@@ -385,6 +430,7 @@ def _job(
     now: datetime,
     report: SyncReport,
     pods_ready: bool,
+    volcano: bool = False,
 ) -> None:
     meta = job.get("metadata") or {}
     key = str((meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION, ""))
@@ -397,8 +443,11 @@ def _job(
         return
     if (meta.get("labels") or {}).get(ADMISSION_LABEL) != admission_id(workload):
         return  # a job of an earlier admission: stale, reconcile removes it
-    owner = owners.get((str(meta.get("namespace")), str(meta.get("uid"))))
-    seen = member_status(job, owner)
+    if volcano:  # its PodGroup, by admission
+        group = owners.get((str(meta.get("namespace")), admission_id(workload)))
+        seen = volcano_status(job, group)
+    else:  # its member Kueue Workload, by owner
+        seen = member_status(job, owners.get((str(meta.get("namespace")), str(meta.get("uid")))))
     phase = seen["phase"]
     if state == "Admitted" and (phase != "Pending" or pods_ready) and "podsReady" not in row.status:
         created = parse_time(meta.get("creationTimestamp"))

@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 #: What a watch follows: Nodes (inventory) and member Kueue Workloads (every
 #: job kind's PodsReady, Finished and Evicted show there).
 WATCHED = ("Node", "Workload")
+#: On a Volcano member: Nodes and the PodGroups, whose phases sync reads.
+VOLCANO_WATCHED = ("Node", "PodGroup")
+
+
+def watched(backend: str) -> tuple[str, ...]:
+    return VOLCANO_WATCHED if backend == "volcano" else WATCHED
+
+
 _WINDOW = 60  # seconds a watch request stays open before it is renewed
 _BACKOFF_MAX = 5.0
 
@@ -132,10 +140,13 @@ class Stream:
 class ClusterWatch:
     """The streams of one member cluster, each in a daemon thread."""
 
-    def __init__(self, member: Member, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, member: Member, wake: Callable[[], None], kinds: tuple[str, ...] = WATCHED
+    ) -> None:
         self.member = member
+        self.kinds = kinds
         self.stop = threading.Event()
-        self.streams = [Stream(member, kind, wake, self.stop) for kind in WATCHED]
+        self.streams = [Stream(member, kind, wake, self.stop) for kind in kinds]
         self.threads = [
             threading.Thread(target=s.run, name=f"watch-{member.name}-{s.kind}", daemon=True)
             for s in self.streams
@@ -151,4 +162,4 @@ class ClusterWatch:
             thread.join(wait)
 
 
-__all__ = ["WATCHED", "ClusterWatch", "Stream"]
+__all__ = ["VOLCANO_WATCHED", "WATCHED", "ClusterWatch", "Stream", "watched"]

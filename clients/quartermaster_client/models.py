@@ -207,6 +207,9 @@ class ClusterSpec(Model):
     ca_data: str | None = None
     insecure_skip_tls_verify: bool | None = Field(default=None, alias="insecureSkipTLSVerify")
     cordoned: bool | None = None
+    backend: str | None = Field(
+        default=None, description="kueue or volcano; unset: found by discovery (status.backend)"
+    )
     credentials: dict[str, Any] | None = Field(
         default=None, description="Write-only: a token or a kubeconfig; never returned."
     )
@@ -216,6 +219,13 @@ class Cluster(Resource):
     KIND = "Cluster"
     spec: ClusterSpec = Field(default_factory=ClusterSpec)
     status: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def backend(self) -> str | None:
+        """Which admission objects the member is reconciled to: the
+        registration's ``spec.backend``, else what discovery recorded."""
+        found = self.spec.backend or self.status.get("backend")
+        return str(found) if found else None
 
 
 # -- workloads ---------------------------------------------------------------------------

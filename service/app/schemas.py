@@ -402,6 +402,14 @@ class ClusterSpec(Strict):
     caData: str | None = Field(default=None, max_length=65536, description="PEM, base64 or not")
     insecureSkipTLSVerify: bool = False
     cordoned: bool = Field(default=False, description="A cordoned cluster takes no new gangs.")
+    backend: Literal["kueue", "volcano"] | None = Field(
+        default=None,
+        description=(
+            "Which admission objects the member is reconciled to: Kueue's (ClusterQueue, "
+            "LocalQueue, ...) or Volcano's (Queue, PodGroup). Unset: found by discovery "
+            "(the CRDs the member serves) and recorded in status.backend."
+        ),
+    )
     credentials: ClusterCredentials | None = Field(
         default=None, description="Required on create; omit on replace to keep the stored ones."
     )

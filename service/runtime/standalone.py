@@ -71,7 +71,7 @@ class Options:
     host: str = "127.0.0.1"
     port: int = 8080
     data_dir: Path = Path(".qm-data")
-    clusters: int = 3
+    clusters: int = 4
     fleet: Path = DEMO_FLEET
     quotas: Path | None = DEMO_QUOTAS
     startup_timeout: float = 90.0

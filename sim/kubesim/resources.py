@@ -211,6 +211,15 @@ def builtin_types() -> tuple[ResourceType, ...]:
         *_apps(),
         # The fence agent's heartbeat from the centre (workers/fence.py).
         _core("Lease", "leases", namespaced=True, group="coordination.k8s.io", status=False),
+        # What a Volcano PodGroup's priorityClassName names (workers/plan/volcano.py).
+        _core(
+            "PriorityClass",
+            "priorityclasses",
+            namespaced=False,
+            group="scheduling.k8s.io",
+            short=("pc",),
+            status=False,
+        ),
         _open_crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", ()),
         _open_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", ()),
         _open_crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ()),

@@ -36,3 +36,34 @@ def test_a_plain_server_url_is_accepted(api: Api) -> None:
         "spec": {"server": "https://api.example:6443/k8s", "credentials": {"token": "t"}},
     }
     assert api.admin.post("/v1/clusters", json=body).status_code == 201
+
+
+@pytest.mark.parametrize("backend", ["slurm", "Volcano", 1, ""])
+def test_a_backend_other_than_kueue_or_volcano_is_refused_naming_the_field(
+    api: Api, backend: object
+) -> None:
+    body = {
+        "metadata": {"name": "east"},
+        "spec": {
+            "server": "https://api.example:6443",
+            "backend": backend,
+            "credentials": {"token": "t"},
+        },
+    }
+    problem = _problem(api.admin.post("/v1/clusters", json=body), 422, "invalid")
+    assert _fields(problem) == ["spec.backend"]
+    assert api.admin.get("/v1/clusters/east").status_code == 404
+
+
+@pytest.mark.parametrize("backend", ["kueue", "volcano"])
+def test_a_backend_named_in_the_registration_is_kept(api: Api, backend: str) -> None:
+    body = {
+        "metadata": {"name": "east"},
+        "spec": {
+            "server": "https://api.example:6443",
+            "backend": backend,
+            "credentials": {"token": "t"},
+        },
+    }
+    assert api.admin.post("/v1/clusters", json=body).status_code == 201
+    assert api.admin.get("/v1/clusters/east").json()["spec"]["backend"] == backend

@@ -699,3 +699,27 @@ def test_an_admitted_gang_as_qmctl_shows_and_explains_it(
     assert cq[:6] == ["cq", "-", "1", "1", "16/16", "0"]
     admitted = _lines(qmctl("ledger", "query", "--kind", "workload.admitted").stdout)
     assert len(admitted) == 2 and "Workload/team-a/gang" in admitted[1]
+
+
+def test_get_clusters_shows_each_members_backend(qmctl: Run, qm: Client) -> None:
+    """The registration's backend, else what discovery recorded, else ``-``."""
+    for name, backend in (("vc-east", "volcano"), ("kq-west", None)):
+        spec: dict[str, Any] = {"server": "https://api.example:6443", "credentials": {"token": "t"}}
+        if backend:
+            spec["backend"] = backend
+        qm.apply(
+            {
+                "apiVersion": "quartermaster.dev/v1",
+                "kind": "Cluster",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+    table = _lines(qmctl("get", "clusters").stdout)
+    assert table[0].split() == ["NAME", "SERVER", "BACKEND", "CORDONED", "HEALTH", "AGE"]
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert rows["vc-east"][2] == "volcano"
+    assert rows["kq-west"][2] == "-"
+    assert qm.get("Cluster", "vc-east").backend == "volcano"
+    for name in ("vc-east", "kq-west"):
+        qmctl("delete", "cluster", name)

@@ -13,11 +13,11 @@ def test_demo_fleet_expands_to_deterministic_nodes() -> None:
     fleet = load_fleet(DEMO)
     nodes = list(fleet.nodes())
     assert [n.name for n in nodes] == [n.name for n in load_fleet(str(DEMO)).nodes()]
-    assert len({n.name for n in nodes}) == len(nodes) == 8 + 4 + 6 + 8 + 6
+    assert len({n.name for n in nodes}) == len(nodes) == 8 + 4 + 6 + 8 + 6 + 4
     gpus = Counter()
     for node in nodes:
         gpus[node.flavor] += node.allocatable["nvidia.com/gpu"]
-    assert gpus == {"h100": 112, "a100": 144}
+    assert gpus == {"h100": 112, "a100": 176}
     first = nodes[0]
     assert first.name == "east-1-h100-i0-n0"
     assert first.island == "east-1-h100-i0"

@@ -29,6 +29,7 @@ import yaml
 from service.runtime.embedded import reachable, steady_ports
 from tests.harness import scratch_database
 from tests.waiting import LONG_CEILING
+from tests.waiting import wait_for as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -192,6 +193,25 @@ def _names(api: httpx.Client, path: str) -> list[str]:
     )
 
 
+_DEMO_BACKENDS = {
+    "east-1": ("Ready", "kueue"),
+    "eu-1": ("Ready", "kueue"),
+    "vc-1": ("Ready", "volcano"),
+    "west-1": ("Ready", "kueue"),
+}
+
+
+def _backends(api: httpx.Client) -> dict[str, tuple[str, str]]:
+    """Each Cluster's state and the backend sync recorded."""
+    return {
+        c["metadata"]["name"]: (
+            (c.get("status") or {}).get("state", ""),
+            (c.get("status") or {}).get("backend", ""),
+        )
+        for c in api.get("/v1/clusters").json()["items"]
+    }
+
+
 def _inventory(api: httpx.Client) -> dict[str, list[str]]:
     return {
         path: _names(api, path)
@@ -254,7 +274,7 @@ def test_embedded_start_use_stop_and_resume(
 
     with first.api() as api:
         seeded = _inventory(api)
-        assert seeded["/v1/clusters"] == ["east-1", "eu-1", "west-1"]
+        assert seeded["/v1/clusters"] == ["east-1", "eu-1", "vc-1", "west-1"]
         assert seeded["/v1/clusterqueues"] == ["language", "serving", "vision"]
         assert seeded["/v1/resourceflavors"] == ["a100", "h100"]
         assert seeded["/v1/workloadpriorityclasses"] == ["critical", "low", "standard"]
@@ -269,6 +289,8 @@ def test_embedded_start_use_stop_and_resume(
         for cluster in api.get("/v1/clusters").json()["items"]:
             assert cluster["spec"]["server"] == servers[cluster["metadata"]["name"]]
             assert "credentials" not in cluster["spec"]
+        # Every member Ready, vc-1 found by discovery to be a Volcano member.
+        wait_until(lambda: _backends(api) == _DEMO_BACKENDS, LONG_CEILING, "clusters Ready")
 
         # qmctl finds the server and token through the context standalone wrote.
         config = yaml.safe_load(Path(environment["QMCTL_CONFIG"]).read_text())
@@ -317,9 +339,9 @@ def test_configured_database_and_broker(
         assert not (scratch / "data" / "postgres").exists()
         assert not any("embedded" in line for line in run.err), run.transcript()
         with run.api() as api:
-            assert _names(api, "/v1/clusters") == ["east-1", "eu-1", "west-1"]
+            assert _names(api, "/v1/clusters") == ["east-1", "eu-1", "vc-1", "west-1"]
             status = json.loads(run.qmctl("get", "clusters", "-o", "json").stdout)
-            assert len(status["items"]) == 3
+            assert len(status["items"]) == 4
         assert run.interrupt() == 0, run.transcript()
 
 

@@ -5,7 +5,7 @@ their token and CA, and a small fleet of h100 islands."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,24 @@ clusters:
 
 
 @contextmanager
-def members(tmp_path: Path, names: tuple[str, ...] = ("c1",)) -> Iterator[list[RunningCluster]]:
+def members(
+    tmp_path: Path,
+    names: tuple[str, ...] = ("c1",),
+    backend: str | None = None,
+    extra_objects: Sequence[dict[str, Any]] = (),
+) -> Iterator[list[RunningCluster]]:
+    """``backend``: ``volcano`` serves Volcano's CRDs and scheduler instead of
+    Kueue's; ``extra_objects``: created on each member at its start."""
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET)
-    with running_clusters(fleet, names, time_scale=0.01, bookmark_interval=0.5) as clusters:
+    with running_clusters(
+        fleet,
+        names,
+        time_scale=0.01,
+        bookmark_interval=0.5,
+        backend=backend,
+        extra_objects=extra_objects,
+    ) as clusters:
         yield clusters
 
 

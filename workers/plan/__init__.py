@@ -28,6 +28,7 @@ from workers.plan.names import (
     ADMISSION_LABEL,
     CHECKPOINT_ANNOTATION,
     CLUSTER_UID_LABEL,
+    GROUP_KIND,
     JOB_KINDS,
     MANAGED,
     MANAGED_LABEL,
@@ -35,19 +36,22 @@ from workers.plan.names import (
     QUEUE_LABEL,
     RUNS_HERE,
     UID_ANNOTATION,
+    VOLCANO_QUEUE_KINDS,
     WORKLOAD_ANNOTATION,
     WORKLOAD_LABEL,
     admission_id,
     job_name,
     workload_label,
 )
-from workers.plan.status import member_status
+from workers.plan.status import member_status, volcano_status
 from workers.plan.views import Actions, ClusterView, Ref, WorkloadView
+from workers.plan.volcano import tier_one_islands
 
 __all__ = [
     "ADMISSION_LABEL",
     "CHECKPOINT_ANNOTATION",
     "CLUSTER_UID_LABEL",
+    "GROUP_KIND",
     "JOB_KINDS",
     "MANAGED",
     "MANAGED_LABEL",
@@ -55,6 +59,7 @@ __all__ = [
     "QUEUE_LABEL",
     "RUNS_HERE",
     "UID_ANNOTATION",
+    "VOLCANO_QUEUE_KINDS",
     "WORKLOAD_ANNOTATION",
     "WORKLOAD_LABEL",
     "Actions",
@@ -68,5 +73,7 @@ __all__ = [
     "job_name",
     "member_status",
     "plan",
+    "tier_one_islands",
+    "volcano_status",
     "workload_label",
 ]

@@ -6,8 +6,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workers.plan.desired import PlanMemo, desired
-from workers.plan.names import ADMISSION_LABEL, JOB_KINDS, QUEUE_KINDS, WORKLOAD_ANNOTATION
+from workers.plan.names import (
+    ADMISSION_LABEL,
+    BACKEND_QUEUE_KINDS,
+    GROUP_KIND,
+    JOB_KINDS,
+    WORKLOAD_ANNOTATION,
+)
 from workers.plan.views import Actions, ClusterView, Ref
+from workers.plan.volcano import emptied_queue, volcano_desired
 
 # -- plan ------------------------------------------------------------------------------------
 
@@ -45,27 +52,47 @@ def plan(
     refs = [Ref.of(o) for o in actual]
     jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in JOB_KINDS]
     present = {key for _, _, key in jobs}
-    want = desired(view, present, memo)
+    volcano = view.backend == "volcano"
+    want = (volcano_desired if volcano else desired)(view, present, memo)
+    queue_kinds = BACKEND_QUEUE_KINDS["volcano" if volcano else "kueue"]
     occupied = {ref for ref, _, _ in jobs}
     for ref, obj, key in jobs:
         if key not in want.jobs and key not in want.held:
             actions.draining.append(key[1])
             if not (obj.get("metadata") or {}).get("deletionTimestamp"):
                 actions.delete.append(ref)
+    # A Volcano gang's PodGroup goes with its job: preemption and eviction
+    # remove the whole group.
+    for ref, obj in zip(refs, actual, strict=True):
+        key = _job_key(obj)
+        unwanted = key not in want.jobs and key not in want.held
+        if ref.kind == GROUP_KIND and unwanted and not obj["metadata"].get("deletionTimestamp"):
+            actions.delete.append(ref)
     on_cluster = dict(zip(refs, actual, strict=True))
     for ns in want.namespaces.values():
         if Ref.of(ns) not in on_cluster:
             actions.apply.append(ns)
     queues = sorted(want.queues.items())
-    for kind in reversed(QUEUE_KINDS):  # flavors, then ClusterQueues, then LocalQueues
+    for kind in reversed(queue_kinds):  # flavors, then ClusterQueues, then LocalQueues
         for ref, obj in queues:
             if ref.kind == kind and not _contains(on_cluster.get(ref), obj):
                 actions.apply.append(obj)
     for key, job in sorted(want.jobs.items()):
         if key not in present and Ref.of(job) not in occupied:
             actions.dispatch.append(job)
-    unused = [ref for ref in refs if ref.kind in QUEUE_KINDS and ref not in want.queues]
-    for kind in QUEUE_KINDS:
+            if key in want.groups:
+                actions.groups[str(Ref.of(job))] = want.groups[key]
+    unused = [ref for ref in refs if ref.kind in queue_kinds and ref not in want.queues]
+    if volcano:
+        # Volcano deletes only a Closed Queue (its webhook refuses the rest),
+        # and closing one is a command to its controller: an unused Queue
+        # is kept, holding nothing and admitting nothing (capability 0).
+        for ref in [r for r in unused if r.kind == "Queue"]:
+            emptied = emptied_queue(on_cluster[ref])
+            if not _contains(on_cluster[ref], emptied):
+                actions.apply.append(emptied)
+        unused = [r for r in unused if r.kind != "Queue"]
+    for kind in queue_kinds:
         actions.collect += [ref for ref in unused if ref.kind == kind]
     running = {key for key, _ in present}
     for workload in view.workloads:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +34,11 @@ from workers.plan.queues import (
     unambiguous,
     use_of,
 )
-from workers.plan.views import ClusterView, Ref, WorkloadView
+from workers.plan.views import ClusterView, Obj, Ref, WorkloadView
 
 
 @dataclass
-class _Admitted:
+class Admitted:
     """A workload admitted here, as desired() gathers it."""
 
     workload: WorkloadView
@@ -54,7 +54,7 @@ class _Kept:
 
     flavors: Mapping[str, Mapping[str, Any]]
     topologies: Mapping[str, Mapping[str, Any]]
-    entries: Mapping[tuple[str, int], _Admitted]
+    entries: Mapping[tuple[str, int], Admitted]
 
 
 class PlanMemo:
@@ -82,8 +82,8 @@ class PlanMemo:
         self._kept[cluster] = kept
 
 
-def _admitted(view: ClusterView, workload: WorkloadView, placements: Placements) -> _Admitted:
-    entry = _Admitted(workload, [], {})
+def _admitted(view: ClusterView, workload: WorkloadView, placements: Placements) -> Admitted:
+    entry = Admitted(workload, [], {})
     for assignment in workload.admission.get("podSetAssignments") or ():
         use = use_of(view, assignment, placements)
         entry.uses.append(use)
@@ -100,7 +100,7 @@ def _links(uses: Iterable[Use]) -> list[list[str]]:
 
 
 def _holds(
-    view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[_Admitted]
+    view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[Admitted]
 ) -> MemberQueue | None:
     """The one member ClusterQueue that admits exactly ``admitted``, if any."""
     uses = merged_uses(u for a in admitted for u in a.uses)
@@ -111,8 +111,8 @@ def _holds(
 
 
 def _generations(
-    view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[_Admitted]
-) -> list[tuple[list[_Admitted], MemberQueue]]:
+    view: ClusterView, spec: Mapping[str, Any], admitted: Sequence[Admitted]
+) -> list[tuple[list[Admitted], MemberQueue]]:
     """Admissions of one central ClusterQueue with the member ClusterQueue
     that holds them: one for all, unless no one can (the centre's resource
     groups changed between them: a flavor covering cpu and GPUs then, cpu
@@ -121,7 +121,7 @@ def _generations(
     whole = _holds(view, spec, admitted)
     if whole is not None:
         return [(list(admitted), whole)]
-    out: list[tuple[list[_Admitted], MemberQueue]] = []
+    out: list[tuple[list[Admitted], MemberQueue]] = []
     order = sorted(
         admitted, key=lambda a: (str(a.workload.admission.get("admittedAt")), a.workload.key)
     )
@@ -169,7 +169,7 @@ def desired(
     pass built every in-flight gang's job to dispatch a few). ``memo``: what
     the last pass over this cluster worked out, reused and renewed."""
     out = Desired()
-    for central, admitted in sorted(_admitted_here(view, out, memo).items()):
+    for central, admitted in sorted(admitted_here(view, out, memo).items()):
         spec = view.cluster_queues.get(central) or {}
         for generation, (entries, member) in enumerate(_generations(view, spec, admitted)):
             cq = _generation_name(f"qm-{dns_label(central)}", generation, 253)
@@ -186,15 +186,30 @@ def desired(
     return out
 
 
-def _admitted_here(
-    view: ClusterView, out: Desired, memo: PlanMemo | None
-) -> dict[str, list[_Admitted]]:
+def workload_priority_class(priority: int) -> tuple[Ref, Obj]:
+    """A Kueue member's ``qm-p<priority>``."""
+    wpc = Ref("WorkloadPriorityClass", "", priority_class_name(priority))
+    return wpc, {
+        "apiVersion": API_VERSIONS["WorkloadPriorityClass"],
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": wpc.name, "labels": managed_labels()},
+        "value": priority,
+    }
+
+
+def admitted_here(
+    view: ClusterView,
+    out: Desired,
+    memo: PlanMemo | None,
+    priority_class: Callable[[int], tuple[Ref, Obj]] = workload_priority_class,
+) -> dict[str, list[Admitted]]:
     """The workloads admitted here by central ClusterQueue, each with its
-    uses; their Namespaces and WorkloadPriorityClasses noted in ``out``."""
-    by_queue: dict[str, list[_Admitted]] = {}
+    uses; their Namespaces and priority classes (``priority_class`` makes
+    the backend's) noted in ``out``."""
+    by_queue: dict[str, list[Admitted]] = {}
     placements: Placements = {}
     kept = memo.kept(view) if memo is not None else _Kept({}, {}, {})
-    entries: dict[tuple[str, int], _Admitted] = {}
+    entries: dict[tuple[str, int], Admitted] = {}
     priorities: set[int] = set()
     for workload in view.workloads:
         if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
@@ -207,7 +222,7 @@ def _admitted_here(
             known = kept.entries.get(stamp)
             entry = known if known is not None else _admitted(view, workload, placements)
             entries[stamp] = entry
-        by_queue.setdefault(central, []).append(_Admitted(workload, entry.uses, entry.selectors))
+        by_queue.setdefault(central, []).append(Admitted(workload, entry.uses, entry.selectors))
         if workload.namespace not in out.namespaces:
             out.namespaces[workload.namespace] = {
                 "apiVersion": "v1",
@@ -217,13 +232,8 @@ def _admitted_here(
         priority = priority_of(workload)
         if priority not in priorities:
             priorities.add(priority)
-            wpc = Ref("WorkloadPriorityClass", "", priority_class_name(priority))
-            out.queues[wpc] = {
-                "apiVersion": API_VERSIONS["WorkloadPriorityClass"],
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": wpc.name, "labels": managed_labels()},
-                "value": priority,
-            }
+            ref, obj = priority_class(priority)
+            out.queues[ref] = obj
     if memo is not None:
         memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries))
     return by_queue
@@ -231,7 +241,7 @@ def _admitted_here(
 
 def _jobs(
     out: Desired,
-    entries: Sequence[_Admitted],
+    entries: Sequence[Admitted],
     cq: str,
     generation: int,
     held: Set[tuple[str, str]],

@@ -36,6 +36,15 @@ JOB_KINDS = MEMBER_JOB_KINDS
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Deletion order (applied in reverse).
 QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass")
+#: A Volcano member's queue objects, in deletion order (applied in reverse).
+VOLCANO_QUEUE_KINDS = ("Queue", "PriorityClass")
+#: Per backend, the queue objects that mirror the centre there.
+BACKEND_QUEUE_KINDS = {"kueue": QUEUE_KINDS, "volcano": VOLCANO_QUEUE_KINDS}
+#: The object that binds a gang on a Volcano member.
+GROUP_KIND = "PodGroup"
+#: Volcano's scheduler name and the pod annotation naming a pod's PodGroup.
+VOLCANO_SCHEDULER = "volcano"
+GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
 RUNS_HERE = frozenset({"Admitted", "Running"})
 API_VERSIONS = {
     "Namespace": "v1",
@@ -45,6 +54,9 @@ API_VERSIONS = {
     "WorkloadPriorityClass": "kueue.x-k8s.io/v1beta2",
     "Job": "batch/v1",
     "JobSet": "jobset.x-k8s.io/v1alpha2",
+    "Queue": "scheduling.volcano.sh/v1beta1",
+    "PodGroup": "scheduling.volcano.sh/v1beta1",
+    "PriorityClass": "scheduling.k8s.io/v1",
 }
 #: Kueue's caps: flavors in one resource group, in one ClusterQueue; a
 #: ResourceFlavor's node labels.

@@ -34,6 +34,8 @@ class Desired:
     jobs: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (workload key, admission)
     #: Jobs wanted that the member already holds: not built again.
     held: set[tuple[str, str]] = field(default_factory=set)
+    #: A Volcano member's PodGroup of each job in ``jobs``, by the same key.
+    groups: dict[tuple[str, str], Obj] = field(default_factory=dict)
 
 
 #: One central flavor on the member, pinned to one island or not: ``(flavor, island)``.

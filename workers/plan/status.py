@@ -32,7 +32,27 @@ def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) ->
         failed = finished.get("reason") == "Failed" or _true(j_conditions, "Failed") is not None
         phase = "Failed" if failed else "Succeeded"
         return {"phase": phase, "at": finished.get("lastTransitionTime"), "reason": phase}
-    for condition in j_conditions:
+    ended = _job_end(job)
+    if ended is not None:
+        return ended
+    evicted = _true(w_conditions, "Evicted")
+    if evicted is not None:
+        return {
+            "phase": "Evicted",
+            "at": evicted.get("lastTransitionTime"),
+            "reason": evicted.get("reason") or "Evicted",
+            "message": evicted.get("message") or "",
+        }
+    ready = _true(w_conditions, "PodsReady")
+    if ready is not None:
+        return {"phase": "Running", "at": ready.get("lastTransitionTime"), "reason": "PodsReady"}
+    return {"phase": "Pending", "at": None, "reason": ""}
+
+
+def _job_end(job: Mapping[str, Any]) -> Obj | None:
+    """The job's own end (``Complete``/``Completed``/``Succeeded`` or
+    ``Failed`` condition), if it has one."""
+    for condition in (job.get("status") or {}).get("conditions") or ():
         if condition.get("status") != "True":
             continue
         if condition.get("type") in _SUCCEEDED:
@@ -47,15 +67,36 @@ def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) ->
                 "at": condition.get("lastTransitionTime"),
                 "reason": condition.get("reason") or "Failed",
             }
-    evicted = _true(w_conditions, "Evicted")
-    if evicted is not None:
+    return None
+
+
+def volcano_status(job: Mapping[str, Any], group: Mapping[str, Any] | None) -> Obj:
+    """What a Volcano member says of one of our jobs, in the phases of
+    :func:`member_status`: the job's own end first; then its PodGroup's
+    phase (Volcano's ``jobStatus``): ``Pending`` and ``Inqueue`` are
+    Pending (not yet placed), ``Running`` (``minMember`` pods placed: the
+    whole gang) is Running, ``Completed`` (every placed pod ended) is the
+    end the job has not written yet, ``Unknown`` (part of the gang runs, the
+    rest cannot be placed: a broken gang) is Evicted, to be requeued whole."""
+    ended = _job_end(job)
+    if ended is not None:
+        return ended
+    status = (group or {}).get("status") or {}
+    conditions = status.get("conditions") or ()
+    phase = status.get("phase") or "Pending"
+    if phase == "Running":
+        scheduled = _true(conditions, "Scheduled") or {}
+        return {"phase": "Running", "at": scheduled.get("lastTransitionTime"), "reason": "Running"}
+    if phase == "Completed":
+        failed = int(status.get("failed") or 0) > 0
+        outcome = "Failed" if failed else "Succeeded"
+        return {"phase": outcome, "at": None, "reason": outcome}
+    if phase == "Unknown":
+        why = _true(conditions, "Unschedulable") or {}
         return {
             "phase": "Evicted",
-            "at": evicted.get("lastTransitionTime"),
-            "reason": evicted.get("reason") or "Evicted",
-            "message": evicted.get("message") or "",
+            "at": why.get("lastTransitionTime"),
+            "reason": "PodGroupUnknown",
+            "message": str(why.get("message") or "part of the gang cannot run on the member"),
         }
-    ready = _true(w_conditions, "PodsReady")
-    if ready is not None:
-        return {"phase": "Running", "at": ready.get("lastTransitionTime"), "reason": "PodsReady"}
-    return {"phase": "Pending", "at": None, "reason": ""}
+    return {"phase": "Pending", "at": None, "reason": str(phase)}

@@ -68,6 +68,11 @@ class ClusterView:
     cluster_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: The Cluster's uid, labelled on every object written (none if empty).
     cluster_uid: str = ""
+    #: ``kueue`` or ``volcano``: which admission objects mirror the centre there.
+    backend: str = "kueue"
+    #: A Volcano member's islands that are tier-1 HyperNodes, with their
+    #: nodes (the inventory's): pods are pinned to them by hostname.
+    hyper_islands: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +86,9 @@ class Actions:
     draining: list[str] = field(default_factory=list)
     apply: list[Obj] = field(default_factory=list)
     dispatch: list[Obj] = field(default_factory=list)
+    #: On a Volcano member, the PodGroup of each job dispatched (by the
+    #: job's ``str(Ref)``): applied just before it.
+    groups: dict[str, Obj] = field(default_factory=dict)
     collect: list[Ref] = field(default_factory=list)
     #: Workloads evicted from this cluster whose job is gone: back to Pending.
     requeue: list[str] = field(default_factory=list)

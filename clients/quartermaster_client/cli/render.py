@@ -174,6 +174,7 @@ def _cluster(c: Resource, wide: bool, context: Context) -> tuple[Row, Row]:
     row = [
         c.name,
         c.spec.server or "-",
+        c.backend or "-",
         "yes" if c.spec.cordoned else "no",
         str(health),
         age(c.metadata.creation_timestamp),
@@ -198,7 +199,11 @@ COLUMNS: dict[str, tuple[list[str], list[str], Columns]] = {
     "Topology": (["NAME", "LEVELS", "AGE"], [], _topology),
     "Cohort": (["NAME", "PARENT", "AGE"], [], _cohort),
     "WorkloadPriorityClass": (["NAME", "VALUE", "DESCRIPTION", "AGE"], [], _priority_class),
-    "Cluster": (["NAME", "SERVER", "CORDONED", "HEALTH", "AGE"], ["LABELS"], _cluster),
+    "Cluster": (
+        ["NAME", "SERVER", "BACKEND", "CORDONED", "HEALTH", "AGE"],
+        ["LABELS"],
+        _cluster,
+    ),
 }
 
 

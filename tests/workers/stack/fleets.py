@@ -10,11 +10,23 @@ import yaml
 
 from tests.workers.stack.names import GPU, ISLAND
 
+#: The label each fleet cluster of :func:`fleet_yaml` carries: its backend.
+BACKEND_LABEL = "example.com/backend"
 
-def fleet_yaml(clusters: Mapping[str, tuple[int, int]], flavor: str = "h100") -> str:
-    """A fleet of 8-GPU nodes: ``{cluster: (islands, nodes per island)}``."""
+
+def fleet_yaml(
+    clusters: Mapping[str, tuple[int, int]],
+    flavor: str = "h100",
+    backends: Mapping[str, str] | None = None,
+) -> str:
+    """A fleet of 8-GPU nodes: ``{cluster: (islands, nodes per island)}``;
+    ``backends``: a cluster's ``kueue`` (the default) or ``volcano``, also
+    its label ``example.com/backend``."""
+    backends = backends or {}
     groups = "".join(
         f"""  - name: {name}
+    backend: {backends.get(name, "kueue")}
+    labels: {{{BACKEND_LABEL}: {backends.get(name, "kueue")}}}
     nodeGroups:
       - flavor: {flavor}
         islands: {islands}
@@ -173,7 +185,9 @@ def gang(
     }
 
 
-def write_fleet(path: Path, clusters: Mapping[str, tuple[int, int]]) -> Path:
-    path.write_text(fleet_yaml(clusters))
+def write_fleet(
+    path: Path, clusters: Mapping[str, tuple[int, int]], backends: Mapping[str, str] | None = None
+) -> Path:
+    path.write_text(fleet_yaml(clusters, backends=backends))
     yaml.safe_load(path.read_text())  # well-formed
     return path
