@@ -1,9 +1,10 @@
 """A Volcano Job from Volcano's own examples through the whole of
 Quartermaster (issue 23): the API, Postgres, Redis, a Celery worker, the
-scheduler and a stand-in Kueue member, each a process (tests/workers/stack/).
+scheduler and a stand-in member of either backend, each a process (tests/workers/stack/).
 
 Two of Volcano's examples, each submitted as is over HTTP, admitted whole,
-run on the Kueue member as the JobSet of its tasks (docs/volcano.md), their
+run as the JobSet of its tasks (docs/volcano.md; on a Volcano member its
+pods the centre's PodGroup's, bound by the Volcano scheduler), their
 GPU workers inside one fabric island, ending Completed there and Finished
 (succeeded) at the centre:
 
@@ -113,6 +114,13 @@ def stack(engine: sa.Engine, database_url: str, broker: str, tmp_path: Path) -> 
         yield running
 
 
+def _cluster(stack: Stack, name: str) -> dict[str, Any]:
+    with stack.client() as api:
+        response = api.get(f"/v1/clusters/{name}")
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
 def _workload(api: httpx.Client, name: str) -> dict[str, Any]:
     response = api.get(f"/v1/namespaces/team-a/workloads/{name}")
     assert response.status_code == 200, response.text
@@ -136,12 +144,13 @@ EXAMPLES = {
 }
 
 
+@pytest.mark.parametrize("backend", ["kueue", "volcano"])
 @pytest.mark.parametrize("example", EXAMPLES.values(), ids=list(EXAMPLES))
-def test_a_volcano_example_runs_to_completed_on_a_kueue_member(
-    stack: Stack, tmp_path: Path, example: Example
+def test_a_volcano_example_runs_to_completed_on_a_member_of_either_backend(
+    stack: Stack, tmp_path: Path, example: Example, backend: str
 ) -> None:
     # One member, two islands of two 8-GPU nodes; a queue of 32 GPUs.
-    fleet = write_fleet(tmp_path / "fleet.yaml", {"m1": (2, 2)})
+    fleet = write_fleet(tmp_path / "fleet.yaml", {"m1": (2, 2)}, {"m1": backend})
     manifests = [*base_manifests(), team_queue("team-a", 32), local_queue("team-a", "team-a")]
     stack.start(fleet, 1, manifests, time_scale=0.01)
     vcjob = example.manifest(_task)
@@ -174,13 +183,21 @@ def test_a_volcano_example_runs_to_completed_on_a_kueue_member(
         status = _workload(api, name)["status"]
         ledger = api.get("/v1/ledger/entries", params={"kind": "workload.finished"}).json()
     assert status["admission"]["cluster"] == "m1"
-    (done,) = [c for c in status["conditions"] if c["type"] == "Finished"]
-    assert done["message"] == "JobSet succeeded on cluster m1", done
+    assert _cluster(stack, "m1")["status"]["backend"] == backend
+    if backend == "kueue":
+        (done,) = [c for c in status["conditions"] if c["type"] == "Finished"]
+        assert done["message"] == "JobSet succeeded on cluster m1", done
     assert [e["body"]["outcome"] for e in ledger["items"]] == ["succeeded"]
     ran = jobsets.completed(name)
     assert ran is not None
     assert [r["name"] for r in ran["spec"]["replicatedJobs"]] == [t for t, _ in example.tasks]
     assert ran["spec"]["successPolicy"]["targetReplicatedJobs"] == [example.ends_job]
+    schedulers = {
+        r["template"]["spec"]["template"]["spec"].get("schedulerName", "default-scheduler")
+        for r in ran["spec"]["replicatedJobs"]
+    }
+    # On a Volcano member its pods are the centre's PodGroup's, bound by volcano.
+    assert schedulers == {"volcano" if backend == "volcano" else "default-scheduler"}
     # Every pod of every task ran; the workers in one island, stopped or ended.
     pods = [p for p in members.pods.values() if p.namespace == "team-a"]
     assert sorted(p.gpus for p in pods) == [0, 8, 8]
