@@ -66,6 +66,7 @@ from quartermaster_client.models import (
     WorkloadPriorityClass,
 )
 from quartermaster_client.outcomes import outcome
+from quartermaster_client.volcano import is_volcano_queue, volcano_queue_to_cluster_queue
 
 R = TypeVar("R", bound=Resource)
 T = TypeVar("T")
@@ -299,6 +300,9 @@ class AsyncClient:
         self, obj: ObjectLike, namespace: str | None = None, kind: KindLike | None = None
     ) -> Applied:
         body, notes = kueue_to_quartermaster(_http.to_body(obj))
+        if is_volcano_queue(body):
+            flavors = [f.name async for f in self.list("ResourceFlavor")]
+            body, notes = volcano_queue_to_cluster_queue(body, lambda: flavors)
         given = (str(body.get("apiVersion") or ""), str(body.get("kind", "")))
         k = resolve(kind) if kind is not None else of_manifest(*given)
         name = body["metadata"]["name"]

@@ -66,6 +66,7 @@ from quartermaster_client.models import (
     WorkloadPriorityClass,
 )
 from quartermaster_client.outcomes import outcome
+from quartermaster_client.volcano import is_volcano_queue, volcano_queue_to_cluster_queue
 
 R = TypeVar("R", bound=Resource)
 T = TypeVar("T")
@@ -314,9 +315,15 @@ class Client:
         self, obj: ObjectLike, namespace: str | None = None, kind: KindLike | None = None
     ) -> Applied:
         """Create the object, or replace it when it exists and differs.
-        Kueue manifests (``kueue.x-k8s.io/v1beta2``) are translated first.
-        A workload is submitted; one that exists is left alone."""
+        Kueue manifests (``kueue.x-k8s.io/v1beta2``) are translated first, a
+        Volcano Queue mapped to its ClusterQueue (quartermaster_client.volcano;
+        QueueRefused when it maps to none). A workload is submitted; one that
+        exists is left alone."""
         body, notes = kueue_to_quartermaster(_http.to_body(obj))
+        if is_volcano_queue(body):
+            body, notes = volcano_queue_to_cluster_queue(
+                body, lambda: [f.name for f in self.resourceflavors.list()]
+            )
         given = (str(body.get("apiVersion") or ""), str(body.get("kind", "")))
         k = resolve(kind) if kind is not None else of_manifest(*given)
         if k.kind == "Workload":
@@ -348,7 +355,7 @@ class Client:
 
     def submit(self, manifest: ObjectLike, namespace: str | None = None) -> Workload:
         """Submit a Workload, or a job manifest (Job, JobSet, PyTorchJob, MPIJob,
-        RayJob, RayCluster, Deployment, StatefulSet, LeaderWorkerSet)."""
+        RayJob, RayCluster, Deployment, StatefulSet, LeaderWorkerSet, Volcano Job)."""
         return self.call(self.ops.submit(manifest, namespace))
 
     def bulk_submit(

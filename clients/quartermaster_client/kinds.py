@@ -18,6 +18,7 @@ from quartermaster_client.models import (
     Workload,
     WorkloadPriorityClass,
 )
+from quartermaster_client.volcano import QUEUE_API_VERSION
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,14 @@ APPLY_ORDER = (
 #: translates them).
 GROUPS = ("quartermaster.dev", "kueue.x-k8s.io")
 #: API groups of the jobs a submission may carry; the server says which kinds.
-JOB_GROUPS = ("batch", "jobset.x-k8s.io", "kubeflow.org", "ray.io", "trainer.kubeflow.org")
+JOB_GROUPS = (
+    "batch",
+    "jobset.x-k8s.io",
+    "kubeflow.org",
+    "ray.io",
+    "trainer.kubeflow.org",
+    "batch.volcano.sh",
+)
 #: Kubeflow Trainer's runtimes, applied as Trainer writes them (its TrainJob is a job).
 RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
@@ -120,8 +128,13 @@ def of_manifest(api_version: str, kind: str) -> Kind:
     an API server reads them: one of ours, or Workload for a job (of a group
     in JOB_GROUPS, or one without apiVersion, which the server then judges).
 
-    Raises KeyError naming both for anything else: a Volcano ``Queue`` is no
-    LocalQueue, though ``queue`` is one's short name on the command line."""
+    A Volcano ``Queue`` (``scheduling.volcano.sh/v1beta1``) becomes a
+    ClusterQueue (quartermaster_client.volcano), never a LocalQueue, though
+    ``queue`` is one's short name on the command line.
+
+    Raises KeyError naming both for anything else."""
+    if (api_version, kind) == (QUEUE_API_VERSION, "Queue"):
+        return BY_KIND["ClusterQueue"]
     group = api_version.rpartition("/")[0] if api_version else None
     if group == "trainer.kubeflow.org" and kind in RUNTIME_KINDS:
         return BY_KIND[kind]

@@ -47,7 +47,8 @@ def _ref(name: str) -> dict[str, str]:
 
 _JOB_MANIFEST = (
     "A job manifest as is: batch/v1 Job, JobSet, PyTorchJob, MPIJob, RayJob, RayCluster, "
-    "apps/v1 Deployment or StatefulSet, or LeaderWorkerSet, read against its CRD or "
+    "apps/v1 Deployment or StatefulSet, LeaderWorkerSet, or a Volcano Job "
+    "(batch.volcano.sh/v1alpha1, a pod set per task), read against its CRD or "
     "Kubernetes' schema, its pod sets derived as Kueue's integration for the kind derives "
     "them. Its class is inference for Deployment, StatefulSet and LeaderWorkerSet and "
     f"training for the others unless its annotation {CLASS_ANNOTATION} says otherwise. "

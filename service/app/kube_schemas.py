@@ -53,6 +53,7 @@ CRDS = {
         "trainer.kubeflow.org/v1alpha1",
         "ClusterTrainingRuntime",
     ): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    ("batch.volcano.sh/v1alpha1", "Job"): "batch.volcano.sh_jobs.yaml",
 }
 _DROPPED = frozenset({"description", "default", "example", "externalDocs", "nullable", "format"})
 #: Problems reported per manifest at most: the first ones say enough.

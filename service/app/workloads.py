@@ -31,6 +31,7 @@ from service.domain.jobs import (
     JOB_API_VERSIONS,
     JobPodTemplate,
     job_class,
+    job_kind,
     job_pod_templates,
     job_replicas,
 )
@@ -179,9 +180,9 @@ def _schema_problems(manifest: Mapping[str, Any], prefix: str) -> list[tuple[str
     """Kubernetes' schema problems of a job manifest: a built-in kind (Job,
     Deployment, StatefulSet) against Kubernetes' OpenAPI; a custom kind
     against its CRD, and each of its pod templates against the
-    PodTemplateSpec schema."""
-    kind = manifest.get("kind")
-    if isinstance(kind, str) and kind in BUILT_IN_KINDS:
+    PodTemplateSpec schema. A Volcano Job is a custom kind (``job_kind``)."""
+    kind = job_kind(manifest)
+    if kind is not None and kind in BUILT_IN_KINDS:
         return schema_problems(kind, manifest, prefix.rstrip("."))
     templates, _ = job_pod_templates(manifest)
     found = custom_problems(manifest, prefix) + [

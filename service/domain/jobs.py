@@ -6,7 +6,8 @@ templates the reconciler pins to their islands are the same list, so that
 what is checked is what runs (a summary written beside the manifest is
 never trusted). Pod sets are named and counted as Kueue's job integrations
 do (``pkg/controller/jobs/{job,jobset,kubeflow,raycluster,rayjob,
-leaderworkerset,statefulset,deployment}``); a serving kind's pod sets are
+leaderworkerset,statefulset,deployment}``), a Volcano Job's one per task; a
+serving kind's pod sets are
 those of one replica, the gang Kueue admits as one Workload, and
 :func:`job_replicas` says how many such gangs it runs (docs/workload-kinds.md).
 """
@@ -22,19 +23,27 @@ __all__ = [
     "GANG_ANNOTATION",
     "JOB_API_VERSIONS",
     "MEMBER_JOB_KINDS",
+    "RUN_AS",
     "SERVING_KINDS",
     "TRAINJOB_ANNOTATION",
+    "VOLCANO_JOB",
+    "VOLCANO_JOB_API_VERSION",
     "JobPodTemplate",
     "job_class",
+    "job_kind",
     "job_pod_templates",
     "job_replicas",
     "kind_not_runnable",
     "trainjob_jobset",
 ]
 
+#: Volcano's Job (``vcjob``) is named ``Job`` as batch/v1's is; it is told
+#: apart by its apiVersion and read as ``VOLCANO_JOB`` (:func:`job_kind`).
+VOLCANO_JOB_API_VERSION = "batch.volcano.sh/v1alpha1"
+VOLCANO_JOB = "VolcanoJob"
 #: The job kinds a submission may carry, with the apiVersions accepted.
 JOB_API_VERSIONS: Mapping[str, tuple[str, ...]] = {
-    "Job": ("batch/v1",),
+    "Job": ("batch/v1", VOLCANO_JOB_API_VERSION),
     "JobSet": ("jobset.x-k8s.io/v1alpha2",),
     "PyTorchJob": ("kubeflow.org/v1",),
     "MPIJob": ("kubeflow.org/v2beta1", "kubeflow.org/v1"),
@@ -55,6 +64,9 @@ MEMBER_JOB_KINDS: tuple[str, ...] = (
     "RayJob",
     "RayCluster",
 )
+#: Kinds the workers run as another kind on a member: a Volcano Job as the
+#: JobSet of its tasks on a Kueue member (docs/volcano.md).
+RUN_AS: Mapping[str, str] = {VOLCANO_JOB: "JobSet"}
 #: Kinds that serve: their workloads are ``inference`` unless they say otherwise.
 SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
 #: On a StatefulSet: ``"true"`` admits all its replicas as one gang (as
@@ -251,6 +263,57 @@ def _is_gang(manifest: Mapping[str, Any]) -> bool:
     return manifest.get("kind") == "StatefulSet" and annotations.get(GANG_ANNOTATION) == "true"
 
 
+def job_kind(manifest: Mapping[str, Any]) -> str | None:
+    """The kind a job manifest is read as: its ``kind``, except a Volcano
+    Job's, ``VolcanoJob`` (two API groups call their kind ``Job``)."""
+    kind = manifest.get("kind")
+    if not isinstance(kind, str):
+        return None
+    if kind == "Job" and manifest.get("apiVersion") == VOLCANO_JOB_API_VERSION:
+        return VOLCANO_JOB
+    return kind
+
+
+def _volcano_job(
+    spec: Mapping[str, Any], problems: list[tuple[str, str]]
+) -> Iterator[JobPodTemplate]:
+    """A Volcano Job's pod sets, one per task (its name, its ``replicas``
+    pods), held to Volcano's job webhook (``validateJobCreate``): a task at
+    least, task names unique, no ``minAvailable`` above the replicas it
+    counts. The gang is every pod of every task (docs/volcano.md)."""
+    tasks = spec.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        problems.append(("spec.tasks", "at least one task is required"))
+        return
+    names: set[str] = set()
+    total = 0
+    for index, raw in enumerate(tasks):
+        path = f"spec.tasks[{index}]"
+        if not isinstance(raw, Mapping):
+            problems.append((path, "must be an object"))
+            continue
+        # Volcano's mutating webhook names an unnamed task default<index>.
+        name = str(raw.get("name") or f"default{index}")
+        if name in names:
+            problems.append((f"{path}.name", f"duplicated task name {name}"))
+        names.add(name)
+        replicas = _count(raw.get("replicas"), 0, f"{path}.replicas", problems)
+        least = _count(raw.get("minAvailable"), 0, f"{path}.minAvailable", problems)
+        if least > replicas:
+            problems.append(
+                (f"{path}.minAvailable", f"{least} is greater than task {name}'s replicas")
+            )
+        total += replicas
+        yield JobPodTemplate(name, replicas, f"{path}.template", raw.get("template"))
+    least = _count(spec.get("minAvailable"), 0, "spec.minAvailable", problems)
+    if least > total:
+        problems.append(
+            ("spec.minAvailable", f"{least} is greater than the tasks' replicas in all ({total})")
+        )
+    if total == 0:
+        problems.append(("spec.tasks", "the tasks run no pod: a task needs replicas"))
+
+
 def job_replicas(manifest: Mapping[str, Any]) -> int:
     """How many gangs of its pod sets a manifest runs: a serving kind's
     ``spec.replicas`` (one for a StatefulSet admitted as one gang), else one."""
@@ -263,10 +326,11 @@ def job_replicas(manifest: Mapping[str, Any]) -> int:
 def kind_not_runnable(workload_spec: Mapping[str, Any]) -> str | None:
     """The kind of a workload's job when the workers cannot apply it to a
     member yet (its workload is held pending, never admitted), else None."""
-    kind = _mapping(workload_spec.get("job")).get("kind")
-    if isinstance(kind, str) and kind in JOB_API_VERSIONS and kind not in MEMBER_JOB_KINDS:
-        return kind
-    return None
+    job = _mapping(workload_spec.get("job"))
+    kind = job_kind(job)
+    if kind is None or kind not in _READERS or kind in MEMBER_JOB_KINDS or kind in RUN_AS:
+        return None
+    return kind
 
 
 def job_class(kind: str) -> str:
@@ -371,6 +435,7 @@ _READERS: Mapping[
     "Deployment": _replica_set,
     "StatefulSet": _replica_set,
     "TrainJob": lambda _, spec, problems: _trainjob(spec, problems),
+    VOLCANO_JOB: lambda _, spec, problems: _volcano_job(spec, problems),
 }
 
 
@@ -381,13 +446,13 @@ def job_pod_templates(
     order, those of replicas that run no pod included (what is written to a
     member is checked whole), with the problems found in its shape."""
     problems: list[tuple[str, str]] = []
-    kind = manifest.get("kind")
+    kind = job_kind(manifest)
     spec = manifest.get("spec")
     if not isinstance(spec, Mapping):
         return [], [("spec", "spec is required")]
-    read = _READERS.get(kind) if isinstance(kind, str) else None
+    read = _READERS.get(kind) if kind is not None else None
     if read is None:
-        return [], [("kind", f"unsupported kind {kind!r}")]
+        return [], [("kind", f"unsupported kind {manifest.get('kind')!r}")]
     found = list(read(manifest, spec, problems))
     for template in found:
         if not isinstance(template.template, Mapping):

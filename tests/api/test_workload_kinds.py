@@ -117,3 +117,31 @@ def test_a_serving_kind_is_inference_unless_it_says_otherwise(api: Api) -> None:
     created = api.admin.post("/v1/namespaces/team-a/workloads", json=said)
     assert created.status_code == 201, created.text
     assert created.json()["spec"]["workloadClass"] == "training"
+
+
+def test_a_volcano_job_is_accepted_as_itself_and_inside_a_workload(api: Api) -> None:
+    """Issue 23: a ``batch.volcano.sh/v1alpha1`` Job, sent as is and as a
+    Workload's spec.job, gets a pod set per task and class training; a
+    broken one is problem+json naming the field."""
+    _queues(api)
+    sent = _queued(kinds.volcano_tf_mnist())
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=sent)
+    assert created.status_code == 201, created.text
+    spec = created.json()["spec"]
+    assert [(p["name"], p["count"]) for p in spec["podSets"]] == [("ps", 1), ("worker", 2)]
+    assert spec["workloadClass"] == "training"
+    assert (spec["job"]["apiVersion"], spec["job"]["kind"]) == ("batch.volcano.sh/v1alpha1", "Job")
+    wrapped = {
+        "apiVersion": "quartermaster.dev/v1",
+        "kind": "Workload",
+        "metadata": {"name": "wrapped"},
+        "spec": {"queueName": "train", "job": kinds.volcano_job()},
+    }
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=wrapped)
+    assert created.status_code == 201, created.text
+    assert [(p["name"], p["count"]) for p in created.json()["spec"]["podSets"]] == [("default0", 6)]
+    wrapped["metadata"]["name"] = "broken"
+    wrapped["spec"]["job"]["spec"]["minAvailable"] = 7
+    refused = api.admin.post("/v1/namespaces/team-a/workloads", json=wrapped)
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert _fields(_problem(refused, 422, "invalid")) == ["spec.job.spec.minAvailable"]

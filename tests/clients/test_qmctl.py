@@ -18,11 +18,12 @@ import yaml
 from quartermaster_client import Client, Outcome, Workload, outcome
 from quartermaster_client.cli import app
 from quartermaster_client.cli.shared import EXIT_CODES
+from quartermaster_client.volcano import QueueRefused
 from typer.testing import CliRunner
 
 from service.app.bootstrap import Services
 from tests.api.conftest import ADMIN_TOKEN
-from tests.clients.conftest import job, setup_quota, workload
+from tests.clients.conftest import gpu_pod, job, setup_quota, workload
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
 
@@ -330,28 +331,158 @@ spec:
 
 def test_apply_takes_kinds_only_of_their_api_group(qmctl: Run, qm: Client) -> None:
     """A Volcano Queue is no LocalQueue, though `queue` is one's short name:
-    refused by apiVersion and kind, without a request; Kueue's kinds that
-    Quartermaster does not serve too; the rest of the file is applied."""
+    one with no quota to map (weight alone) is refused naming the rule,
+    without a request; Kueue's kinds that Quartermaster does not serve too;
+    the rest of the file is applied."""
     check = "apiVersion: kueue.x-k8s.io/v1beta2\nkind: AdmissionCheck\nmetadata:\n  name: prov\n"
     cohort = FLEET.split("---")[4]
     applied = qmctl("apply", "-f", "-", stdin="---\n".join([VOLCANO_QUEUE, check, cohort]), code=1)
     assert _lines(applied.stdout) == ["cohort/research created"]
     errors = _lines(applied.stderr)
     assert errors[0].startswith(
-        "error: queue/default (<stdin>#0): apiVersion scheduling.volcano.sh/v1beta1 kind Queue "
-        "is not something Quartermaster takes: its kinds are ResourceFlavor, "
+        "error: queue/default (<stdin>#0): Volcano Queue default: spec.deserved: "
+        "a Queue with neither deserved nor capability shares by weight alone"
     )
     assert (
         "error: admissioncheck/prov (<stdin>#1): apiVersion kueue.x-k8s.io/v1beta2 kind "
         in (errors[1])
     )
     assert list(qm.localqueues.list(all_namespaces=True)) == []
-    with pytest.raises(KeyError, match=r"scheduling\.volcano\.sh/v1beta1 kind Queue"):
+    assert list(qm.clusterqueues.list()) == []
+    with pytest.raises(QueueRefused, match=r"spec\.deserved"):
         qm.apply(yaml.safe_load(VOLCANO_QUEUE), namespace="team-a")
+    podgroup = VOLCANO_QUEUE.replace("kind: Queue", "kind: PodGroup")
+    refused = qmctl("apply", "-f", "-", stdin=podgroup, code=1)
+    assert "apiVersion scheduling.volcano.sh/v1beta1 kind PodGroup is not something" in (
+        refused.stderr
+    )
     refused = qmctl("get", "queues.scheduling.volcano.sh", code=2)
     assert "scheduling.volcano.sh is not an API group Quartermaster serves" in refused.stderr
     assert _lines(qmctl("get", "cohorts.kueue.x-k8s.io").stdout)[1].split()[0] == "research"
     assert "No localqueues found" in qmctl("get", "queue", "-A").stderr  # the short name still
+
+
+VOLCANO_QUEUES = """\
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Cohort
+metadata:
+  name: research
+spec: {}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: team-v
+  annotations: {quartermaster.dev/cohort: research}
+spec:
+  weight: 3
+  reclaimable: false
+  deserved: {cpu: 96, memory: 1Ti, nvidia.com/gpu: 8}
+  capability: {cpu: 192, memory: 2Ti, nvidia.com/gpu: 16}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: h100
+spec:
+  nodeLabels: {sku: h100}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: team-w
+spec:
+  deserved: {cpu: 8, nvidia.com/gpu: 8}
+  capability: {cpu: 4, nvidia.com/gpu: 16}
+"""
+
+
+def test_apply_maps_a_volcano_queue_to_a_cluster_queue(qmctl: Run, qm: Client) -> None:
+    """qmctl apply -f of Volcano Queues against the live API: one becomes
+    the ClusterQueue of the rule (docs/volcano.md), of the only flavor,
+    after the flavor and cohort of the same file; applied again it is
+    unchanged; one Volcano's webhook would refuse is refused naming the
+    field, and nothing is made of it."""
+    applied = qmctl("apply", "-f", "-", stdin=VOLCANO_QUEUES, code=1)
+    assert _lines(applied.stdout) == [
+        "resourceflavor/h100 created",
+        "cohort/research created",
+        "clusterqueue/team-v created",
+    ]
+    # (beside the server's warning that no node carries the flavor's labels)
+    assert [line for line in _lines(applied.stderr) if line.startswith("error")] == [
+        "error: queue/team-w (<stdin>#3): Volcano Queue team-w: spec.deserved.cpu: "
+        "must be <= capability (Volcano's rule) (docs/volcano.md)"
+    ]
+    spec = qm.clusterqueues.get("team-v").to_dict()["spec"]
+    assert spec["cohortName"] == "research"
+    assert spec["fairSharing"] == {"weight": 3}
+    (group,) = spec["resourceGroups"]
+    assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu"]
+    (flavor,) = group["flavors"]
+    assert flavor["name"] == "h100"
+    quotas = {r["name"]: r for r in flavor["resources"]}
+    assert quotas["nvidia.com/gpu"] == {
+        "name": "nvidia.com/gpu",
+        "nominalQuota": 8,
+        "borrowingLimit": 8,
+        "lendingLimit": 0,
+    }
+    assert (quotas["memory"]["nominalQuota"], quotas["memory"]["borrowingLimit"]) == ("1Ti", "1Ti")
+    assert [q.name for q in qm.clusterqueues.list()] == ["team-v"]
+    assert list(qm.localqueues.list(all_namespaces=True)) == []
+    again = qmctl("apply", "-f", "-", stdin=VOLCANO_QUEUES.split("---")[1])
+    assert _lines(again.stdout) == ["clusterqueue/team-v unchanged"]
+
+
+VOLCANO_JOB = """\
+# Volcano's example/integrations/mpi/mpi-example.yaml, its pods made to meet
+# the security floor.
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: lm-mpi-job
+  labels: {kueue.x-k8s.io/queue-name: train}
+spec:
+  minAvailable: 3
+  schedulerName: volcano
+  plugins: {ssh: [], svc: []}
+  tasks:
+  - replicas: 1
+    name: mpimaster
+    policies:
+    - {event: TaskCompleted, action: CompleteJob}
+    template: {template}
+  - replicas: 2
+    name: mpiworker
+    template: {template}
+"""
+
+
+def test_submit_and_apply_take_a_volcano_job(qmctl: Run, qm: Client) -> None:
+    """A Volcano Job is a job to submit (``qmctl submit`` and ``apply``),
+    a pod set per task; a broken one is refused naming the field."""
+    setup_quota(qm)
+    template = json.dumps(gpu_pod(2))
+    text = VOLCANO_JOB.replace("{template}", template)
+    submitted = qmctl("submit", "-f", "-", stdin=text)
+    assert submitted.stdout.strip() == (
+        "workload/lm-mpi-job submitted to team-a (ClusterQueue cq-a, Pending)"
+    )
+    spec = qm.workloads.get("lm-mpi-job", "team-a").to_dict()["spec"]
+    assert [(p["name"], p["count"]) for p in spec["podSets"]] == [
+        ("mpimaster", 1),
+        ("mpiworker", 2),
+    ]
+    again = qmctl("apply", "-f", "-", stdin=text.replace("lm-mpi-job", "lm-mpi-job-2"))
+    assert _lines(again.stdout) == ["workload/lm-mpi-job-2 created in namespace team-a"]
+    broken = text.replace("lm-mpi-job", "lm-mpi-job-3")
+    broken = broken.replace("name: mpiworker", "name: mpimaster")
+    refused = qmctl("submit", "-f", "-", stdin=broken, code=1)
+    assert refused.stderr.splitlines() == [
+        "error: 422 Invalid object: the submission is invalid",
+        "  spec.tasks[1].name: duplicated task name mpimaster",
+    ]
 
 
 def test_contexts_in_a_config_file(qmctl: Run, tmp_path: Path, api_url: str) -> None:

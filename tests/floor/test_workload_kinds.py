@@ -1,9 +1,10 @@
 """The kinds a GPU team submits beyond Job, JobSet, PyTorchJob and MPIJob
-(issue 22): each read against its real CRD or Kubernetes' own schema, its
-pod sets derived as Kueue's integration for the kind derives them, its class
-from its kind. Manifests in the shape of each project's own examples (LWS
-``docs/examples``, KubeRay ``ray-operator/config/samples``, Kubeflow
-trainer's), re-expressed with pod templates that meet the security floor."""
+(issues 22 and 23): each read against its real CRD or Kubernetes' own
+schema, its pod sets derived as Kueue's integration for the kind derives
+them (a Volcano Job's one per task), its class from its kind. Manifests in
+the shape of each project's own examples (LWS ``docs/examples``, KubeRay
+``ray-operator/config/samples``, Kubeflow trainer's, Volcano ``example/``),
+re-expressed with pod templates that meet the security floor."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from service.app.floor import check_pod
+from service.app.schemas import SecurityPolicy
 from service.app.workloads import (
     SubmissionError,
     parse_submission,
@@ -180,6 +183,78 @@ def trainjob() -> Manifest:
     }
 
 
+def volcano_tf_mnist(template: Callable[..., Manifest] | None = None) -> Manifest:
+    """Volcano ``example/integrations/tensorflow/dist-mnist``: a parameter
+    server and two workers, ``minAvailable`` 3, the workers' completion
+    ending the job; here the workers train on 8 GPUs each."""
+    make = template or (lambda gpus: pod(gpus=gpus, cpu="8" if gpus else "2"))
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta("tensorflow-dist-mnist"),
+        "spec": {
+            "minAvailable": 3,
+            "schedulerName": "volcano",
+            "plugins": {"env": [], "svc": []},
+            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
+            "queue": "default",
+            "tasks": [
+                {"replicas": 1, "name": "ps", "template": make(0)},
+                {
+                    "replicas": 2,
+                    "name": "worker",
+                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                    "template": make(8),
+                },
+            ],
+        },
+    }
+
+
+def volcano_mpi(template: Callable[..., Manifest] | None = None) -> Manifest:
+    """Volcano ``example/integrations/mpi/mpi-example.yaml``: a master whose
+    completion completes the job and two workers that serve it until then
+    (``sshd -D``: they never end by themselves), ``minAvailable`` 3."""
+    make = template or (lambda gpus, ends=True: pod(gpus=gpus, cpu="8" if gpus else "2"))
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta("lm-mpi-job"),
+        "spec": {
+            "minAvailable": 3,
+            "schedulerName": "volcano",
+            "plugins": {"ssh": [], "svc": []},
+            "tasks": [
+                {
+                    "replicas": 1,
+                    "name": "mpimaster",
+                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                    "template": make(0),
+                },
+                {"replicas": 2, "name": "mpiworker", "template": make(8, ends=False)},
+            ],
+        },
+    }
+
+
+def volcano_job() -> Manifest:
+    """Volcano ``example/job.yaml``: one unnamed-looking task of six pods
+    that may start once three are bound (``minAvailable`` 3 < replicas)."""
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta("test-job"),
+        "spec": {
+            "minAvailable": 3,
+            "schedulerName": "volcano",
+            "maxRetry": 5,
+            "queue": "default",
+            "plugins": {"ssh": [], "env": [], "svc": []},
+            "tasks": [{"replicas": 6, "template": pod(gpus=1, cpu="1", memory="4Gi")}],
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Want:
     """A derived pod set: name, pods per gang, one pod's requests (cpu in
@@ -257,6 +332,18 @@ CASES = {
     ),
     "StatefulSet as one gang": Case(
         gang_statefulset, [Want("main", 4, 4000, 16 * GIB, 1)], None, "inference", 1
+    ),
+    "Volcano Job of two tasks": Case(
+        volcano_tf_mnist,
+        [Want("ps", 1, 2000, 64 * GIB, 0), Want("worker", 2, 8000, 64 * GIB, 8)],
+        None,
+        "training",
+        2,
+    ),
+    # Every replica is admitted, not minAvailable's three (docs/volcano.md);
+    # the unnamed task is named as Volcano's webhook names it.
+    "Volcano Job, minAvailable below its replicas": Case(
+        volcano_job, [Want("default0", 6, 1000, 4 * GIB, 1)], None, "training", 1
     ),
 }
 
@@ -392,6 +479,32 @@ REFUSALS = {
         "spec.trainer.nodes",
     ),
     "TrainJob runtime not registrable": (trainjob(), "spec.runtimeRef"),
+    # Volcano's job webhook refuses these three (example/invalid_jobs/).
+    "Volcano Job of no task": (_set(volcano_tf_mnist(), ["spec", "tasks"], []), "spec.tasks"),
+    "Volcano Job with a task name twice": (
+        _set(volcano_tf_mnist(), ["spec", "tasks", 1, "name"], "ps"),
+        "spec.tasks[1].name",
+    ),
+    "Volcano Job minAvailable above its replicas": (
+        _set(volcano_tf_mnist(), ["spec", "minAvailable"], 4),
+        "spec.minAvailable",
+    ),
+    "Volcano Job task minAvailable above its replicas": (
+        _set(volcano_tf_mnist(), ["spec", "tasks", 0, "minAvailable"], 2),
+        "spec.tasks[0].minAvailable",
+    ),
+    "Volcano Job unknown task field": (
+        _set(volcano_tf_mnist(), ["spec", "tasks", 0, "replica"], 1),
+        "spec.tasks[0].replica",
+    ),
+    "Volcano Job task template unknown field": (
+        _set(volcano_tf_mnist(), ["spec", "tasks", 1, "template", "spec", "gpus"], 8),
+        "spec.tasks[1].template.spec.gpus",
+    ),
+    "Volcano Job replicas not an integer": (
+        _set(volcano_tf_mnist(), ["spec", "tasks", 1, "replicas"], "2"),
+        "spec.tasks[1].replicas",
+    ),
 }
 
 
@@ -422,3 +535,46 @@ def test_a_workload_carrying_a_serving_job_gets_its_replicas_and_class() -> None
         },
     }
     assert _fields(plain) == ["spec.replicas"]
+
+
+def test_the_floor_reads_every_task_of_a_volcano_job_as_submitted_or_wrapped() -> None:
+    """The security floor sees each task's template, one of no pod too, at
+    its path in what was sent: the manifest itself or a Workload's spec.job."""
+    manifest = volcano_tf_mnist()
+    manifest["spec"]["tasks"].append({"replicas": 0, "name": "idle", "template": pod()})
+    manifest["spec"]["tasks"][2]["template"]["spec"]["hostPID"] = True
+    spec = parse_submission(manifest).spec
+    assert [(p.name, p.count) for p in spec.podSets] == [("ps", 1), ("worker", 2)]
+    found = [p for path, t in pod_templates(spec) for p, _ in check_pod(t, path, SecurityPolicy())]
+    assert found == ["spec.tasks[2].template.spec.hostPID"]
+    wrapped = {
+        "apiVersion": "quartermaster.dev/v1",
+        "kind": "Workload",
+        "metadata": {"name": "wrapped"},
+        "spec": {"queueName": "q", "job": manifest},
+    }
+    spec = parse_submission(wrapped).spec
+    assert [path for path, _ in pod_templates(spec)] == [
+        f"spec.job.spec.tasks[{i}].template" for i in range(3)
+    ]
+    assert spec.workloadClass == "training"
+    assert _fields(_set(wrapped, ["spec", "job", "spec", "tasks", 1, "name"], "ps")) == [
+        "spec.job.spec.tasks[1].name"
+    ]
+
+
+def test_a_batch_job_is_still_read_as_a_batch_job() -> None:
+    """Volcano's kind is named Job too: the apiVersion tells which is meant,
+    and each is held to its own schema."""
+    plain = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta("plain"),
+        "spec": {"parallelism": 2, "template": pod()},
+    }
+    assert [(p.name, p.count) for p in parse_submission(plain).spec.podSets] == [("main", 2)]
+    assert _fields(_set(plain, ["spec", "tasks"], [])) == ["spec.tasks"]
+    tasks = _set(volcano_tf_mnist(), ["spec", "parallelism"], 2)
+    assert _fields(tasks) == ["spec.parallelism"]
+    wrong = _set(volcano_tf_mnist(), ["apiVersion"], "batch.volcano.sh/v1")
+    assert _fields(wrong) == ["apiVersion"]

@@ -383,6 +383,61 @@ def test_queued_gangs_of_every_kind_are_admitted_whole_and_succeed(
     assert sum(a["count"] for a in assigned) == sum(pod_sets.values())
 
 
+def _timed(seconds: str) -> dict[str, Any]:
+    return {**_POD, "metadata": {"annotations": {"quartermaster.dev/sim-duration": seconds}}}
+
+
+def test_a_jobset_succeeds_by_its_success_policy_and_deletes_its_active_jobs(
+    batch: client.BatchV1Api, custom: client.CustomObjectsApi
+) -> None:
+    """JobSet's success policy (``Any`` of the target replicated jobs' Jobs):
+    the launcher ends, the JobSet is Completed though its workers still run,
+    and its Jobs still active are deleted, as the JobSet controller does."""
+    spec = {
+        "successPolicy": {"operator": "Any", "targetReplicatedJobs": ["launcher"]},
+        "replicatedJobs": [
+            {
+                "name": "launcher",
+                "replicas": 1,
+                "template": {"spec": {"parallelism": 1, "template": _timed("10s")}},
+            },
+            {
+                "name": "workers",
+                "replicas": 1,
+                "template": {"spec": {"parallelism": 2, "template": _timed("100000s")}},
+            },
+        ],
+    }
+    gang = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "launched", "labels": dict(_QUEUED["labels"])},
+        "spec": spec,
+    }
+    custom.create_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", "language", "jobsets", gang
+    )
+
+    def completed() -> dict[str, Any] | None:
+        current = custom.get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "language", "jobsets", "launched"
+        )
+        done = _conditions(current).get("Completed", {}).get("status") == "True"
+        return current if done else None
+
+    finished = wait_for(completed)
+    assert finished["status"]["terminalState"] == "Completed"
+
+    def left() -> list[str] | None:
+        jobs = batch.list_namespaced_job(
+            "language", label_selector="jobset.sigs.k8s.io/jobset-name=launched"
+        ).items
+        names = sorted(j.metadata.name for j in jobs if not j.metadata.deletion_timestamp)
+        return names if names == ["launched-launcher-0"] else None
+
+    assert wait_for(left) == ["launched-launcher-0"]
+
+
 def test_priority_class_label_sets_the_workload_priority(
     batch: client.BatchV1Api, custom: client.CustomObjectsApi
 ) -> None:

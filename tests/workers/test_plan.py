@@ -175,6 +175,68 @@ def test_a_submitted_pytorchjob_is_sent_as_is_with_every_replica_pinned() -> Non
         )
 
 
+def _volcano_job() -> dict[str, Any]:
+    """Volcano's tensorflow dist-mnist example in the shape the centre keeps:
+    a parameter server and two workers whose completion ends the job."""
+    ps = template(0)
+    ps["spec"]["schedulerName"] = "volcano"
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "orig", "labels": {QUEUE_LABEL: "train", "team": "nlp"}},
+        "spec": {
+            "minAvailable": 3,
+            "schedulerName": "volcano",
+            "queue": "default",
+            "plugins": {"env": [], "svc": []},
+            "tasks": [
+                {"replicas": 1, "name": "ps", "template": ps},
+                {"replicas": 0, "name": "idle", "template": template()},
+                {
+                    "replicas": 2,
+                    "name": "worker",
+                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                    "template": template(),
+                },
+            ],
+        },
+    }
+
+
+def test_a_volcano_job_runs_on_a_kueue_member_as_a_jobset_of_its_tasks() -> None:
+    """docs/volcano.md: one replicated job per task of pods, each an Indexed
+    Job of the task's replicas pinned to its own pod set's island; the task
+    that completes the Volcano Job is the JobSet's success target."""
+    workload = admitted("a", job=_volcano_job())
+    admission = workload.status["admission"]
+    worker = admission["podSetAssignments"][0]
+    admission["podSetAssignments"] = [
+        {**worker, "name": "ps", "count": 1, "islands": ["c1-h100-i1"]},
+        {**worker, "name": "worker", "count": 2},
+    ]
+    (job,) = plan(view(workload), []).dispatch
+    assert (job["apiVersion"], job["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert job["metadata"]["name"] == "a"
+    assert job["metadata"]["labels"]["team"] == "nlp"
+    assert job["metadata"]["labels"][QUEUE_LABEL] == "qm-train"
+    replicated = {r["name"]: r for r in job["spec"]["replicatedJobs"]}
+    assert list(replicated) == ["ps", "worker"]
+    islands = {"ps": "c1-h100-i1", "worker": "c1-h100-i0"}
+    for name, count in (("ps", 1), ("worker", 2)):
+        assert replicated[name]["replicas"] == 1
+        spec = replicated[name]["template"]["spec"]
+        assert (spec["parallelism"], spec["completions"]) == (count, count)
+        assert spec["completionMode"] == "Indexed"
+        pod = spec["template"]
+        assert pod["spec"]["nodeSelector"][ISLAND] == islands[name]
+        assert "schedulerName" not in pod["spec"]  # no Volcano scheduler on a Kueue member
+        assert (
+            pod["metadata"]["labels"][ADMISSION_LABEL] == job["metadata"]["labels"][ADMISSION_LABEL]
+        )
+    assert job["spec"]["successPolicy"] == {"operator": "Any", "targetReplicatedJobs": ["worker"]}
+    assert job_kinds([workload.spec]) == ("Job", "JobSet")
+
+
 def test_unused_queue_objects_are_collected_after_the_jobs() -> None:
     want = desired(view(admitted("a")))
     actual = [*want.queues.values()]

@@ -1,5 +1,6 @@
 """The member job of a workload: its own manifest (every pod template as the
-floor checked it) or one built from its pod sets, pinned to its islands."""
+floor checked it), the JobSet a Volcano Job runs as on a Kueue member, or
+one built from its pod sets, pinned to its islands."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from service.domain.jobs import job_pod_templates
+from service.domain.jobs import VOLCANO_JOB, job_kind, job_pod_templates
 from workers.plan.names import (
     ADMISSION_ID_ANNOTATION,
     ADMISSION_LABEL,
@@ -85,7 +86,9 @@ def job_kinds(specs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
     used = {"Job"}
     for spec in specs:
         source = spec.get("job")
-        if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+        if isinstance(source, Mapping) and job_kind(source) == VOLCANO_JOB:
+            used.add("JobSet")
+        elif isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
             used.add(str(source["kind"]))
         elif len(list(spec.get("podSets") or ())) != 1:
             used.add("JobSet")
@@ -125,6 +128,12 @@ def member_job(
         sim[ADMISSION_ID_ANNOTATION] = str(workload.admission["id"])
     pods = {k: meta["labels"][k] for k in (WORKLOAD_LABEL, ADMISSION_LABEL)}
     source = workload.spec.get("job")
+    if isinstance(source, Mapping) and job_kind(source) == VOLCANO_JOB:
+        pinned = {
+            name: _pin(template, selectors.get(name, first), sim, pods)
+            for name, template in _templates(dict(source))
+        }
+        return volcano_jobset(source, meta, pinned)
     if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
         job = copy.deepcopy(dict(source))
         original = job.get("metadata") or {}
@@ -174,6 +183,79 @@ def member_job(
             ]
         },
     }
+
+
+def volcano_jobset(job: Mapping[str, Any], meta: Obj, pinned: Mapping[str, Obj]) -> Obj:
+    """A Volcano Job as the JobSet a Kueue member runs (docs/volcano.md): one
+    replicated job per task of pods, an Indexed Job of its ``replicas`` pods
+    (the index Volcano gives as ``VK_TASK_INDEX``), each from the task's
+    template as the floor checked it (``pinned``, by task name); a task
+    whose completion completes the Volcano Job is the JobSet's success
+    target. Tasks of no pod run nothing and are left out."""
+    found, _ = job_pod_templates(job)
+    tasks = {task.name: task for task in found if task.count > 0 and task.name in pinned}
+    names = {name: short_name(dns_label(name), 40) for name in tasks}
+    spec: Obj = {
+        "replicatedJobs": [
+            {
+                "name": names[name],
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        **_job_spec(task.count, _kueue_scheduled(pinned[name])),
+                        "completionMode": "Indexed",
+                    }
+                },
+            }
+            for name, task in tasks.items()
+        ]
+    }
+    volcano = _mapping(job.get("spec"))
+    every = _ends_job(volcano.get("policies"))
+    ending = [
+        names[name]
+        for i, raw in enumerate(volcano.get("tasks") or ())
+        if (name := str(_mapping(raw).get("name") or f"default{i}")) in names
+        and (every or _ends_job(_mapping(raw).get("policies")))
+    ]
+    if ending:
+        spec["successPolicy"] = {"operator": "Any", "targetReplicatedJobs": ending}
+    original = _mapping(job.get("metadata"))
+    return {
+        "apiVersion": API_VERSIONS["JobSet"],
+        "kind": "JobSet",
+        "metadata": {
+            **meta,
+            "labels": {**(original.get("labels") or {}), **meta["labels"]},
+            "annotations": {**(original.get("annotations") or {}), **meta["annotations"]},
+        },
+        "spec": spec,
+    }
+
+
+def _ends_job(policies: Any) -> bool:
+    """Whether Volcano policies complete the job when a task completes
+    (``event``/``events: TaskCompleted``, ``action: CompleteJob``): on a
+    JobSet, that task is a success target."""
+    for raw in policies if isinstance(policies, list) else ():
+        policy = _mapping(raw)
+        events = [policy.get("event"), *(policy.get("events") or ())]
+        if "TaskCompleted" in events and policy.get("action") == "CompleteJob":
+            return True
+    return False
+
+
+def _kueue_scheduled(template: Obj) -> Obj:
+    """A task's template without ``schedulerName: volcano``: no Volcano
+    scheduler binds pods on a Kueue member (they would wait for ever)."""
+    spec = template.get("spec") or {}
+    if spec.get("schedulerName") != "volcano":
+        return template
+    return {**template, "spec": {k: v for k, v in spec.items() if k != "schedulerName"}}
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def priority_of(workload: WorkloadView) -> int:

@@ -35,6 +35,7 @@ from quartermaster_client.explain import in_words
 from quartermaster_client.kinds import APPLY_ORDER, KINDS, Kind, of_manifest
 from quartermaster_client.manifests import Manifest, load
 from quartermaster_client.models import ClusterQueue, Event, Resource
+from quartermaster_client.volcano import QueueRefused
 
 commands = typer.Typer()
 Output = Annotated[str, typer.Option("-o", "--output", help="table, wide, json, yaml or name.")]
@@ -91,8 +92,9 @@ def apply(
 ) -> None:
     """Create or replace objects from YAML files.
 
-    Multi-document YAML; Kueue manifests (kueue.x-k8s.io/v1beta2) are translated;
-    Jobs and Workloads are submitted."""
+    Multi-document YAML; Kueue manifests (kueue.x-k8s.io/v1beta2) are translated,
+    a Volcano Queue (scheduling.volcano.sh/v1beta1) becomes a ClusterQueue
+    (docs/volcano.md); Jobs and Workloads are submitted."""
     manifests = _sorted(load(filename, recursive))
     if not manifests:
         raise ValueError("no objects in the given files")
@@ -101,7 +103,7 @@ def apply(
         for manifest in manifests:
             try:
                 _apply_one(client, manifest, namespace)
-            except (ApiError, KeyError) as error:
+            except (ApiError, KeyError, QueueRefused) as error:
                 failures += 1
                 reason = error.args[0] if isinstance(error, KeyError) else error
                 label = f"{manifest.kind.lower()}/{manifest.name}"

@@ -73,7 +73,8 @@ def submit(
     """Submit a job and optionally wait for it to finish.
 
     A Workload or a job manifest: batch/v1 Job, JobSet, PyTorchJob, MPIJob,
-    RayJob, RayCluster, Deployment, StatefulSet or LeaderWorkerSet. With
+    RayJob, RayCluster, Deployment, StatefulSet, LeaderWorkerSet or a Volcano
+    Job (batch.volcano.sh/v1alpha1). With
     --wait it is a step in a pipeline (Argo, Temporal, CI): the exit code says
     how it ended."""
     manifests = load(filename)

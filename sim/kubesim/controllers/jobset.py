@@ -1,5 +1,8 @@
 """The JobSet controller: a JobSet runs as child Jobs (one per replicated-job
-replica), as the JobSet controller does."""
+replica), as the JobSet controller does: it succeeds by its success policy
+(``All`` or ``Any`` of its target replicated jobs' Jobs; All of every Job
+without one), and once finished its Jobs still active are deleted
+(kubernetes-sigs/jobset ``pkg/controllers/jobset_controller.go``)."""
 
 from __future__ import annotations
 
@@ -75,6 +78,11 @@ class JobSetController(Reconciler):
             lambda j: j.__setitem__("status", status),
             status=True,
         )
+        if status.get("terminalState"):
+            for child in children.values():
+                ended = is_true(child, "Complete") or is_true(child, "Failed")
+                if not ended and not child["metadata"].get("deletionTimestamp"):
+                    self.delete("jobs.batch", child)
 
     def _create_child(self, jobset: Obj, replicated: Obj, index: int, suspended: bool) -> Obj:
         template = clone(replicated.get("template") or {})
@@ -125,10 +133,6 @@ class JobSetController(Reconciler):
     def _conditions(self, jobset: Obj, status: Obj, suspended: bool, summary: list[Obj]) -> None:
         if is_true(jobset, "Completed") or is_true(jobset, "Failed"):
             return
-        expected = sum(
-            int(r.get("replicas", 1))
-            for r in (jobset.get("spec") or {}).get("replicatedJobs") or ()
-        )
         if any(c["failed"] for c in summary):
             set_condition(
                 status,
@@ -139,7 +143,7 @@ class JobSetController(Reconciler):
             )
             status["terminalState"] = "Failed"
             return
-        if expected and sum(c["succeeded"] for c in summary) >= expected:
+        if _succeeded(jobset.get("spec") or {}, summary):
             set_condition(
                 status, "Completed", "True", "AllJobsCompleted", "jobset completed successfully"
             )
@@ -149,6 +153,20 @@ class JobSetController(Reconciler):
             set_condition(status, "Suspended", "True", "SuspendedJobs", "jobset is suspended")
         elif condition(jobset, "Suspended") is not None:
             set_condition(status, "Suspended", "False", "ResumeJobs", "jobset is resumed")
+
+
+def _succeeded(spec: Obj, summary: list[Obj]) -> bool:
+    """Whether the success policy holds: ``Any`` Job of the target
+    replicated jobs succeeded, or ``All`` of them did (the targets every
+    replicated job when it names none; All without a policy)."""
+    policy = spec.get("successPolicy") or {}
+    replicas = {r["name"]: int(r.get("replicas", 1)) for r in spec.get("replicatedJobs") or ()}
+    targets = set(policy.get("targetReplicatedJobs") or ()) or set(replicas)
+    chosen = [c for c in summary if c["name"] in targets]
+    if policy.get("operator") == "Any":
+        return any(c["succeeded"] for c in chosen)
+    expected = sum(replicas[c["name"]] for c in chosen)
+    return bool(expected) and sum(c["succeeded"] for c in chosen) >= expected
 
 
 def _tally(counts: Obj, job: Obj) -> None:
