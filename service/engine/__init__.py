@@ -39,6 +39,7 @@ from service.engine.cycle import run_cycle
 from service.engine.types import (
     AdmissionDecision,
     AdmissionFairSharingConfig,
+    ConsolidationConfig,
     CycleResult,
     EngineConfig,
     Eviction,
@@ -47,6 +48,7 @@ from service.engine.types import (
     LocalQueueUsage,
     PendingReason,
     Preemption,
+    PreemptionBudgetState,
     Snapshot,
     WaitForPodsReadyConfig,
 )
@@ -54,6 +56,7 @@ from service.engine.types import (
 __all__ = [
     "AdmissionDecision",
     "AdmissionFairSharingConfig",
+    "ConsolidationConfig",
     "CycleResult",
     "EngineConfig",
     "Eviction",
@@ -62,6 +65,7 @@ __all__ = [
     "LocalQueueUsage",
     "PendingReason",
     "Preemption",
+    "PreemptionBudgetState",
     "Snapshot",
     "WaitForPodsReadyConfig",
     "admission_cycle",
