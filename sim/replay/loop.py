@@ -80,6 +80,9 @@ class ReplayOptions:
     checkpoint_interval: float | None = None
     #: Seeds each job's own interval (:func:`checkpoint_interval_of`).
     checkpoint_seed: int = 0
+    #: ``False``: the jobs still save and restart from checkpoints, but the engine is
+    #: not told (the engine before issue 24 never weighed them).
+    engine_sees_checkpoints: bool = True
     #: Set on every ClusterQueue of the fleet: ``preemption.protection.minRuntimeSeconds``.
     min_runtime: int | None = None
     #: Set on every ClusterQueue of the fleet: ``preemption.budget`` (tokens, period s).
@@ -425,7 +428,12 @@ class Simulator:
 
     def _admitted(self, now: float | None) -> tuple[AdmittedWorkload, ...]:
         """The running gangs, each with its last checkpoint when jobs save."""
-        if now is None or self.options.checkpoint_interval is None:
+        options = self.options
+        if (
+            now is None
+            or options.checkpoint_interval is None
+            or not options.engine_sees_checkpoints
+        ):
             return tuple(run.admitted for run in self.running.values())
         out = []
         for run in self.running.values():
