@@ -153,6 +153,8 @@ class AdmissionLeader:
             if self.lease.try_acquire() is None:
                 return None
             self._usage = self._load_usage()
+            # Another leader may have preempted since: the budgets come from the ledger.
+            self.cycle.budgets = None
         elif not self.lease.check():
             return None
         try:

@@ -7,7 +7,12 @@ from functools import lru_cache
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.engine import EngineConfig, FairSharingConfig, WaitForPodsReadyConfig
+from service.engine import (
+    ConsolidationConfig,
+    EngineConfig,
+    FairSharingConfig,
+    WaitForPodsReadyConfig,
+)
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 
@@ -44,6 +49,12 @@ class WorkerSettings(BaseSettings):
     )
     fair_sharing: bool = Field(
         default=False, description="Kueue's fairSharing: DRS ordering and fair preemption."
+    )
+    consolidation: bool = Field(
+        default=False,
+        description="Consolidation (issue 24): a gang blocked only by fragmentation may "
+        "preempt lower-priority gangs inside one island when they fit again elsewhere at "
+        "once (docs/scheduling-quality.md).",
     )
     pods_ready_timeout: float = Field(
         default=0.0,
@@ -173,6 +184,7 @@ class WorkerSettings(BaseSettings):
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             fair_sharing=FairSharingConfig(enable=self.fair_sharing),
+            consolidation=ConsolidationConfig(enable=self.consolidation),
             wait_for_pods_ready=WaitForPodsReadyConfig(
                 enable=self.pods_ready_timeout > 0,
                 timeout_seconds=self.pods_ready_timeout or 300.0,

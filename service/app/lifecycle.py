@@ -442,12 +442,15 @@ def preempt(
         "InCohortReclamation",
         "InCohortFairSharing",
         "InCohortReclaimWhileBorrowing",
+        "Consolidation",
     ],
     message: str,
     preemptor: str,
     preemptor_cluster_queue: str,
     cohort_path: list[str],
     now: datetime,
+    work_destroyed: float | None = None,
+    budgeted: bool = False,
 ) -> Transition:
     """Admitted or Running → Evicted by a preemptor: quota released now; the
     reconciler deletes the job and then requeues it (:func:`requeue`)."""
@@ -472,6 +475,8 @@ def preempt(
         preemptor_cluster_queue=preemptor_cluster_queue,
         cohort_path=cohort_path,
         released=amounts(admission),
+        work_destroyed_gpu_seconds=None if work_destroyed is None else round(work_destroyed, 3),
+        budgeted=budgeted,
     )
     return Transition(PREEMPTED_EVENT, Status(new), _close(subject, status, body, now))
 

@@ -230,10 +230,46 @@ class BorrowWithinCohort(Strict):
     maxPriorityThreshold: int | None = None
 
 
+class PreemptionProtection(Strict):
+    """Quartermaster's own (issue 24; Kueue's KEP-9876 is still open)."""
+
+    minRuntimeSeconds: int = Field(
+        default=0,
+        ge=0,
+        le=366 * 24 * 3600,
+        description=(
+            "How long a gang of this ClusterQueue runs before it may be preempted "
+            "for borrowing reclaim beyond nominal, fair sharing or consolidation. "
+            "Reclaim of a lender's nominal quota and priority within the "
+            "ClusterQueue stay immediate unless reclaimNominal is Protected."
+        ),
+    )
+    reclaimNominal: Literal["Immediate", "Protected"] = Field(
+        default="Immediate",
+        description="Protected: a lender's reclaim of its nominal quota waits too.",
+    )
+
+
+class PreemptionBudget(Strict):
+    """A token bucket, like Armada's FairsharePreemptionRateLimit."""
+
+    preemptions: int = Field(
+        ge=0,
+        le=1_000_000,
+        description=(
+            "At most this many protected preemptions of this ClusterQueue's gangs "
+            "in a burst: the bucket's size, refilled at preemptions per periodSeconds."
+        ),
+    )
+    periodSeconds: int = Field(ge=1, le=366 * 24 * 3600)
+
+
 class Preemption(Strict):
     reclaimWithinCohort: Literal["Never", "LowerPriority", "Any"] = "Never"
     borrowWithinCohort: BorrowWithinCohort = Field(default_factory=BorrowWithinCohort)
     withinClusterQueue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "Never"
+    protection: PreemptionProtection | None = None
+    budget: PreemptionBudget | None = None
 
     @model_validator(mode="after")
     def _reclaim(self) -> Preemption:

@@ -23,7 +23,9 @@ from service.domain.quota import (
     LabelSelector,
     LabelSelectorRequirement,
     LocalQueue,
+    PreemptionBudget,
     PreemptionPolicy,
+    PreemptionProtection,
     ResourceFlavor,
     ResourceGroup,
     ResourceQuota,
@@ -194,7 +196,34 @@ def _preemption(obj: Mapping[str, Any]) -> PreemptionPolicy:
             policy=_enum(borrow.get("policy", "Never"), ("Never", "LowerPriority"), "policy"),
             max_priority_threshold=borrow.get("maxPriorityThreshold"),
         ),
+        protection=_protection(obj.get("protection") or {}),
+        budget=_budget(obj.get("budget")),
     )
+
+
+def _protection(obj: Mapping[str, Any]) -> PreemptionProtection:
+    return PreemptionProtection(
+        min_runtime_seconds=_non_negative(obj.get("minRuntimeSeconds", 0), "minRuntimeSeconds"),
+        reclaim_nominal=_enum(
+            obj.get("reclaimNominal", "Immediate"), ("Immediate", "Protected"), "reclaimNominal"
+        ),
+    )
+
+
+def _budget(obj: Mapping[str, Any] | None) -> PreemptionBudget | None:
+    if obj is None:
+        return None
+    preemptions = _non_negative(obj.get("preemptions"), "budget.preemptions")
+    period = _non_negative(obj.get("periodSeconds"), "budget.periodSeconds")
+    if period == 0:
+        raise ManifestError("budget.periodSeconds: must be positive")
+    return PreemptionBudget(preemptions=preemptions, period_seconds=period)
+
+
+def _non_negative(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestError(f"{what}: {value!r} is not a non-negative integer")
+    return value
 
 
 def _fungibility(obj: Mapping[str, Any]) -> FlavorFungibility:

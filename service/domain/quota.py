@@ -22,7 +22,9 @@ __all__ = [
     "LabelSelector",
     "LabelSelectorRequirement",
     "LocalQueue",
+    "PreemptionBudget",
     "PreemptionPolicy",
+    "PreemptionProtection",
     "ResourceFlavor",
     "ResourceGroup",
     "ResourceQuota",
@@ -35,6 +37,7 @@ __all__ = [
 WithinClusterQueue = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
 ReclaimWithinCohort = Literal["Never", "LowerPriority", "Any"]
 BorrowPolicy = Literal["Never", "LowerPriority"]
+ReclaimNominal = Literal["Immediate", "Protected"]
 FungibilityAction = Literal["MayStopSearch", "TryNextFlavor"]
 FungibilityPreference = Literal["BorrowingOverPreemption", "PreemptionOverBorrowing"]
 QueueingStrategy = Literal["StrictFIFO", "BestEffortFIFO"]
@@ -118,10 +121,33 @@ class BorrowWithinCohort:
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionProtection:
+    """``preemption.protection``: how long this ClusterQueue's gangs run before they
+    may be preempted for borrowing reclaim beyond nominal, fair sharing or
+    consolidation (issue 24; see ``service.engine.protection``). ``reclaimNominal:
+    Protected`` makes a lender's reclaim of its nominal quota wait too."""
+
+    min_runtime_seconds: int = 0
+    reclaim_nominal: ReclaimNominal = "Immediate"
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionBudget:
+    """``preemption.budget``: a token bucket of ``preemptions`` tokens refilled at
+    ``preemptions`` per ``period_seconds``; each protected preemption of one of
+    this ClusterQueue's gangs takes a token."""
+
+    preemptions: int
+    period_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
 class PreemptionPolicy:
     within_cluster_queue: WithinClusterQueue = "Never"
     reclaim_within_cohort: ReclaimWithinCohort = "Never"
     borrow_within_cohort: BorrowWithinCohort = field(default_factory=BorrowWithinCohort)
+    protection: PreemptionProtection = field(default_factory=PreemptionProtection)
+    budget: PreemptionBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,9 @@ timeouts with their requeue backoff) and, for every workload left waiting, a
 The same snapshot and clock always give the same result. Callers apply the
 result: evict every victim (whole) before starting the preemptor's pods, store
 the admissions, requeue evicted workloads, and persist
-``result.local_queue_usage`` for the next cycle.
+``result.local_queue_usage`` and ``result.preemption_budgets`` for the next
+cycle (the service derives the budgets from its ledger: see
+``service.engine.protection``).
 
 A big cycle allocates hundreds of thousands of objects that live until it
 ends and form no garbage cycles; with a large snapshot alive, Python's
@@ -39,6 +41,7 @@ from service.engine.cycle import run_cycle
 from service.engine.types import (
     AdmissionDecision,
     AdmissionFairSharingConfig,
+    ConsolidationConfig,
     CycleResult,
     EngineConfig,
     Eviction,
@@ -47,6 +50,7 @@ from service.engine.types import (
     LocalQueueUsage,
     PendingReason,
     Preemption,
+    PreemptionBudgetState,
     Snapshot,
     WaitForPodsReadyConfig,
 )
@@ -54,6 +58,7 @@ from service.engine.types import (
 __all__ = [
     "AdmissionDecision",
     "AdmissionFairSharingConfig",
+    "ConsolidationConfig",
     "CycleResult",
     "EngineConfig",
     "Eviction",
@@ -62,6 +67,7 @@ __all__ = [
     "LocalQueueUsage",
     "PendingReason",
     "Preemption",
+    "PreemptionBudgetState",
     "Snapshot",
     "WaitForPodsReadyConfig",
     "admission_cycle",

@@ -22,6 +22,7 @@ in order, each tried by ``attempt``, decisions recorded by ``decisions``) and
 from __future__ import annotations
 
 from service.engine.admission_loop import AdmissionLoop
+from service.engine.consolidation import consolidate
 from service.engine.decisions import Decisions
 from service.engine.eviction import evict_stopped_and_unready
 from service.engine.queueing import Queueing
@@ -40,4 +41,5 @@ def run_cycle(snapshot: Snapshot, now: float) -> CycleResult:
     queueing = Queueing(state)
     queueing.classify(list(snapshot.pending))
     AdmissionLoop(state, queueing.queues, decisions).run()
+    consolidate(state, queueing.queues, decisions)
     return build_result(state, queueing, decisions)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from service.domain.workload import Admission, PodSetAssignment, RequeueState
 from service.engine.packing import GangPlacement
+from service.engine.protection import preemptor_borrows
 from service.engine.quota import FlavorResource
 from service.engine.state import CQState, CycleState
 from service.engine.types import AdmissionDecision, Eviction, EvictionReason, Preemption
@@ -24,6 +25,7 @@ _HUMAN_REASON = {
     "InCohortReclamation": "reclamation within the cohort",
     "InCohortFairSharing": "fair sharing within the cohort",
     "InCohortReclaimWhileBorrowing": "reclamation within the cohort while borrowing",
+    "Consolidation": "consolidation of a fabric island",
 }
 
 
@@ -70,7 +72,7 @@ class Decisions:
         assert wi.cq is not None
         cq = wi.cq
         if victims:
-            self._preempt(wi, victims)
+            self._preempt(wi, victims, usage)
         self.state.admit(wi, dict(usage), placement)
         self.admissions.append(
             AdmissionDecision(
@@ -86,14 +88,25 @@ class Decisions:
             )
         )
 
-    def _preempt(self, wi: WorkloadInfo, victims: list[tuple[AdmittedInfo, str]]) -> None:
+    def _preempt(
+        self,
+        wi: WorkloadInfo,
+        victims: list[tuple[AdmittedInfo, str]],
+        usage: dict[FlavorResource, int],
+    ) -> None:
         """Evict the victims whole, each recorded with its reason and its preemptor."""
         assert wi.cq is not None
         cq = wi.cq
         preemptor_path = cq.node.path()
+        state = self.state
+        borrows = preemptor_borrows(cq, usage)
         for victim, reason in victims:
             victim_path = victim.cq.node.path() if victim.cq is not None else f"/{victim.cq_name}"
-            self.state.evict(victim)
+            budgeted = state.protection.charge(victim, reason, borrows)
+            destroyed = victim.seconds_at_risk(state.now) * victim.accelerators(
+                state.config.accelerator_resources
+            )
+            state.evict(victim)
             self.preemptions.append(
                 Preemption(
                     workload=victim.key,
@@ -109,6 +122,8 @@ class Decisions:
                     ),
                     preemptor_path=preemptor_path,
                     victim_path=victim_path,
+                    work_destroyed=destroyed,
+                    budgeted=budgeted,
                 )
             )
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from service.engine.fair_sharing import ZERO_SHARE, Share, dominant_resource_share
 from service.engine.flavorassigner import Assignment, PreemptionPlan
 from service.engine.packing import GangPlacement, place_gang, pristine_capacity_of
+from service.engine.protection import preemptor_borrows
 from service.engine.quota import QuotaNode
 from service.engine.state import CQState, CycleState
 from service.engine.workload_info import AdmittedInfo, WorkloadInfo
@@ -67,6 +68,8 @@ class _Search:
         self._eligible_islands = {seq for request in self.requests for seq in request.eligible}
         self._last_placement: GangPlacement | None = None
         self._physical_dirty = True
+        #: Whether the preemptor borrows once in: its reclaim is then protected.
+        self.borrows = preemptor_borrows(self.cq, self.usage)
 
     # --- fit checks ---------------------------------------------------------------------
 
@@ -131,6 +134,9 @@ class _Search:
         fits: Callable[[], GangPlacement | None] | None = None,
     ) -> PreemptionPlan | None:
         check = fits or (lambda: self.fits(allow_borrowing))
+        protection = self.state.protection
+        if protection.active:
+            candidates = protection.admissible(candidates, self.borrows)
         targets: list[tuple[AdmittedInfo, str]] = []
         placement: GangPlacement | None = None
         for victim, reason in candidates:
@@ -157,6 +163,8 @@ class _Search:
         borrow = max((node.borrowing_level(fr, v)[0] for fr, v in self.usage.items()), default=0)
         for victim, _ in targets:
             self.restore(victim)
+        if protection.active and not protection.affordable(targets, self.borrows):
+            return None
         return PreemptionPlan(victims=list(targets), placement=placement, borrow=borrow)
 
 

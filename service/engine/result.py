@@ -58,6 +58,7 @@ class _WhyNot:
             evictions=tuple(decisions.evictions),
             pending={key: reasons[key] for key in sorted(reasons)},
             local_queue_usage=dict(sorted(state.sampled_usage.items())),
+            preemption_budgets=state.protection.states(),
         )
 
     def _pend_unconsidered(self, admitted: set[str]) -> None:

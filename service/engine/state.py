@@ -22,6 +22,7 @@ from service.domain.workload import AdmittedWorkload, Workload
 from service.engine.fair_sharing import decay_factor, decayed_usage, weighted_usage
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang
 from service.engine.placement import Inventory, Island, NodeState, Shape
+from service.engine.protection import Protection
 from service.engine.quota import FlavorResource, QuotaNode, QuotaTree
 from service.engine.types import LocalQueueUsage, Snapshot
 from service.engine.workload_info import (
@@ -86,6 +87,8 @@ class CycleState:
         self.tree = QuotaTree()
         self.cqs: dict[str, CQState] = {}
         self._build_tree()
+        #: Minimum runtimes and preemption budgets (``service.engine.protection``).
+        self.protection = Protection(snapshot.cluster_queues, snapshot.preemption_budgets, now)
         self.inventory = Inventory(
             snapshot.clusters,
             snapshot.nodes,

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_ACCELERATORS",
     "AdmissionDecision",
     "AdmissionFairSharingConfig",
+    "ConsolidationConfig",
     "CycleResult",
     "EngineConfig",
     "Eviction",
@@ -31,6 +32,7 @@ __all__ = [
     "LocalQueueUsage",
     "PendingReason",
     "Preemption",
+    "PreemptionBudgetState",
     "PreemptionReason",
     "Snapshot",
     "SpreadPacking",
@@ -100,6 +102,19 @@ class WaitForPodsReadyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsolidationConfig:
+    """Consolidation (``service.engine.consolidation``): a gang blocked only by
+    fragmentation may preempt lower-priority gangs inside one island.
+
+    Off by default. ``victim_placement``: ``Immediate`` issues a move only when
+    every victim fits again elsewhere at once (quota and room, one restart, no
+    wait); ``Any`` does not ask."""
+
+    enable: bool = False
+    victim_placement: Literal["Immediate", "Any"] = "Immediate"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     fair_sharing: FairSharingConfig = field(default_factory=FairSharingConfig)
     admission_fair_sharing: AdmissionFairSharingConfig = field(
@@ -117,6 +132,7 @@ class EngineConfig:
     #: gangs (issue 24). ``ClusterFirst`` is the placement before: the
     #: least-free nodes anywhere in the least-free cluster; kept to compare.
     spread_packing: SpreadPacking = "IslandFirst"
+    consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +140,14 @@ class LocalQueueUsage:
     """Decayed historical usage of one LocalQueue, per resource (canonical units)."""
 
     consumed: Mapping[str, float]
+    last_update: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionBudgetState:
+    """One ClusterQueue's preemption token bucket (``service.engine.protection``)."""
+
+    tokens: float
     last_update: float
 
 
@@ -152,6 +176,9 @@ class Snapshot:
     namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     local_queue_usage: Mapping[str, LocalQueueUsage] = field(default_factory=dict)
     config: EngineConfig = field(default_factory=EngineConfig)
+    #: Per ClusterQueue with a ``preemption.budget``: its bucket as the last cycle
+    #: left it (absent: full). See :attr:`CycleResult.preemption_budgets`.
+    preemption_budgets: Mapping[str, PreemptionBudgetState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +198,11 @@ class AdmissionDecision:
 
 
 PreemptionReason = Literal[
-    "InClusterQueue", "InCohortReclamation", "InCohortFairSharing", "InCohortReclaimWhileBorrowing"
+    "InClusterQueue",
+    "InCohortReclamation",
+    "InCohortFairSharing",
+    "InCohortReclaimWhileBorrowing",
+    "Consolidation",
 ]
 
 
@@ -189,6 +220,12 @@ class Preemption:
     #: ``/root/…/cluster-queue`` of the preemptor and of the victim.
     preemptor_path: str
     victim_path: str
+    # Out of ``repr`` (as below): bench/digest.py hashes reprs, and with
+    # protection and consolidation off these add nothing to a decision.
+    #: Accelerator-seconds since the victim's last checkpoint (or admission).
+    work_destroyed: float = field(default=0.0, repr=False)
+    #: The preemption took a token of the victim's ClusterQueue's budget.
+    budgeted: bool = field(default=False, repr=False)
 
 
 EvictionReason = Literal["ClusterQueueStopped", "LocalQueueStopped", "PodsReadyTimeout"]
@@ -273,3 +310,7 @@ class CycleResult:
     pending: Mapping[str, PendingReason] = field(default_factory=dict)
     #: Admission fair-sharing history sampled at ``now``; persist and feed back.
     local_queue_usage: Mapping[str, LocalQueueUsage] = field(default_factory=dict)
+    #: Preemption budgets refilled to ``now`` and charged; persist and feed back.
+    preemption_budgets: Mapping[str, PreemptionBudgetState] = field(
+        default_factory=dict, repr=False
+    )

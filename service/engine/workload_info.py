@@ -300,6 +300,10 @@ class AdmittedInfo:
     def uses_any(self, frs: set[FlavorResource] | frozenset[FlavorResource]) -> bool:
         return any(fr in frs for fr in self.usage)
 
+    def accelerators(self, names: tuple[str, ...]) -> int:
+        """How many accelerators (of ``names``, e.g. GPUs) it holds."""
+        return sum(self.resources.get(name, 0) for name in names)
+
     def seconds_at_risk(self, now: float) -> float:
         """Seconds of run a preemption now would destroy: since its last
         checkpoint, or since admission when none is known (or it predates it)."""

@@ -79,11 +79,26 @@ class WorkloadPreempted(WorkloadBody):
         "InCohortReclamation",
         "InCohortFairSharing",
         "InCohortReclaimWhileBorrowing",
+        "Consolidation",
     ]
     preemptor: str = Field(description="`namespace/name` of the workload that needed the quota.")
     preemptor_cluster_queue: str
     cohort_path: list[str] = Field(description="Cohorts from the ClusterQueue up to the root.")
     released: Amounts
+    work_destroyed_gpu_seconds: float | None = Field(
+        default=None,
+        description=(
+            "Accelerator-seconds run since the victim's last checkpoint (or its "
+            "admission): the work the preemption threw away (issue 24)."
+        ),
+    )
+    budgeted: bool = Field(
+        default=False,
+        description=(
+            "The preemption took a token of the victim's ClusterQueue's "
+            "preemption.budget; the scheduler derives the buckets from these entries."
+        ),
+    )
 
 
 class WorkloadEvicted(WorkloadBody):

@@ -26,6 +26,7 @@ from sim.replay.loop import (
 )
 from sim.replay.options import (
     EngineOptions,
+    parse_budget,
     parse_resource_weights,
     parse_spread_packing,
     parse_strategies,
@@ -86,6 +87,15 @@ def _spread(value: str) -> str:
         parse_spread_packing(value)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _budget(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_budget(value)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
     return value
 
 
@@ -224,6 +234,35 @@ def replay(
         ),
     ] = None,
     checkpoint_seed: Annotated[int, typer.Option(help="Seeds the jobs' checkpoint intervals.")] = 0,
+    consolidation: Annotated[
+        bool,
+        typer.Option(
+            help="Consolidation: a gang blocked only by fragmentation may preempt "
+            "lower-priority (or over-share) gangs inside one island "
+            "(service/engine/consolidation.py)."
+        ),
+    ] = _ENGINE.consolidation,
+    consolidation_any_victim_placement: Annotated[
+        bool,
+        typer.Option(
+            help="Consolidation without checking that its victims fit again elsewhere at once."
+        ),
+    ] = False,
+    min_runtime: Annotated[
+        int | None,
+        typer.Option(
+            help="Set preemption.protection.minRuntimeSeconds on every ClusterQueue of the fleet.",
+            min=0,
+        ),
+    ] = None,
+    preemption_budget: Annotated[
+        str | None,
+        typer.Option(
+            help="Set preemption.budget on every ClusterQueue of the fleet: N/SECONDS, a "
+            "token bucket of N refilled at N per SECONDS.",
+            callback=_budget,
+        ),
+    ] = None,
 ) -> None:
     """Replay a job trace through the admission engine (no database) and write RESULT."""
     engine = EngineOptions(
@@ -236,6 +275,8 @@ def replay(
         resource_weights=parse_resource_weights(afs_resource_weight),
         max_heads_per_cluster_queue=max_heads_per_cluster_queue,
         spread_packing=parse_spread_packing(spread_packing),
+        consolidation=consolidation,
+        consolidation_any_victim_placement=consolidation_any_victim_placement,
     )
     options = ReplayOptions(
         cycle_interval=cycle_interval,
@@ -243,6 +284,8 @@ def replay(
         engine=engine.engine_config(),
         checkpoint_interval=checkpoint_interval or None,
         checkpoint_seed=checkpoint_seed,
+        min_runtime=min_runtime,
+        preemption_budget=parse_budget(preemption_budget) if preemption_budget else None,
     )
     console = Console(stderr=True)
     jobs = load_trace(trace, limit)
@@ -276,6 +319,8 @@ def _engine_record(config: EngineConfig) -> dict[str, Any]:
         "afs_resource_weights": dict(afs.resource_weights),
         "max_heads_per_cluster_queue": config.max_heads_per_cluster_queue,
         "spread_packing": config.spread_packing,
+        "consolidation": config.consolidation.enable,
+        "consolidation_victim_placement": config.consolidation.victim_placement,
     }
 
 

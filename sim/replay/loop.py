@@ -33,16 +33,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from service.domain.quota import ClusterQueue, FlavorQuotas, ResourceGroup, ResourceQuota
+from service.domain.quota import (
+    ClusterQueue,
+    FlavorQuotas,
+    PreemptionBudget,
+    ResourceGroup,
+    ResourceQuota,
+)
 from service.domain.workload import AdmittedWorkload, PodSet, TopologyRequest, Workload
 from service.engine import (
     AdmissionFairSharingConfig,
     CycleResult,
     EngineConfig,
     LocalQueueUsage,
+    PreemptionBudgetState,
     Snapshot,
     admission_cycle,
 )
+from service.engine.protection import CONSOLIDATION
 from sim.fleet import Fleet
 from sim.replay.metrics import (
     SIZE_CLASSES,
@@ -72,6 +80,13 @@ class ReplayOptions:
     checkpoint_interval: float | None = None
     #: Seeds each job's own interval (:func:`checkpoint_interval_of`).
     checkpoint_seed: int = 0
+    #: ``False``: the jobs still save and restart from checkpoints, but the engine is
+    #: not told (the engine before issue 24 never weighed them).
+    engine_sees_checkpoints: bool = True
+    #: Set on every ClusterQueue of the fleet: ``preemption.protection.minRuntimeSeconds``.
+    min_runtime: int | None = None
+    #: Set on every ClusterQueue of the fleet: ``preemption.budget`` (tokens, period s).
+    preemption_budget: tuple[int, int] | None = None
 
 
 def checkpoint_interval_of(job_id: str, mean: float, seed: int) -> float:
@@ -116,6 +131,12 @@ class _Stats:
     #: ``(team, gpus, start, end)`` of every run, completed or preempted.
     runs: list[tuple[str, int, float, float]] = field(default_factory=list)
     max_pending: int = 0
+    #: Preemptions per reason (``Consolidation`` among them).
+    by_reason: dict[str, int] = field(default_factory=dict)
+    #: Job id of a consolidation victim -> when it was moved (until it runs again).
+    moved_at: dict[str, float] = field(default_factory=dict)
+    #: Each consolidation victim's wait from its move to its next admission.
+    move_waits: list[float] = field(default_factory=list)
 
 
 def team_queues(fleet: Fleet) -> dict[str, str]:
@@ -217,6 +238,23 @@ def single_queue_fleet(fleet: Fleet) -> Fleet:
     )
 
 
+def protected_fleet(fleet: Fleet, options: ReplayOptions) -> Fleet:
+    """``fleet`` with the replay's protection on every ClusterQueue (when given)."""
+    if options.min_runtime is None and options.preemption_budget is None:
+        return fleet
+    queues = []
+    for cq in fleet.cluster_queues:
+        policy = cq.preemption
+        if options.min_runtime is not None:
+            protection = replace(policy.protection, min_runtime_seconds=options.min_runtime)
+            policy = replace(policy, protection=protection)
+        if options.preemption_budget is not None:
+            tokens, period = options.preemption_budget
+            policy = replace(policy, budget=PreemptionBudget(tokens, period))
+        queues.append(replace(cq, preemption=policy))
+    return replace(fleet, cluster_queues=tuple(queues))
+
+
 def fifo_options(options: ReplayOptions) -> ReplayOptions:
     engine = replace(
         options.engine,
@@ -235,6 +273,7 @@ class Simulator:
         options: ReplayOptions,
         policy: Callable[[Snapshot, float], CycleResult] | None = None,
     ) -> None:
+        fleet = protected_fleet(fleet, options)
         self.fleet = fleet
         #: What decides each cycle: the engine, or a baseline of :mod:`sim.replay.baseline`.
         self.policy = policy or admission_cycle
@@ -262,6 +301,7 @@ class Simulator:
         self.running: dict[str, _Run] = {}
         self.used: dict[str, dict[str, int]] = {}
         self.usage: Mapping[str, LocalQueueUsage] = {}
+        self.budgets: Mapping[str, PreemptionBudgetState] = {}
         self.stats = _Stats()
         self._completions: list[tuple[float, str, int]] = []
         self._generation: dict[str, int] = {}
@@ -348,7 +388,12 @@ class Simulator:
     def apply(self, result: CycleResult, now: float) -> None:
         for preemption in result.preemptions:
             self.stats.preemptions += 1
-            self._requeue(self._stop(preemption.workload, now), now)
+            reasons = self.stats.by_reason
+            reasons[preemption.reason] = reasons.get(preemption.reason, 0) + 1
+            run = self._stop(preemption.workload, now)
+            if preemption.reason == CONSOLIDATION:
+                self.stats.moved_at[run.job.job_id] = now
+            self._requeue(run, now)
         for eviction in result.evictions:
             self.stats.evictions += 1
             if eviction.workload in self.running:
@@ -366,9 +411,13 @@ class Simulator:
             self.running[decision.workload] = run
             self._place(run, 1)
             self._record_wait(job.job_id, now)
+            moved = self.stats.moved_at.pop(job.job_id, None)
+            if moved is not None:
+                self.stats.move_waits.append(now - moved)
             generation = self._generation.get(decision.workload, 0)
             heapq.heappush(self._completions, (run.end, decision.workload, generation))
         self.usage = result.local_queue_usage
+        self.budgets = result.preemption_budgets
 
     def _record_wait(self, job_id: str, now: float) -> None:
         stats = self.stats
@@ -379,7 +428,12 @@ class Simulator:
 
     def _admitted(self, now: float | None) -> tuple[AdmittedWorkload, ...]:
         """The running gangs, each with its last checkpoint when jobs save."""
-        if now is None or self.options.checkpoint_interval is None:
+        options = self.options
+        if (
+            now is None
+            or options.checkpoint_interval is None
+            or not options.engine_sees_checkpoints
+        ):
             return tuple(run.admitted for run in self.running.values())
         out = []
         for run in self.running.values():
@@ -404,6 +458,7 @@ class Simulator:
             namespaces=self.namespaces,
             local_queue_usage=self.usage,
             config=self.options.engine,
+            preemption_budgets=self.budgets,
         )
 
     # --- the loop -----------------------------------------------------------------------
@@ -460,6 +515,9 @@ class Simulator:
                 self.stats.cycles += 1
                 self.apply(result, now)
                 again = ceiling and bool(result.admissions) and bool(self.pending)
+                # A consolidation's victims were checked to fit now: run the next
+                # cycle one interval later rather than at the next event.
+                again = again or any(p.reason == CONSOLIDATION for p in result.preemptions)
             last_cycle = now
             if progress is not None:
                 progress(len(self.stats.finished), now)
@@ -539,6 +597,12 @@ class Simulator:
             "contended_windows": contended,
             "team_gpu_hours": {t: round(v / 3600, 1) for t, v in sorted(stats.team_gpu_s.items())},
             "preemptions": stats.preemptions,
+            "preemptions_by_reason": dict(sorted(stats.by_reason.items())),
+            "consolidation_victim_wait_s": summary(stats.move_waits),
+            "min_runtime_s": self.options.min_runtime,
+            "preemption_budget": list(self.options.preemption_budget)
+            if self.options.preemption_budget
+            else None,
             "lost_gpu_hours": round(stats.lost_gpu_s / 3600, 1),
             "checkpoint_saved_gpu_hours": round(stats.saved_gpu_s / 3600, 1),
             "checkpoint_interval_s": self.options.checkpoint_interval,

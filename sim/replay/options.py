@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
 
-from service.engine import AdmissionFairSharingConfig, EngineConfig
+from service.engine import AdmissionFairSharingConfig, ConsolidationConfig, EngineConfig
 from service.engine.types import FairSharingConfig, FairSharingStrategy, SpreadPacking
 
 __all__ = [
     "EngineOptions",
+    "parse_budget",
     "parse_resource_weights",
     "parse_spread_packing",
     "parse_strategies",
@@ -38,6 +39,8 @@ class EngineOptions:
     resource_weights: tuple[tuple[str, float], ...] = ()
     max_heads_per_cluster_queue: int | None = None
     spread_packing: SpreadPacking = "IslandFirst"
+    consolidation: bool = False
+    consolidation_any_victim_placement: bool = False
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -54,6 +57,10 @@ class EngineOptions:
             ),
             max_heads_per_cluster_queue=self.max_heads_per_cluster_queue,
             spread_packing=self.spread_packing,
+            consolidation=ConsolidationConfig(
+                enable=self.consolidation,
+                victim_placement="Any" if self.consolidation_any_victim_placement else "Immediate",
+            ),
         )
 
 
@@ -103,3 +110,15 @@ def parse_resource_weights(items: Sequence[str]) -> tuple[tuple[str, float], ...
             raise ValueError(f"{item!r}: the weight must be a finite number ≥ 0")
         weights[resource] = weight
     return tuple(sorted(weights.items()))
+
+
+def parse_budget(text: str) -> tuple[int, int]:
+    """``N/SECONDS``: a preemption budget of N tokens refilled at N per SECONDS."""
+    tokens, sep, period = text.partition("/")
+    try:
+        n, seconds = int(tokens), int(period)
+    except ValueError:
+        raise ValueError(f"{text!r} is not N/SECONDS (two whole numbers)") from None
+    if not sep or n < 0 or seconds <= 0:
+        raise ValueError(f"{text!r}: N must be ≥ 0 and SECONDS > 0")
+    return n, seconds

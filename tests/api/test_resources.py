@@ -401,3 +401,40 @@ def test_kueue_fields_quartermaster_does_not_support_are_refused_by_name(api: Ap
         "admissionChecksStrategy is a Kueue field Quartermaster does not support"
         in body["errors"][0]["message"]
     )
+
+
+def test_cluster_queue_preemption_protection_and_budget(api: Api) -> None:
+    """Issue 24: ``preemption.protection`` and ``preemption.budget`` are kept as
+    given, and a bad value is refused naming its field."""
+    admin = api.admin
+    assert (
+        admin.post(
+            "/v1/resourceflavors", json={"metadata": {"name": "h100"}, "spec": {}}
+        ).status_code
+        == 201
+    )
+    protected = _cq(
+        "protected",
+        preemption={
+            "reclaimWithinCohort": "Any",
+            "protection": {"minRuntimeSeconds": 1800, "reclaimNominal": "Protected"},
+            "budget": {"preemptions": 4, "periodSeconds": 3600},
+        },
+    )
+    assert admin.post("/v1/clusterqueues", json=protected).status_code == 201
+    got = admin.get("/v1/clusterqueues/protected").json()["spec"]["preemption"]
+    assert got["protection"] == {"minRuntimeSeconds": 1800, "reclaimNominal": "Protected"}
+    assert got["budget"] == {"preemptions": 4, "periodSeconds": 3600}
+    for preemption, field in (
+        ({"protection": {"minRuntimeSeconds": -1}}, "spec.preemption.protection.minRuntimeSeconds"),
+        ({"protection": {"reclaimNominal": "Later"}}, "spec.preemption.protection.reclaimNominal"),
+        (
+            {"budget": {"preemptions": 2, "periodSeconds": 0}},
+            "spec.preemption.budget.periodSeconds",
+        ),
+        ({"budget": {"periodSeconds": 60}}, "spec.preemption.budget.preemptions"),
+    ):
+        body = _problem(
+            admin.post("/v1/clusterqueues", json=_cq("bad", preemption=preemption)), 422, "invalid"
+        )
+        assert field in _fields(body), (preemption, _fields(body))

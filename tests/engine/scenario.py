@@ -24,9 +24,11 @@ Conveniences so that files stay short and read like the spec:
   ``flavors`` (resource → flavor) and optionally ``nodes`` (node → pods); when
   nodes are omitted the pods are placed first-fit on nodes of that flavor.
 
-``nodeOverrides`` (node → ``ready`` / ``unschedulable``) and
-``localQueueUsage`` (``ns/lq`` → ``consumed``, ``lastUpdate``) set node state and
-admission fair-sharing history.
+``nodeOverrides`` (node → ``ready`` / ``unschedulable``),
+``localQueueUsage`` (``ns/lq`` → ``consumed``, ``lastUpdate``) and
+``preemptionBudgets`` (ClusterQueue → ``tokens``, ``lastUpdate``) set node state,
+admission fair-sharing history and preemption token buckets; ``config`` may
+also hold ``consolidation`` (``enable``, ``victimPlacement``).
 
 ``expect`` keys: ``admitted`` (key → optional ``cluster``, ``flavors``,
 ``islands``, ``nodes``, ``borrowed``), ``preempted`` (list of ``workload``,
@@ -34,7 +36,8 @@ admission fair-sharing history.
 optional ``requeueAt``, ``deactivated``), ``pending`` (key → optional
 ``reason``, ``message`` (substring), ``position``, ``localPosition``, ``cause``
 (``null``: none), ``fragmentation`` (``requested``, ``fleetFree``, ``largestFree``,
-``largestIsland``)).
+``largestIsland``)), ``preemptionBudgets`` (ClusterQueue → tokens after the
+cycle); a ``preempted`` entry may give ``workDestroyed`` and ``budgeted``.
 Workload keys may omit the ``default/`` namespace.
 """
 
@@ -62,9 +65,11 @@ from service.domain.workload import (
 )
 from service.engine import (
     AdmissionFairSharingConfig,
+    ConsolidationConfig,
     EngineConfig,
     FairSharingConfig,
     LocalQueueUsage,
+    PreemptionBudgetState,
     Snapshot,
     WaitForPodsReadyConfig,
 )
@@ -333,6 +338,10 @@ def _config(data: dict[str, Any]) -> EngineConfig:
         ),
         max_heads_per_cluster_queue=cfg.get("maxHeadsPerClusterQueue"),
         spread_packing=cfg.get("spreadPacking", "IslandFirst"),
+        consolidation=ConsolidationConfig(
+            enable=bool((cfg.get("consolidation") or {}).get("enable", False)),
+            victim_placement=(cfg.get("consolidation") or {}).get("victimPlacement", "Immediate"),
+        ),
     )
 
 
@@ -379,6 +388,12 @@ def build(data: dict[str, Any], path: Path | None = None) -> Scenario:
         namespaces=namespaces,
         local_queue_usage=usage,
         config=_config(data),
+        preemption_budgets={
+            name: PreemptionBudgetState(
+                tokens=float(v["tokens"]), last_update=float(v.get("lastUpdate", 0))
+            )
+            for name, v in (data.get("preemptionBudgets") or {}).items()
+        },
     )
     return Scenario(
         path=path or Path("<inline>"),

@@ -53,6 +53,12 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "15",
         "--spread-packing",
         "ClusterFirst",
+        "--consolidation",
+        "--consolidation-any-victim-placement",
+        "--min-runtime",
+        "600",
+        "--preemption-budget",
+        "4/3600",
     ]
     code, output, result = _invoke(tmp_path, trace, *options)
     assert code == 0, output
@@ -66,8 +72,12 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "afs_resource_weights": {"cpu": 0.5, "nvidia.com/gpu": 2.0},
         "max_heads_per_cluster_queue": 3,
         "spread_packing": "ClusterFirst",
+        "consolidation": True,
+        "consolidation_victim_placement": "Any",
     }
     assert result["cycle_interval_s"] == 15.0
+    assert result["min_runtime_s"] == 600
+    assert result["preemption_budget"] == [4, 3600]
     # The recorded command runs the same configuration again.
     again = shlex.split(result["command"])
     assert again[-1] != "replay" and "replay" in again
@@ -85,6 +95,8 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
     assert free["engine"]["admission_fair_sharing"] is True
     assert free["engine"]["fair_sharing"] is False
     assert free["engine"]["spread_packing"] == "IslandFirst"
+    assert free["engine"]["consolidation"] is False
+    assert free["min_runtime_s"] is None and free["preemption_budget"] is None
     assert free["wait_s"]["max"] == 0.0
     # One head of team-a's ClusterQueue a cycle: the jobs start 0, 100 and 200 s in.
     code, output, one = _invoke(
@@ -110,6 +122,9 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
         (["--baseline", "oracle"], "--baseline"),
         (["--baseline", "fifo", "--baseline", "fifo"], "--baseline"),
         (["--spread-packing", "Anywhere"], "--spread-packing"),
+        (["--preemption-budget", "4"], "--preemption-budget"),
+        (["--preemption-budget", "4/0"], "--preemption-budget"),
+        (["--min-runtime", "-1"], "--min-runtime"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_option(

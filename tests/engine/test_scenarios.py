@@ -47,6 +47,14 @@ def check_expectations(scenario: Scenario, result: CycleResult) -> None:
     _check_preempted(expect.get("preempted") or [], result)
     _check_evicted(expect.get("evicted") or [], result)
     _check_pending(expect.get("pending") or {}, result)
+    _check_budgets(expect.get("preemptionBudgets"), result)
+
+
+def _check_budgets(expected: dict[str, Any] | None, result: CycleResult) -> None:
+    if expected is None:
+        return
+    got = {name: state.tokens for name, state in result.preemption_budgets.items()}
+    assert got == pytest.approx(expected), got
 
 
 def _check_admitted(expected: dict[str, Any] | list[str], result: CycleResult) -> None:
@@ -100,6 +108,11 @@ def _check_preempted(expected: list[dict[str, Any]], result: CycleResult) -> Non
             assert by_victim[key_of(entry["workload"])].preemptor == key_of(entry["preemptor"])
         if "cluster" in entry:
             assert by_victim[key_of(entry["workload"])].cluster == entry["cluster"]
+        if "workDestroyed" in entry:
+            got_work = by_victim[key_of(entry["workload"])].work_destroyed
+            assert got_work == pytest.approx(entry["workDestroyed"]), got_work
+        if "budgeted" in entry:
+            assert by_victim[key_of(entry["workload"])].budgeted is entry["budgeted"]
 
 
 def _check_evicted(expected: list[dict[str, Any]], result: CycleResult) -> None:

@@ -273,6 +273,11 @@ def setup_fleet(
             "spec": {"server": "https://c1.example:6443", "credentials": {"token": "t"}},
         },
     )
+    setup_nodes(services, islands, nodes_per_island)
+
+
+def setup_nodes(services: Services, islands: int, nodes_per_island: int) -> None:
+    """Cluster ``c1``'s inventory: ``islands`` x ``nodes_per_island`` nodes of 8 GPUs."""
     nodes = [
         {
             "name": f"c1-i{i}-n{n}",

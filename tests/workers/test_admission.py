@@ -10,11 +10,13 @@ from uuid import uuid4
 import sqlalchemy as sa
 
 from service.app.admission import PENDING_MESSAGE_REFRESH, AdmissionCycle
+from service.app.admission.snapshot import load
 from service.app.auth import Principal, Role
 from service.app.bootstrap import Services
 from service.app.events import EventFilter
 from service.app.uow import SqlUnitOfWork
 from service.app.visibility import ANOTHER
+from service.engine import ConsolidationConfig, EngineConfig, PreemptionBudgetState
 from service.projections import ProjectionRunner, Resources
 from service.projections.resources import resource_row, upsert_resources
 from tests.workers.conftest import (
@@ -22,6 +24,7 @@ from tests.workers.conftest import (
     GPU,
     ledger_kinds,
     setup_fleet,
+    setup_nodes,
     workload,
     workload_status,
 )
@@ -251,3 +254,57 @@ def test_the_same_pending_reason_in_other_numbers_is_rewritten_at_most_every_30_
     assert later["pendingReasonCode"] == first["pendingReasonCode"]
     assert later["pendingReason"] != first["pendingReason"]
     assert later["pendingReasonAt"] == "2026-11-30T12:00:31Z"
+
+
+def test_a_consolidation_move_reaches_the_ledger_and_its_budget_outlives_the_cycle(
+    services: Services,
+) -> None:
+    """Issue 24, end to end through the application: two islands half used by
+    low-priority gangs, a 16-GPU gang that must stay in one island; with
+    consolidation on, one victim is preempted with reason ``Consolidation``,
+    its preemptor and the GPU-seconds it loses in the ledger, and the budget's
+    token it took is there again for a scheduler that starts afresh."""
+    budget = {"preemptions": 2, "periodSeconds": 3600}
+    setup_fleet(services, gpu_quota=64, nodes_per_island=1, preemption={"budget": budget})
+    services.resources.create(
+        ADMIN, "workloadpriorityclasses", "", {"metadata": {"name": "urgent"}, "value": 1000}
+    )
+    clock = [datetime(2026, 1, 1, tzinfo=UTC)]
+    config = EngineConfig(consolidation=ConsolidationConfig(enable=True))
+    cycle = AdmissionCycle(services.engine, services.unit_of_work, config, lambda: clock[0])
+    for name in ("a", "b"):
+        services.submissions.submit(ADMIN, "team-a", workload(name, count=1, gpus=8))
+    cycle.run(_no_guard)
+    # One node an island: each gang has an island of its own.
+    islands = {
+        workload_status(services.engine, "team-a", n)["admission"]["podSetAssignments"][0][
+            "placement"
+        ][0]["node"]
+        for n in ("a", "b")
+    }
+    assert islands == {"c1-i0-n0", "c1-i1-n0"}, islands
+    # The islands grow to two nodes: each is half used, 16 GPUs free, 8 in each.
+    setup_nodes(services, islands=2, nodes_per_island=2)
+    clock[0] += timedelta(seconds=600)
+    services.submissions.submit(
+        ADMIN,
+        "team-a",
+        workload("gang", count=2, gpus=8, island=True, priorityClassName="urgent"),
+    )
+    report = cycle.run(_no_guard)
+    assert (report.writes.preempted, report.writes.admitted) == (1, 1)
+    with services.engine.connect() as conn:
+        (body,) = conn.exec_driver_sql(
+            "SELECT body FROM ledger_entries WHERE kind = 'workload.preempted'"
+        ).scalars()
+    assert body["reason"] == "Consolidation"
+    assert body["preemptor"] == "team-a/gang"
+    assert body["work_destroyed_gpu_seconds"] == 600 * 8
+    assert body["budgeted"] is True
+    victim = workload_status(services.engine, "team-a", body["workload"])
+    assert victim["eviction"]["preemptionReason"] == "Consolidation"
+    assert workload_status(services.engine, "team-a", "gang")["state"] == "Admitted"
+    left = {"cq": PreemptionBudgetState(tokens=1.0, last_update=clock[0].timestamp())}
+    assert cycle.budgets == left
+    # A scheduler that starts afresh derives the same bucket from the ledger.
+    assert load(services.engine, config, {}).snapshot.preemption_budgets == left

@@ -17,7 +17,14 @@ from service.app.admission.snapshot import load
 from service.app.admission.writes import CycleWrites, cycle_writes, stage
 from service.app.uow import SqlUnitOfWork
 from service.domain.workload import Admission
-from service.engine import CycleResult, EngineConfig, LocalQueueUsage, Snapshot, admission_cycle
+from service.engine import (
+    CycleResult,
+    EngineConfig,
+    LocalQueueUsage,
+    PreemptionBudgetState,
+    Snapshot,
+    admission_cycle,
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,9 @@ class AdmissionCycle:
         self._clock = clock
         self._cache = WorkloadCache()
         self._configuration = ConfigCache()
+        #: The preemption budgets as the last committed cycle left them; ``None``
+        #: (at start, after a failed cycle): derived from the ledger again.
+        self.budgets: Mapping[str, PreemptionBudgetState] | None = None
 
     def run(
         self,
@@ -86,7 +96,10 @@ class AdmissionCycle:
         before_commit: BeforeCommit | None = None,
     ) -> CycleReport:
         started = time.perf_counter()
-        loaded = load(self._engine, self.config, usage or {}, self._cache, self._configuration)
+        budgets, self.budgets = self.budgets, None
+        loaded = load(
+            self._engine, self.config, usage or {}, self._cache, self._configuration, budgets
+        )
         now = self._clock()
         # The engine allocates much and frees nothing until it returns: pause the
         # collector, which would rescan the snapshot over and over (service.engine).
@@ -99,6 +112,7 @@ class AdmissionCycle:
                 gc.enable()
         writes = cycle_writes(loaded, result, now)
         self.commit(writes, guard, result, before_commit, now)
+        self.budgets = result.preemption_budgets
         self._cache.written(writes.appends)
         return CycleReport(
             result=result,

@@ -138,3 +138,17 @@ def workloads_by_key(conn: Connection, keys: Sequence[tuple[str, str]]) -> Itera
     admission cycle's cache and the workers' RowCache read with it."""
     params = {"namespaces": [k[0] for k in keys], "names": [k[1] for k in keys]}
     return map(WorkloadRow.packed, conn.execute(_WORKLOAD_ROWS, params))
+
+
+# Every preemption that took a token of a ClusterQueue's budget, in ledger order
+# (the partial index is not needed: the scheduler reads this once as it starts
+# leading, and preemptions are few beside the ledger's other entries).
+_BUDGETED_PREEMPTIONS = text(
+    "SELECT body->>'cluster_queue', recorded_at FROM ledger_entries "
+    "WHERE kind = 'workload.preempted' AND (body->>'budgeted') = 'true' ORDER BY seq"
+)
+
+
+def budgeted_preemptions(conn: Connection) -> list[tuple[str, float]]:
+    """``(ClusterQueue, time)`` of every budgeted preemption the ledger holds."""
+    return [(str(cq), at.timestamp()) for cq, at in conn.execute(_BUDGETED_PREEMPTIONS)]

@@ -11,11 +11,18 @@ from typing import Any
 from sqlalchemy import Engine
 
 from service.app.admission.caches import ConfigCache, WorkloadCache
-from service.app.admission.repository import WorkloadRow
+from service.app.admission.repository import WorkloadRow, budgeted_preemptions
 from service.app.lifecycle import PENDING
 from service.domain.jobs import MEMBER_JOB_KINDS, kind_not_runnable
 from service.domain.workload import AdmittedWorkload, Workload
-from service.engine import EngineConfig, LocalQueueUsage, PendingReason, Snapshot
+from service.engine import (
+    EngineConfig,
+    LocalQueueUsage,
+    PendingReason,
+    PreemptionBudgetState,
+    Snapshot,
+)
+from service.engine.protection import budgets_from_history
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -52,15 +59,21 @@ def load(
     usage: Mapping[str, LocalQueueUsage],
     cache: WorkloadCache | None = None,
     configuration: ConfigCache | None = None,
+    budgets: Mapping[str, PreemptionBudgetState] | None = None,
 ) -> Loaded:
     """One consistent snapshot (a REPEATABLE READ transaction) of everything
-    the engine needs."""
+    the engine needs. ``budgets`` ``None``: the preemption budgets are derived
+    from the ledger's budgeted preemptions (``service.engine.protection``)."""
     cache = cache or WorkloadCache()
     configuration = configuration or ConfigCache()
     options = {"isolation_level": "REPEATABLE READ"}
     with engine.connect().execution_options(**options) as conn, conn.begin():
         by_kind = configuration.refresh(conn)
         entries = cache.refresh(conn)
+        if budgets is None:
+            budgets = budgets_from_history(
+                by_kind.get("ClusterQueue", []), budgeted_preemptions(conn)
+            )
     clusters, nodes = [], []
     for cluster, its_nodes in by_kind.get("Cluster", ()):
         clusters.append(cluster)
@@ -97,6 +110,7 @@ def load(
         namespaces={ns: {NAMESPACE_NAME_LABEL: ns} for ns in sorted(namespaces)},
         local_queue_usage=usage,
         config=config,
+        preemption_budgets=budgets,
     )
     return Loaded(snapshot, workloads, held)
 

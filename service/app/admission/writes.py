@@ -153,6 +153,8 @@ def _preempt(out: CycleWrites, row: WorkloadRow, preemption: Preemption, now: da
         preemptor_cluster_queue=preemption.preemptor_cluster_queue,
         cohort_path=_cohort_path(preemption.victim_path),
         now=now,
+        work_destroyed=preemption.work_destroyed,
+        budgeted=preemption.budgeted,
     )
     _write(out, row, change)
     out.preempted += 1

@@ -1,0 +1,164 @@
+"""Issue 24's last part: protection and consolidation replayed on an ITP trace.
+
+    nice -n 19 .venv/bin/python bench/replay_protection.py \\
+        --trace /tmp/traces/cluster02.csv --fleet sim/fleets/itp-cluster02-128.yaml \\
+        --out bench/results/replay-protection-cluster02-128.json
+
+One process, one trace and fleet, every variant (``sim.replay``, a cycle at
+most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
+
+* ``before``: the engine before issue 24 — ClusterFirst packing, and blind to
+  checkpoints (newest-first victims), though the jobs still restart from them;
+* ``after``: the engine's defaults now (island-first packing, victims by
+  seconds since checkpoint), protection and consolidation off;
+* ``+consolidation``, ``+min-runtime`` (1,800 s on every ClusterQueue),
+  ``+budget`` (1 protected preemption per ClusterQueue per hour): each switch
+  alone on ``after``;
+* ``all``: the three together; ``all+fair-sharing``: and fair sharing;
+* ``best-fit``: the quota-free single-queue reference (sim/replay/baseline.py).
+
+It writes the command, each variant's seconds and its whole RESULT, and
+prints Markdown tables (delay with re-queues per variant, per size class and
+per team against best-fit) on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from service.engine import ConsolidationConfig, EngineConfig, FairSharingConfig
+from sim.fleet import load_fleet
+from sim.replay.baseline import best_fit_cycle
+from sim.replay.loop import ReplayOptions, Simulator, single_queue_fleet
+from sim.replay.trace import load_trace
+
+CHECKPOINT_S, MIN_RUNTIME_S, BUDGET = 1800.0, 1800, (1, 3600)
+VARIANTS = (
+    "before",
+    "after",
+    "+consolidation",
+    "+min-runtime",
+    "+budget",
+    "all",
+    "all+fair-sharing",
+    "best-fit",
+)
+
+
+def options_of(name: str) -> ReplayOptions:
+    base = ReplayOptions(label=name, checkpoint_interval=CHECKPOINT_S, checkpoint_seed=0)
+    if name == "before":
+        engine = EngineConfig(spread_packing="ClusterFirst")
+        return replace(base, engine=engine, engine_sees_checkpoints=False)
+    consolidation = name in ("+consolidation", "all", "all+fair-sharing")
+    engine = EngineConfig(
+        consolidation=ConsolidationConfig(enable=consolidation),
+        fair_sharing=FairSharingConfig(enable=name == "all+fair-sharing"),
+    )
+    protected = name.startswith("all")
+    return replace(
+        base,
+        engine=engine,
+        min_runtime=MIN_RUNTIME_S if protected or name == "+min-runtime" else None,
+        preemption_budget=BUDGET if protected or name == "+budget" else None,
+    )
+
+
+def simulator(name: str, fleet_path: Path, trace: Path) -> Simulator:
+    fleet, jobs = load_fleet(fleet_path), load_trace(trace)
+    if name == "best-fit":
+        return Simulator(single_queue_fleet(fleet), jobs, options_of(name), best_fit_cycle)
+    return Simulator(fleet, jobs, options_of(name))
+
+
+def _three(block: dict[str, float]) -> str:
+    return " / ".join(f"{block[k]:,.0f}" for k in ("mean", "p95", "p99"))
+
+
+def table(runs: dict[str, dict[str, Any]], seconds: dict[str, float]) -> str:
+    lines = [
+        "| variant | delay mean / p95 / p99 (s) | wait with re-queues mean / p95 / p99 (s) "
+        "| preemptions (consolidation) | GPU-h destroyed | makespan (s) | island violations "
+        "| replay (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in runs.items():
+        moves = r.get("preemptions_by_reason", {}).get("Consolidation", 0)
+        lines.append(
+            f"| {name} | {_three(r['delay_s'])} | {_three(r['wait_s'])} "
+            f"| {r['preemptions']} ({moves}) | {r['lost_gpu_hours']:,.1f} "
+            f"| {r['makespan_s']:,.0f} | {r['island_violations']} | {seconds[name]:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def against_best_fit(runs: dict[str, dict[str, Any]], group: str) -> str:
+    """Mean / p95 / p99 delay per size class or team; a star marks worse than best fit."""
+    reference = runs.get("best-fit")
+    names = [n for n in runs if n != "best-fit"]
+    keys = sorted(next(iter(runs.values()))[group])
+    head = f"| {group} | best-fit | " + " | ".join(names) + " |"
+    lines = [head, "|---" * (len(names) + 2) + "|"]
+    for key in keys:
+        cells = []
+        ref = reference[group][key]["delay_s"] if reference else None
+        for name in names:
+            block = runs[name][group][key]["delay_s"]
+            marks = [
+                f"{block[k]:,.0f}{'*' if ref is not None and block[k] > ref[k] else ''}"
+                for k in ("mean", "p95", "p99")
+            ]
+            cells.append(" / ".join(marks))
+        lines.append(f"| {key} | {_three(ref) if ref else '—'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--fleet", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    args = parser.parse_args()
+    started = time.monotonic()
+    runs: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {}
+    for name in args.variants.split(","):
+        if name not in VARIANTS:
+            parser.error(f"unknown variant {name!r}; the variants are {', '.join(VARIANTS)}")
+        print(f"replaying {name} …", file=sys.stderr, flush=True)
+        clock = time.monotonic()
+        runs[name] = simulator(name, args.fleet, args.trace).run()
+        seconds[name] = round(time.monotonic() - clock, 1)
+    result = {
+        "command": " ".join(
+            ["nice -n 19 .venv/bin/python", "bench/replay_protection.py", *sys.argv[1:]]
+        ),
+        "trace": str(args.trace),
+        "fleet": str(args.fleet),
+        "cycle_interval_s": ReplayOptions().cycle_interval,
+        "gpus_per_pod": ReplayOptions().gpus_per_pod,
+        "checkpoint_interval_s": CHECKPOINT_S,
+        "min_runtime_s": MIN_RUNTIME_S,
+        "preemption_budget": list(BUDGET),
+        "seconds": round(time.monotonic() - started, 1),
+        "variant_seconds": seconds,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(table(runs, seconds), file=sys.stderr)
+    print(against_best_fit(runs, "by_size"), file=sys.stderr)
+    print(against_best_fit(runs, "by_team"), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
