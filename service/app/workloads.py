@@ -75,6 +75,14 @@ class SubmissionError(ValueError):
 class TopologyRequest(Strict):
     required: str | None = Field(default=None, description="node label of the island level")
     preferred: str | None = None
+    podSetGroupName: LabelName | None = Field(
+        default=None,
+        description=(
+            "Kueue's podSetGroupName: pod sets of this workload naming the same group "
+            "with a required topology land in one domain of it (a LeaderWorkerSet "
+            "group's leader and workers in one island)."
+        ),
+    )
 
     @field_validator("required", "preferred")
     @classmethod
@@ -245,8 +253,9 @@ def _one_island(
             "invalid",
             [(path, f"a LeaderWorkerSet group runs in one island: name its level once ({found})")],
         )
+    group = {"podSetGroupName": "group"} if len(pod_sets) > 1 else {}
     for pod_set in pod_sets:
-        pod_set["topologyRequest"] = {"required": levels[0]}
+        pod_set["topologyRequest"] = {"required": levels[0], **group}
 
 
 def _replicas_of(job: Mapping[str, Any]) -> dict[str, int]:

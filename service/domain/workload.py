@@ -36,6 +36,10 @@ class TopologyRequest:
 
     mode: TopologyMode = "required"
     level: str | None = None
+    #: Kueue's ``podSetGroupName``: pod sets of one gang naming the same group
+    #: with a required topology land in the *same* domain (a LeaderWorkerSet
+    #: group's leader and workers in one island; docs/serving.md).
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ class PodSetRequest:
     node_flavors: list[str] | None = None
     #: Cluster seq -> its eligible islands, in the cluster's order (memoised).
     by_cluster: dict[int, list[Island]] = field(default_factory=dict)
+    #: ``podSetGroupName`` of a required pod set: its group shares one domain.
+    group: str | None = None
     #: Per-pod amount of each resource (``dict(shape)``, kept).
     amounts: dict[str, int] = field(init=False)
 
@@ -320,7 +322,13 @@ def place_gang(inventory: Inventory, requests: Sequence[PodSetRequest]) -> GangP
     """Find room for every pod set in one cluster, or ``None``. Does not allocate."""
     if len(requests) == 1:
         return _place_single(inventory, requests[0])
+    grouped = any(request.group is not None for request in requests)
     for cluster in _clusters_for(inventory, requests):
+        if grouped:
+            found = _place_groups_in_cluster(inventory, requests, cluster)
+            if found is not None:
+                return GangPlacement(cluster.name, found)
+            continue
         placed: list[PodSetPlacement] = []
         for request in requests:
             placement = _place_in_cluster(inventory, request, cluster)
@@ -332,6 +340,67 @@ def place_gang(inventory: Inventory, requests: Sequence[PodSetRequest]) -> GangP
             inventory.release(placement.nodes, request.shape)
         if len(placed) == len(requests):
             return GangPlacement(cluster.name, tuple(placed))
+    return None
+
+
+def _place_groups_in_cluster(
+    inventory: Inventory, requests: Sequence[PodSetRequest], cluster: ClusterState
+) -> tuple[PodSetPlacement, ...] | None:
+    """Every pod set in ``cluster``, those of one ``group`` in one island
+    (Kueue's ``podSetGroupName``); the others as :func:`_place_in_cluster`
+    places them. Allocates while it tries; leaves the inventory as it found it."""
+    placed: dict[int, PodSetPlacement] = {}
+    done: set[int] = set()
+    ok = True
+    for index, request in enumerate(requests):
+        if index in done:
+            continue
+        group = request.group
+        members = [i for i, r in enumerate(requests) if group is not None and r.group == group]
+        members = members or [index]
+        done.update(members)
+        found = (
+            _place_group_in_one_island(inventory, [requests[i] for i in members], cluster)
+            if request.group is not None
+            else _one(_place_in_cluster(inventory, request, cluster))
+        )
+        if found is None:
+            ok = False
+            break
+        for i, placement in zip(members, found, strict=True):
+            inventory.allocate(placement.nodes, requests[i].shape)
+            placed[i] = placement
+    for i, placement in placed.items():
+        inventory.release(placement.nodes, requests[i].shape)
+    return tuple(placed[i] for i in range(len(requests))) if ok else None
+
+
+def _one(placement: PodSetPlacement | None) -> list[PodSetPlacement] | None:
+    return None if placement is None else [placement]
+
+
+def _place_group_in_one_island(
+    inventory: Inventory, group: Sequence[PodSetRequest], cluster: ClusterState
+) -> list[PodSetPlacement] | None:
+    """The group's pod sets in the tightest island of ``cluster`` eligible for
+    all of them that holds them all at once, or ``None``."""
+    shared = [
+        island
+        for island in _cluster_islands(group[0], cluster)
+        if all(island.seq in request.eligible for request in group[1:])
+    ]
+    for island in sorted(shared, key=lambda i: (i.primary_free(), i.seq)):
+        placed: list[PodSetPlacement] = []
+        for request in group:
+            chosen = _fits_in_one_island(island, request)
+            if chosen is None:
+                break
+            inventory.allocate(chosen, request.shape)
+            placed.append(PodSetPlacement(tuple(chosen), (island.name,)))
+        for request, placement in zip(group, placed, strict=False):
+            inventory.release(placement.nodes, request.shape)
+        if len(placed) == len(group):
+            return placed
     return None
 
 

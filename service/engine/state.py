@@ -233,7 +233,7 @@ class CycleState:
                 ps.name,
                 ps.count,
                 tuple(ps.requests.items()),
-                None if topology is None else (topology.mode, topology.level),
+                None if topology is None else (topology.mode, topology.level, topology.group),
                 ps.tolerations,
                 tuple(selector.items()) if selector else (),
             )
@@ -326,7 +326,9 @@ class CycleState:
             # ``eligible`` lives in ``eligible_cache`` for the whole cycle: its id is stable.
             node_flavors = sorted({island.node_flavor for island in eligible.values()})
             self.node_flavors_cache[id(eligible)] = node_flavors
-        return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors)
+        return PodSetRequest(
+            ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors, group=ps.group
+        )
 
     # --- mutation -------------------------------------------------------------------------
 

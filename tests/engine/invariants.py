@@ -7,7 +7,10 @@ violations so that a failing test says what broke.
 
 from __future__ import annotations
 
-from service.domain.workload import AdmittedWorkload
+from collections.abc import Mapping
+
+from service.domain.inventory import Node
+from service.domain.workload import AdmittedWorkload, PodSetAssignment, Workload
 from service.engine import CycleResult, Snapshot
 from service.engine.quota import QuotaTree
 from service.engine.state import CycleState
@@ -55,6 +58,7 @@ def _whole_gangs(snapshot: Snapshot, result: CycleResult) -> list[str]:
                 f"{wl.key} admitted to unschedulable cluster {decision.admission.cluster}"
             )
         by_name = {a.name: a for a in decision.admission.pod_set_assignments}
+        problems += _groups_share_an_island(wl, by_name, nodes)
         for ps in wl.pod_sets:
             assignment = by_name.get(ps.name)
             if assignment is None:
@@ -75,6 +79,27 @@ def _whole_gangs(snapshot: Snapshot, result: CycleResult) -> list[str]:
             if ps.topology_request and ps.topology_request.mode == "required" and len(islands) > 1:
                 problems.append(f"{wl.key}/{ps.name}: required one island, got {sorted(islands)}")
     return problems
+
+
+def _groups_share_an_island(
+    wl: Workload, by_name: Mapping[str, PodSetAssignment], nodes: Mapping[str, Node]
+) -> list[str]:
+    """Pod sets of one ``podSetGroupName`` with a required topology: one island."""
+    islands: dict[str, set[tuple[str, str]]] = {}
+    for ps in wl.pod_sets:
+        request = ps.topology_request
+        assignment = by_name.get(ps.name)
+        if request is None or request.group is None or request.mode != "required":
+            continue
+        for node_name, _ in assignment.placement if assignment else ():
+            node = nodes.get(node_name)
+            if node is not None:
+                islands.setdefault(request.group, set()).add((node.cluster, node.island))
+    return [
+        f"{wl.key}: pod-set group {group} spans islands {sorted(found)}"
+        for group, found in islands.items()
+        if len(found) > 1
+    ]
 
 
 def _no_duplicates(snapshot: Snapshot, result: CycleResult) -> list[str]:

@@ -18,6 +18,7 @@ Conveniences so that files stay short and read like the spec:
 * a workload may name ``clusterQueue: X`` instead of ``queue``: a LocalQueue
   ``X`` pointing to it is created in the workload's namespace;
 * ``requests`` + ``count`` (+ ``topology``) describe a single pod set ``main``;
+  a ``topology`` may name a ``group`` (Kueue's ``podSetGroupName``);
 * an admitted workload may give ``admittedAt`` and ``lastCheckpoint`` (seconds,
   like ``now``; none: it never saved its work);
 * an admitted workload's ``admission`` gives ``cluster`` (default: the first),
@@ -194,7 +195,7 @@ def _pod_sets(wl: dict[str, Any]) -> tuple[PodSet, ...]:
             t = ps["topology"]
             mode = next(m for m in ("required", "preferred", "unconstrained") if m in t)
             level = t[mode] if isinstance(t[mode], str) else None
-            topology = TopologyRequest(mode=mode, level=level)
+            topology = TopologyRequest(mode=mode, level=level, group=t.get("group"))
         result.append(
             PodSet(
                 name=ps.get("name", "main"),

@@ -291,6 +291,10 @@ def test_each_kind_derives_its_pod_sets_as_kueue_does(case: Case) -> None:
         for p in spec.podSets
     ]
     assert got == case.pod_sets
+    # A LeaderWorkerSet group's pod sets share one podSetGroupName: one island.
+    grouped = case.manifest()["kind"] == "LeaderWorkerSet" and len(spec.podSets) > 1
+    groups = [p.topologyRequest and p.topologyRequest.podSetGroupName for p in spec.podSets]
+    assert groups == (["group"] * len(groups) if grouped else [None] * len(groups))
     assert spec.replicas == case.replicas
     assert spec.workloadClass == case.workload_class
     gangs = case.replicas or 1

@@ -69,7 +69,9 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         request = raw.get("topologyRequest") or {}
         topology = None
         if request.get("required"):
-            topology = TopologyRequest("required", request["required"])
+            topology = TopologyRequest(
+                "required", request["required"], group=request.get("podSetGroupName")
+            )
         elif request.get("preferred"):
             topology = TopologyRequest("preferred", request["preferred"])
         pod_sets.append(
