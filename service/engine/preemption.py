@@ -24,6 +24,7 @@ from service.engine.fair_sharing import ZERO_SHARE, Share, dominant_resource_sha
 from service.engine.flavorassigner import Assignment, PreemptionPlan
 from service.engine.packing import GangPlacement, place_gang, pristine_capacity_of
 from service.engine.quota import QuotaNode
+from service.engine.replicas import ReplicaGuard
 from service.engine.state import CQState, CycleState
 from service.engine.workload_info import AdmittedInfo, WorkloadInfo
 
@@ -67,6 +68,8 @@ class _Search:
         self._eligible_islands = {seq for request in self.requests for seq in request.eligible}
         self._last_placement: GangPlacement | None = None
         self._physical_dirty = True
+        #: Serving units: never below ``min_replicas``, newest first (``replicas``).
+        self.replicas = ReplicaGuard(state.units)
 
     # --- fit checks ---------------------------------------------------------------------
 
@@ -133,7 +136,7 @@ class _Search:
         check = fits or (lambda: self.fits(allow_borrowing))
         targets: list[tuple[AdmittedInfo, str]] = []
         placement: GangPlacement | None = None
-        for victim, reason in candidates:
+        for victim, reason in self.replicas.order(candidates):
             self.remove(victim)
             targets.append((victim, reason))
             placement = check()
@@ -146,6 +149,8 @@ class _Search:
         # Put back every victim that is not needed, the last one removed excepted.
         for i in range(len(targets) - 2, -1, -1):
             victim = targets[i][0]
+            if not self.replicas.may_restore(victim, [t for t, _ in targets]):
+                continue
             self.restore(victim)
             if check() is not None:
                 del targets[i]

@@ -93,6 +93,8 @@ class CycleState:
             spread_island_first=snapshot.config.spread_packing == "IslandFirst",
         )
         self.admitted: dict[str, AdmittedInfo] = {}
+        #: Serving workload key -> its admitted units by key (``service.engine.replicas``).
+        self.units: dict[str, dict[str, AdmittedInfo]] = {}
         #: Per quota-tree root, how many workloads there may be preempted.
         self.preemptible_in_tree: dict[str, int] = {}
         #: Per quota-tree root, bumped on every usage change in the tree.
@@ -185,6 +187,7 @@ class CycleState:
         info.pods_ready = admitted.pods_ready
         info.checkpoint = admitted.last_checkpoint
         self.admitted[info.key] = info
+        self._count_unit(info, True)
         self._hold(info)
 
     def _init_lq_usage(self) -> None:
@@ -378,7 +381,18 @@ class CycleState:
         """Release a workload's quota and capacity for good (preempted or evicted)."""
         self._unhold(info)
         del self.admitted[info.key]
+        self._count_unit(info, False)
         self.epoch += 1
+
+    def _count_unit(self, info: AdmittedInfo, present: bool) -> None:
+        parent = info.wl.replica_of
+        if parent is None:
+            return
+        units = self.units.setdefault(parent, {})
+        if present:
+            units[info.key] = info
+        else:
+            units.pop(info.key, None)
 
     def admit(
         self,
@@ -409,6 +423,7 @@ class CycleState:
             pending=wi,
         )
         self.admitted[info.key] = info
+        self._count_unit(info, True)
         self._hold(info)
         self._penalise(info)
         return info

@@ -17,6 +17,8 @@ Conveniences so that files stay short and read like the spec:
   to get Kueue's nil;
 * a workload may name ``clusterQueue: X`` instead of ``queue``: a LocalQueue
   ``X`` pointing to it is created in the workload's namespace;
+* a serving workload's replica is a unit of its own: ``replica`` (its index;
+  its key is ``name#index``) and ``minReplicas``;
 * ``requests`` + ``count`` (+ ``topology``) describe a single pod set ``main``;
   a ``topology`` may name a ``group`` (Kueue's ``podSetGroupName``);
 * an admitted workload may give ``admittedAt`` and ``lastCheckpoint`` (seconds,
@@ -228,6 +230,8 @@ def _workload(wl: dict[str, Any], index: int) -> Workload:
         if requeue
         else None,
         queued_at=wl.get("queuedAt"),
+        replica=wl.get("replica"),
+        min_replicas=int(wl.get("minReplicas", 0)),
     )
 
 
