@@ -60,6 +60,8 @@ class PodSetRequest:
     by_cluster: dict[int, list[Island]] = field(default_factory=dict)
     #: ``podSetGroupName`` of a required pod set: its group shares one domain.
     group: str | None = None
+    #: ``CycleState.class_epoch`` when ``eligible`` was filtered for the class.
+    class_epoch: int = -1
     #: Per-pod amount of each resource (``dict(shape)``, kept).
     amounts: dict[str, int] = field(init=False)
 

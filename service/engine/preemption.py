@@ -61,8 +61,11 @@ class _Search:
         self.cq: CQState = wi.cq
         self.usage = assignment.usage
         self.frs = frozenset(assignment.frs_need_preemption)
+        self._flavors = assignment.pod_set_flavors
+        # What an island allows its class statically: islands that hold the other
+        # class now may be emptied by the search (``island_classes``).
         self.requests = [
-            state.pod_set_request(wi, i, flavors)
+            state.pod_set_request(wi, i, flavors, now=False)
             for i, flavors in enumerate(assignment.pod_set_flavors)
         ]
         self._eligible_islands = {seq for request in self.requests for seq in request.eligible}
@@ -87,7 +90,9 @@ class _Search:
             return None
         if not self._physical_dirty:
             return self._last_placement
-        self._last_placement = place_gang(self.state.inventory, self.requests)
+        # The islands open to the class as the victims removed so far leave them.
+        requests = [self.state.pod_set_request(self.wi, i, f) for i, f in enumerate(self._flavors)]
+        self._last_placement = place_gang(self.state.inventory, requests)
         self._physical_dirty = False
         return self._last_placement
 
