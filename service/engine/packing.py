@@ -60,8 +60,10 @@ class PodSetRequest:
     by_cluster: dict[int, list[Island]] = field(default_factory=dict)
     #: ``podSetGroupName`` of a required pod set: its group shares one domain.
     group: str | None = None
-    #: ``CycleState.class_epoch`` when ``eligible`` was filtered for the class.
+    #: ``CycleState.class_epochs`` of its class when ``eligible`` was filtered for it.
     class_epoch: int = -1
+    #: A class whose islands it tries first (``EngineConfig.serving_islands_first``).
+    prefer_held: str | None = None
     #: Per-pod amount of each resource (``dict(shape)``, kept).
     amounts: dict[str, int] = field(init=False)
 
@@ -129,6 +131,8 @@ def _place_in_one_island(
     inventory: Inventory, request: PodSetRequest, cluster: str | None
 ) -> PodSetPlacement | None:
     candidates = _islands_best_fit(inventory, request)
+    if request.prefer_held is not None:
+        candidates = _held_first(list(candidates), request.prefer_held)
     for island in candidates:
         if cluster is not None and island.cluster != cluster:
             continue
@@ -136,6 +140,14 @@ def _place_in_one_island(
         if chosen is not None:
             return PodSetPlacement(tuple(chosen), (island.name,))
     return None
+
+
+def _held_first(islands: list[Island], workload_class: str) -> list[Island]:
+    """Islands already holding pods of ``workload_class`` first, each part in its order."""
+    held = [i for i in islands if i.held.get(workload_class, 0) > 0]
+    if not held or len(held) == len(islands):
+        return islands
+    return [*held, *(i for i in islands if i.held.get(workload_class, 0) <= 0)]
 
 
 def _cluster_islands(request: PodSetRequest, cluster: ClusterState) -> list[Island]:
@@ -257,7 +269,10 @@ def _place_in_cluster(
 ) -> PodSetPlacement | None:
     islands = _cluster_islands(request, cluster)
     if request.mode in ("required", "preferred") or inventory.spread_island_first:
-        for island in sorted(islands, key=lambda i: (i.primary_free(), i.seq)):
+        ordered = sorted(islands, key=lambda i: (i.primary_free(), i.seq))
+        if request.prefer_held is not None:
+            ordered = _held_first(ordered, request.prefer_held)
+        for island in ordered:
             chosen = _fits_in_one_island(island, request)
             if chosen is not None:
                 return PodSetPlacement(tuple(chosen), (island.name,))
@@ -391,7 +406,10 @@ def _place_group_in_one_island(
         for island in _cluster_islands(group[0], cluster)
         if all(island.seq in request.eligible for request in group[1:])
     ]
-    for island in sorted(shared, key=lambda i: (i.primary_free(), i.seq)):
+    ordered = sorted(shared, key=lambda i: (i.primary_free(), i.seq))
+    if group[0].prefer_held is not None:
+        ordered = _held_first(ordered, group[0].prefer_held)
+    for island in ordered:
         placed: list[PodSetPlacement] = []
         for request in group:
             chosen = _fits_in_one_island(island, request)

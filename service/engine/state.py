@@ -331,7 +331,15 @@ class CycleState:
         selector = wi.wl.cluster_selector
         cq = wi.cq
         workload_class = None if cq is not None and cq.spec.mixed_islands else wi.wl.workload_class
-        key = (ps, names, None if selector is None else selector_key(selector), workload_class, now)
+        prefer = wi.wl.workload_class if self._prefers_held(wi) else None
+        key = (
+            ps,
+            names,
+            None if selector is None else selector_key(selector),
+            workload_class,
+            now,
+            prefer,
+        )
         request = self._requests.get(key)
         stale = now and workload_class is not None and request is not None
         if request is None or (
@@ -340,7 +348,11 @@ class CycleState:
             request = self._requests[key] = self._new_request(
                 ps, names, selector, workload_class, now
             )
+            request.prefer_held = prefer
         return request
+
+    def _prefers_held(self, wi: WorkloadInfo) -> bool:
+        return self.config.serving_islands_first and wi.wl.workload_class == "inference"
 
     def _new_request(
         self,

@@ -4,8 +4,8 @@ A scenario holds a fleet in the format of :mod:`sim.fleet` (``topologies``,
 ``resourceFlavors``, ``clusters``, ``cohorts``, ``clusterQueues``,
 ``localQueues``, ``workloadPriorityClasses``, ``namespaces``), optional
 ``config`` (``fairSharing``, ``admissionFairSharing``, ``waitForPodsReady``,
-``maxHeadsPerClusterQueue``, ``spreadPacking``) and ``now``, the ``admitted`` and ``pending``
-workloads, and what must come out under ``expect``.
+``maxHeadsPerClusterQueue``, ``spreadPacking``, ``servingIslandsFirst``) and
+``now``, the ``admitted`` and ``pending`` workloads, and what must come out under ``expect``.
 
 Conveniences so that files stay short and read like the spec:
 
@@ -338,6 +338,7 @@ def _config(data: dict[str, Any]) -> EngineConfig:
         ),
         max_heads_per_cluster_queue=cfg.get("maxHeadsPerClusterQueue"),
         spread_packing=cfg.get("spreadPacking", "IslandFirst"),
+        serving_islands_first=bool(cfg.get("servingIslandsFirst", True)),
     )
 
 
