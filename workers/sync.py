@@ -445,7 +445,7 @@ def _checkpoint(
     """A running job's ``quartermaster.dev/last-checkpoint``, when newer than
     the one recorded (an unreadable one is ignored: nothing saved is known)."""
     at = parse_time((meta.get("annotations") or {}).get(CHECKPOINT_ANNOTATION))
-    transition = lifecycle.checkpoint(Status(row.status), at) if at is not None else None
+    transition = lifecycle.checkpoint(Status(row.status), at, now) if at is not None else None
     if transition is not None:
         _change(change, key, row, transition, now)
 

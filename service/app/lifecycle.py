@@ -27,7 +27,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID, uuid4, uuid5
 
@@ -56,6 +56,8 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
 )
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 CHECKPOINTED_EVENT = "WorkloadCheckpointed"
+#: How much newer a checkpoint must be than the recorded one to be recorded.
+CHECKPOINT_EVERY = timedelta(minutes=1)
 SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
 GPU_SUFFIX = "gpu"
 #: What a pending status may tell beside its reason (see :func:`pend`).
@@ -363,16 +365,20 @@ def run(status: Status, started_at: str, now: datetime) -> Transition:
     return Transition(RUNNING_EVENT, Status({**new, "conditions": conditions}))
 
 
-def checkpoint(status: Status, at: datetime) -> Transition | None:
+def checkpoint(status: Status, at: datetime, now: datetime) -> Transition | None:
     """A running gang saved its work at ``at`` (its job's
     ``quartermaster.dev/last-checkpoint``): a preemption now destroys only
-    what it did since (the engine's victim order). ``None`` when it is not
-    newer than the one recorded, or the gang does not run."""
+    what it did since (the engine's victim order). A time ahead of ``now``
+    counts as ``now`` (a member's clock, or a tenant, cannot make work look
+    saved later than it is read). ``None`` when the gang does not run, or
+    the checkpoint is less than :data:`CHECKPOINT_EVERY` newer than the one
+    recorded: a job that rewrites its annotation every second costs one
+    event a minute, and the victim order is wrong by a minute at most."""
     if status.state != RUNNING:
         return None
-    at = at.replace(microsecond=0)  # as recorded: RFC 3339 in whole seconds
+    at = min(at, now).replace(microsecond=0)  # as recorded: RFC 3339 in whole seconds
     recorded = parse_time(status.raw.get("lastCheckpoint"))
-    if recorded is not None and at <= recorded:
+    if recorded is not None and at - recorded < CHECKPOINT_EVERY:
         return None
     return Transition(CHECKPOINTED_EVENT, Status({**status.raw, "lastCheckpoint": rfc3339(at)}))
 

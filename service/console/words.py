@@ -21,6 +21,7 @@ REASONS = {
     "StrictFIFO": "behind an older workload (StrictFIFO)",
     "Inadmissible": "cannot be admitted as configured",
     "ClusterQueueStopped": "its ClusterQueue is stopped",
+    "KindNotRunnable": "its kind cannot run on member clusters yet",
     "Pending": "waiting",
 }
 
@@ -123,6 +124,8 @@ def moment(event: TimelineEvent, reader: Principal) -> Moment:
         words = "Running: every pod is ready"
     elif kind == "WorkloadFinished":
         words = _finished(status)
+    elif kind == "WorkloadCheckpointed":
+        words = f"Checkpointed: its work is saved as of {status.get('lastCheckpoint')}"
     elif kind == "WorkloadCancelled":
         words = f"Cancelled ({status.get('state')})"
     else:
@@ -131,11 +134,17 @@ def moment(event: TimelineEvent, reader: Principal) -> Moment:
 
 
 def timeline(events: Iterable[TimelineEvent], reader: Principal) -> list[Moment]:
-    """Oldest first; a pending reason written again in the same words is one moment."""
+    """Oldest first; a pending reason written again in the same words is one
+    moment, and checkpoints in a row are their latest (a long run saves
+    every few minutes: its timeline would be nothing else)."""
     out: list[Moment] = []
     for event in events:
         said = moment(event, reader)
-        if out and out[-1].type == said.type == "WorkloadPending" and out[-1].words == said.words:
+        last = out[-1] if out else None
+        if last and last.type == said.type == "WorkloadPending" and last.words == said.words:
+            continue
+        if last and last.type == said.type == "WorkloadCheckpointed":
+            out[-1] = said
             continue
         out.append(said)
     return out

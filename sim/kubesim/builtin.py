@@ -16,6 +16,7 @@ from typing import Any
 
 from sim.kubesim.errors import Cause
 from sim.kubesim.quantity import canonical_list
+from sim.kubesim.selectors import match_selector_object
 from sim.kubesim.store import clone
 
 __all__ = ["STRATEGIES", "Strategy", "validate_metadata"]
@@ -409,10 +410,107 @@ def _without_mutable(template: Obj) -> Obj:
     return copy
 
 
+class _AppsStrategy(Strategy):
+    """What Deployment, ReplicaSet and StatefulSet share (``pkg/apis/apps/validation``):
+    one replica by default, a selector that selects the template's labels and never
+    changes, a pod template whose pods restart ``Always``."""
+
+    def default(self, obj: Obj) -> None:
+        spec = obj.setdefault("spec", {})
+        if spec.get("replicas") is None:
+            spec["replicas"] = 1
+        default_pod_spec(spec.setdefault("template", {}).setdefault("spec", {}))
+
+    def prepare_create(self, obj: Obj) -> None:
+        obj["status"] = {}
+
+    def validate(self, obj: Obj, old: Obj | None) -> list[Cause]:
+        spec = obj.get("spec") or {}
+        template = spec.get("template") or {}
+        causes = _container_causes(template.get("spec") or {}, "spec.template.spec")
+        selector = spec.get("selector")
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        if not selector or not (selector.get("matchLabels") or selector.get("matchExpressions")):
+            causes.append(Cause("FieldValueRequired", "Required value", "spec.selector"))
+        elif not match_selector_object(selector, labels):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {labels!r}: `selector` does not match template `labels`",
+                    "spec.template.metadata.labels",
+                )
+            )
+        replicas = spec.get("replicas", 1)
+        if not isinstance(replicas, int) or replicas < 0:
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {replicas}: must be greater than or equal to 0",
+                    "spec.replicas",
+                )
+            )
+        restart = (template.get("spec") or {}).get("restartPolicy")
+        if restart != "Always":
+            causes.append(
+                Cause(
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{restart}": supported values: "Always"',
+                    "spec.template.spec.restartPolicy",
+                )
+            )
+        if old is not None and (old.get("spec") or {}).get("selector") != selector:
+            causes.append(
+                Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.selector")
+            )
+        return causes
+
+
+class DeploymentStrategy(_AppsStrategy):
+    def default(self, obj: Obj) -> None:
+        super().default(obj)
+        spec = obj["spec"]
+        spec.setdefault("revisionHistoryLimit", 10)
+        strategy = spec.setdefault("strategy", {})
+        strategy.setdefault("type", "RollingUpdate")
+        if strategy["type"] == "RollingUpdate":
+            rolling = strategy.setdefault("rollingUpdate", {})
+            rolling.setdefault("maxUnavailable", "25%")
+            rolling.setdefault("maxSurge", "25%")
+        spec.setdefault("progressDeadlineSeconds", 600)
+
+
+class StatefulSetStrategy(_AppsStrategy):
+    def prepare_create(self, obj: Obj) -> None:
+        # StatefulSetStatus' replicas and availableReplicas have no omitempty: always sent.
+        obj["status"] = {"replicas": 0, "availableReplicas": 0}
+
+    def default(self, obj: Obj) -> None:
+        super().default(obj)
+        spec = obj["spec"]
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("podManagementPolicy", "OrderedReady")
+        update = spec.setdefault("updateStrategy", {})
+        update.setdefault("type", "RollingUpdate")
+        if update["type"] == "RollingUpdate":
+            update.setdefault("rollingUpdate", {}).setdefault("partition", 0)
+        spec.setdefault(
+            "persistentVolumeClaimRetentionPolicy",
+            {"whenDeleted": "Retain", "whenScaled": "Retain"},
+        )
+
+
+class ReplicaSetStrategy(_AppsStrategy):
+    def prepare_create(self, obj: Obj) -> None:
+        obj["status"] = {"replicas": 0}  # ReplicaSetStatus.replicas has no omitempty
+
+
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "namespaces": NamespaceStrategy,
     "nodes": NodeStrategy,
     "pods": PodStrategy,
     "events": EventStrategy,
     "jobs.batch": JobStrategy,
+    "deployments.apps": DeploymentStrategy,
+    "statefulsets.apps": StatefulSetStrategy,
+    "replicasets.apps": ReplicaSetStrategy,
 }

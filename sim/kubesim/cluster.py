@@ -27,7 +27,13 @@ from sim.kubesim.auth import Authorizer, User
 from sim.kubesim.discovery import Discovery
 from sim.kubesim.faults import Faults
 from sim.kubesim.gc import EventExpiry, GarbageCollector
-from sim.kubesim.resources import ResourceType, builtin_types, kueue_types, volcano_types
+from sim.kubesim.resources import (
+    ResourceType,
+    builtin_types,
+    kueue_types,
+    volcano_types,
+    workload_types,
+)
 from sim.kubesim.seed import (
     SYSTEM_NAMESPACES,
     kueue_objects,
@@ -76,7 +82,9 @@ class SimCluster:
         self._fleet_data: dict[str, Any] = {}
         self._load_fleet()
         self.backend = self._backend()
-        self.types: tuple[ResourceType, ...] = builtin_types() + self._backend_types()
+        self.types: tuple[ResourceType, ...] = (
+            builtin_types() + workload_types() + self._backend_types()
+        )
         self.store = Store(self.types, self.options.history_size)
         self.core = ApiCore(
             self.types, self.store, default_field_validation=self.options.default_field_validation

@@ -198,4 +198,16 @@ def _api_resources(rtype: ResourceType) -> list[dict[str, Any]]:
                 "verbs": _STATUS_VERBS,
             }
         )
+    if rtype.scale is not None:
+        resources.append(
+            {
+                "name": f"{rtype.plural}/scale",
+                "singularName": "",
+                "namespaced": rtype.namespaced,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": _STATUS_VERBS,
+            }
+        )
     return resources

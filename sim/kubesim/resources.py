@@ -24,12 +24,14 @@ import yaml
 __all__ = [
     "CRDS_ENV",
     "ResourceType",
+    "ScalePaths",
     "Version",
     "builtin_types",
     "default_crds_dir",
     "kueue_types",
     "load_crd",
     "volcano_types",
+    "workload_types",
 ]
 
 CRDS_ENV = "QM_KUEUE_CRDS_DIR"
@@ -41,6 +43,21 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 #: CRDs next to this module (provenance and sha256 in ``crds/README.md``).
 VOLCANO_GROUPS = ("scheduling.volcano.sh", "batch.volcano.sh", "topology.volcano.sh")
 _PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
+#: The workload kinds every member serves from the CRDs the project keeps for submissions
+#: (``service/app/crds``, provenance and sha256 in its README): read as files, not imported.
+WORKLOAD_GROUPS = ("ray.io", "leaderworkerset.x-k8s.io", "trainer.kubeflow.org")
+_WORKLOAD_CRDS = Path(__file__).resolve().parents[2] / "service" / "app" / "crds"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePaths:
+    """A ``scale`` subresource: where the object keeps its replicas and pod selector
+    (a CRD's ``subresources.scale``; ``spec.replicas``, ``status.replicas`` and the
+    label selector ``spec.selector`` for the built-in apps/v1 kinds)."""
+
+    spec_replicas: str = ".spec.replicas"
+    status_replicas: str = ".status.replicas"
+    label_selector: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +87,7 @@ class ResourceType:
     builtin: bool = False
     #: Extra field-selector paths beyond ``metadata.name`` / ``metadata.namespace``.
     field_selectors: tuple[str, ...] = ()
+    scale: ScalePaths | None = None
     crd: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -105,6 +123,7 @@ def _core(
     group: str = "",
     version: str = "v1",
     categories: tuple[str, ...] = (),
+    scale: ScalePaths | None = None,
 ) -> ResourceType:
     return ResourceType(
         group=group,
@@ -119,6 +138,7 @@ def _core(
         has_status=status,
         builtin=True,
         field_selectors=fields,
+        scale=scale,
     )
 
 
@@ -188,11 +208,37 @@ def builtin_types() -> tuple[ResourceType, ...]:
             fields=("status.successful",),
             categories=("all",),
         ),
+        *_apps(),
         # The fence agent's heartbeat from the centre (workers/fence.py).
         _core("Lease", "leases", namespaced=True, group="coordination.k8s.io", status=False),
         _open_crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", ()),
         _open_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", ()),
         _open_crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ()),
+    )
+
+
+#: apps/v1 keeps a workload's selector in ``spec.selector`` (a LabelSelector; the Scale
+#: shows it as a string): ``labelSelector`` of :class:`ScalePaths` names that field.
+_APPS_SCALE = ScalePaths(label_selector=".spec.selector")
+
+
+def _apps() -> tuple[ResourceType, ...]:
+    """Deployment, ReplicaSet and StatefulSet (apps/v1), each with a scale subresource."""
+    return tuple(
+        _core(
+            kind,
+            plural,
+            namespaced=True,
+            short=short,
+            group="apps",
+            categories=("all",),
+            scale=_APPS_SCALE,
+        )
+        for kind, plural, short in (
+            ("Deployment", "deployments", ("deploy",)),
+            ("ReplicaSet", "replicasets", ("rs",)),
+            ("StatefulSet", "statefulsets", ("sts",)),
+        )
     )
 
 
@@ -215,12 +261,21 @@ def load_crd(document: Mapping[str, Any]) -> ResourceType:
     versions: list[Version] = []
     storage = ""
     has_status = False
+    scale: ScalePaths | None = None
     for entry in spec["versions"]:
         if not entry.get("served", True):
             continue
+        subresources = entry.get("subresources") or {}
         if entry.get("storage"):
             storage = entry["name"]
-        has_status = has_status or "status" in (entry.get("subresources") or {})
+            if "scale" in subresources:
+                paths = subresources["scale"]
+                scale = ScalePaths(
+                    spec_replicas=paths["specReplicasPath"],
+                    status_replicas=paths["statusReplicasPath"],
+                    label_selector=paths.get("labelSelectorPath"),
+                )
+        has_status = has_status or "status" in subresources
         warning = entry.get("deprecationWarning")
         if entry.get("deprecated") and not warning:
             warning = f"{spec['group']}/{entry['name']} {names['kind']} is deprecated"
@@ -243,6 +298,7 @@ def load_crd(document: Mapping[str, Any]) -> ResourceType:
         short_names=tuple(names.get("shortNames") or ()),
         categories=tuple(names.get("categories") or ()),
         has_status=has_status,
+        scale=scale,
         crd=document,
     )
 
@@ -280,3 +336,9 @@ def volcano_types() -> tuple[ResourceType, ...]:
     """Volcano's Queue, PodGroup, Job and HyperNode, from the copies shipped in this
     package (the shared reference folder holds the same files, unmodified)."""
     return _types_cached(str(_PACKAGE_CRDS), _PACKAGE_CRDS.stat().st_mtime, VOLCANO_GROUPS)
+
+
+def workload_types() -> tuple[ResourceType, ...]:
+    """RayJob, RayCluster, LeaderWorkerSet and TrainJob from the project's copies of their
+    CRDs (the ones submissions are validated against), parsed once per process."""
+    return _types_cached(str(_WORKLOAD_CRDS), _WORKLOAD_CRDS.stat().st_mtime, WORKLOAD_GROUPS)

@@ -5,7 +5,7 @@ as ``AdmittedWorkload.last_checkpoint``, which the victim order weighs."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import kubernetes
@@ -74,11 +74,22 @@ def test_a_checkpoint_annotated_on_the_members_job_reaches_the_engine(
 def test_only_a_newer_checkpoint_of_a_running_gang_is_recorded() -> None:
     now = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)
     running = lifecycle.Status({"state": "Running", "lastCheckpoint": "2026-11-30T12:00:00Z"})
-    newer = lifecycle.checkpoint(running, datetime(2026, 11, 30, 12, 30, tzinfo=UTC))
+    newer = lifecycle.checkpoint(running, datetime(2026, 11, 30, 12, 30, tzinfo=UTC), now)
     assert newer is not None and newer.event == "WorkloadCheckpointed"
     assert newer.status.raw["lastCheckpoint"] == "2026-11-30T12:30:00Z"
     assert newer.entries == []  # no ledger entry: nothing is admitted or released
-    assert lifecycle.checkpoint(running, SAVED) is None  # the same one again
-    assert lifecycle.checkpoint(running, SAVED.replace(minute=0, hour=11)) is None
+    assert lifecycle.checkpoint(running, SAVED, now) is None  # the same one again
+    assert lifecycle.checkpoint(running, SAVED.replace(minute=0, hour=11), now) is None
     admitted = lifecycle.Status({"state": "Admitted"})
-    assert lifecycle.checkpoint(admitted, now) is None
+    assert lifecycle.checkpoint(admitted, now, now) is None
+
+
+def test_a_checkpoint_is_never_later_than_it_is_read_nor_recorded_twice_a_minute() -> None:
+    now = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)
+    running = lifecycle.Status({"state": "Running", "lastCheckpoint": "2026-11-30T12:00:00Z"})
+    ahead = lifecycle.checkpoint(running, datetime(2099, 1, 1, tzinfo=UTC), now)
+    assert ahead is not None and ahead.status.raw["lastCheckpoint"] == "2026-11-30T13:00:00Z"
+    soon = SAVED + lifecycle.CHECKPOINT_EVERY - timedelta(seconds=1)
+    assert lifecycle.checkpoint(running, soon, now) is None
+    due = lifecycle.checkpoint(running, SAVED + lifecycle.CHECKPOINT_EVERY, now)
+    assert due is not None and due.status.raw["lastCheckpoint"] == "2026-11-30T12:01:00Z"

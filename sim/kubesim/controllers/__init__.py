@@ -1,5 +1,7 @@
 """The controllers that make a simulated cluster behave like one: scheduler, kubelet,
-Job / JobSet / PyTorchJob / MPIJob controllers and a Kueue-like admission loop — or,
+Job / JobSet / PyTorchJob / MPIJob controllers, the apps/v1 controllers (Deployment,
+ReplicaSet, StatefulSet), LeaderWorkerSet's, KubeRay's (RayCluster, RayJob) and a
+Kueue-like admission loop — or,
 on a Volcano member, a Volcano-like scheduler and Job controller in its place.
 
 All run on the server's event loop and write through the same API core as
@@ -11,10 +13,17 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from sim.kubesim.controllers.apps import (
+    DeploymentController,
+    ReplicaSetController,
+    StatefulSetController,
+)
 from sim.kubesim.controllers.jobs import JobController
 from sim.kubesim.controllers.jobset import JobSetController
 from sim.kubesim.controllers.kueue import KueueController
+from sim.kubesim.controllers.lws import LeaderWorkerSetController
 from sim.kubesim.controllers.nodes import Kubelet, Scheduler
+from sim.kubesim.controllers.ray import RayClusterController, RayJobController
 from sim.kubesim.controllers.training import MPIJobController, PyTorchJobController
 from sim.kubesim.controllers.volcano import VolcanoJobController, VolcanoScheduler
 
@@ -33,6 +42,12 @@ def start_controllers(cluster: SimCluster, loop: asyncio.AbstractEventLoop) -> l
         JobSetController,
         PyTorchJobController,
         MPIJobController,
+        DeploymentController,
+        ReplicaSetController,
+        StatefulSetController,
+        LeaderWorkerSetController,
+        RayClusterController,
+        RayJobController,
     )
     backend: tuple[type[Any], ...] = (
         (VolcanoScheduler, VolcanoJobController)

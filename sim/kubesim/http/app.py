@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from service.jsonio import dumps, loads
 from sim.kubesim import errors
 from sim.kubesim.api import APPLY_PATCH, APPLY_PATCH_CBOR, Context, Resource
+from sim.kubesim.api.scale import patch_scale, read_scale, update_scale
 from sim.kubesim.auth import AuditRecord, User, forbidden_reason
 from sim.kubesim.errors import ApiError
 from sim.kubesim.http.request import (
@@ -188,7 +189,10 @@ class KubeApp:
             raise errors.not_served()
         name = rest[1] if len(rest) > 1 else ""
         subresource = rest[2] if len(rest) > 2 else ""
-        if subresource and not (subresource == "status" and resource.rtype.has_status):
+        served = (subresource == "status" and resource.rtype.has_status) or (
+            subresource == "scale" and resource.rtype.scale is not None
+        )
+        if subresource and not served:
             raise errors.not_served()
         if resource.rtype.namespaced and name and not namespace:
             raise errors.not_served()
@@ -224,6 +228,8 @@ class KubeApp:
     ) -> int:
         core = self.cluster.core
         resource, namespace, name = target.resource, target.namespace, target.name
+        if target.subresource == "scale":
+            return await self._scale(verb, target, request, user, send)
         if verb == "watch":
             await serve_watch(self.cluster, target, request, receive, send)
             return 200
@@ -276,6 +282,26 @@ class KubeApp:
             raise errors.method_not_allowed()
         await self._object(send, code, resource, obj, request, ctx.warnings)
         return code
+
+    async def _scale(
+        self, verb: str, target: Target, request: Request, user: User, send: Send
+    ) -> int:
+        """``…/{name}/scale``: the object's replicas as an autoscaling/v1 Scale."""
+        core, resource = self.cluster.core, target.resource
+        where = (core, resource, target.namespace, target.name)
+        if verb == "get":
+            scale = read_scale(*where)
+        elif verb == "update":
+            scale = update_scale(*where, body_object(request), write_context(request, user))
+        elif verb == "patch":
+            content_type = content_type_of(request)
+            scale = patch_scale(
+                *where, content_type, body_of(request, content_type), write_context(request, user)
+            )
+        else:
+            raise errors.method_not_allowed()
+        await respond(send, 200, dumps(scale))
+        return 200
 
     async def _apply_creating(
         self, target: Target, request: Request, user: User, ctx: Context, send: Send
