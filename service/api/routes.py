@@ -431,6 +431,27 @@ def workload_router() -> APIRouter:
         """The same as DELETE, for clients that prefer a verb."""
         return await _cancel(request, deps, actor, namespace, name, if_match)
 
+    @router.get(base + "/{name}/scale")
+    async def get_scale(
+        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
+    ) -> Any:
+        """Kubernetes' Scale of a serving workload: replicas asked and admitted."""
+        return await run(deps.submissions.get_scale, actor, namespace, name)
+
+    @router.patch(base + "/{name}/scale")
+    async def scale(
+        namespace: NamespacePath,
+        name: NamePath,
+        request: Request,
+        actor: CurrentActor,
+        deps: Deps,
+        if_match: IfMatch = None,
+    ) -> Any:
+        """Set a serving workload's replicas: ``{"spec": {"replicas": n}}``."""
+        require(actor.principal, WORKLOADS.write, namespace)  # before the body is read
+        body = await read_body(request, deps.settings.max_body_bytes)
+        return await run(deps.submissions.scale, actor, namespace, name, body, if_match)
+
     @router.get(base + "/{name}/explain")
     async def explain(
         namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps

@@ -28,7 +28,9 @@ from service.app.schemas import (
     check_quantity,
 )
 from service.domain.jobs import (
+    GANG_ANNOTATION,
     JOB_API_VERSIONS,
+    SERVING_KINDS,
     JobPodTemplate,
     job_class,
     job_pod_templates,
@@ -543,3 +545,27 @@ def total_requests(spec: WorkloadSpec) -> dict[str, int]:
                 total[resource] = total.get(resource, 0) + amount * pod_set.count * gangs
         spec._totals = total
     return dict(spec._totals)
+
+
+def scale_problems(spec: Mapping[str, Any], body: Any) -> tuple[int, list[tuple[str, str]]]:
+    """The replicas a scale request (Kubernetes' ``Scale``: ``{"spec":
+    {"replicas": n}}``) asks of a workload with ``spec``, and what is wrong
+    with it: only a serving workload run replica by replica scales."""
+    asked = body.get("spec") if isinstance(body, Mapping) else None
+    replicas = asked.get("replicas") if isinstance(asked, Mapping) else None
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        return 0, [("spec.replicas", f"must be an integer from 1 to {MAX_COUNT}")]
+    if not 1 <= replicas <= MAX_COUNT:
+        return 0, [("spec.replicas", f"must be an integer from 1 to {MAX_COUNT}")]
+    job = spec.get("job")
+    kind = job.get("kind") if isinstance(job, Mapping) else None
+    annotations = ((job or {}).get("metadata") or {}).get("annotations") or {}
+    if kind not in SERVING_KINDS or annotations.get(GANG_ANNOTATION) == "true":
+        return replicas, [
+            (
+                "spec.replicas",
+                "only a serving workload scales: a Deployment, a LeaderWorkerSet, or a "
+                "StatefulSet admitted replica by replica",
+            )
+        ]
+    return replicas, []
