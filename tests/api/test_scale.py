@@ -72,3 +72,13 @@ def test_scaling_a_missing_workload_is_not_found(api: Api) -> None:
     setup_quota(api.admin)
     response = _scale(api, "nobody", {"spec": {"replicas": 2}})
     assert response.status_code == 404, response.text
+
+
+def test_a_scale_below_min_replicas_is_refused(api: Api) -> None:
+    web = kinds.deployment()
+    web["metadata"]["annotations"]["quartermaster.dev/min-replicas"] = "2"
+    name = _submit(api, web)
+    problem = _problem(_scale(api, name, {"spec": {"replicas": 1}}), 422, "invalid")
+    assert _fields(problem) == ["spec.replicas"]
+    assert "minReplicas (2)" in str(problem)
+    assert _scale(api, name, {"spec": {"replicas": 2}}).status_code == 200

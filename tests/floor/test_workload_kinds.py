@@ -426,3 +426,16 @@ def test_a_workload_carrying_a_serving_job_gets_its_replicas_and_class() -> None
         },
     }
     assert _fields(plain) == ["spec.replicas"]
+
+
+def test_min_replicas_comes_from_the_manifest_annotation() -> None:
+    floor = "quartermaster.dev/min-replicas"
+    web = deployment()
+    web["metadata"]["annotations"][floor] = "2"
+    assert parse_submission(web).spec.minReplicas == 2
+    for value, reason in (("two", "whole number"), ("4", "at most spec.replicas (3)")):
+        web["metadata"]["annotations"][floor] = value
+        with pytest.raises(SubmissionError) as refused:
+            parse_submission(web)
+        ((path, message),) = refused.value.problems
+        assert path == f"metadata.annotations.{floor}" and reason in message

@@ -99,6 +99,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         priority=spec.get("priority"),
         priority_class_name=spec.get("priorityClassName"),
         workload_class=spec.get("workloadClass", "training"),
+        min_replicas=int(spec.get("minReplicas") or 0),
         cluster_selector=label_selector_from_manifest(spec.get("clusterSelector")),
         active=bool(spec.get("active", True)),
         requeue_state=RequeueState(
