@@ -315,6 +315,29 @@ def admin_router() -> APIRouter:
 
 SUBMIT_PATH = "/v1/namespaces/{namespace}/workloads"
 WORKLOADS = KINDS["workloads"]
+#: Kubernetes' Scale, as much of it as a scale request reads.
+SCALE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["replicas"],
+                            "properties": {
+                                "replicas": {"type": "integer", "minimum": 1, "maximum": 100000}
+                            },
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
 
 
 async def submit_workload(request: Request, namespace: str, principal: Principal) -> Response:
@@ -438,7 +461,7 @@ def workload_router() -> APIRouter:
         """Kubernetes' Scale of a serving workload: replicas asked and admitted."""
         return await run(deps.submissions.get_scale, actor, namespace, name)
 
-    @router.patch(base + "/{name}/scale")
+    @router.patch(base + "/{name}/scale", openapi_extra=SCALE_BODY)
     async def scale(
         namespace: NamespacePath,
         name: NamePath,
