@@ -305,6 +305,15 @@ class Operations:
             lambda r: Workload.model_validate(r.json()),
         )
 
+    def scale(self, name: str, replicas: int, namespace: str | None) -> Call[dict[str, Any]]:
+        ns = self._required_ns(namespace)
+        return Call(
+            "PATCH",
+            f"/v1/namespaces/{ns}/workloads/{name}/scale",
+            lambda r: dict(r.json()),
+            json={"spec": {"replicas": replicas}},
+        )
+
     def explain(self, name: str, namespace: str | None) -> Call[Explanation]:
         ns = self._required_ns(namespace)
         return Call(

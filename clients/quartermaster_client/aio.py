@@ -342,6 +342,9 @@ class AsyncClient:
     async def cancel(self, name: str, namespace: str | None = None) -> Workload:
         return await self.call(self.ops.cancel(name, namespace))
 
+    async def scale(self, name: str, replicas: int, namespace: str | None = None) -> dict[str, Any]:
+        return await self.call(self.ops.scale(name, replicas, namespace))
+
     async def explain(self, name: str, namespace: str | None = None) -> Explanation:
         return await self.call(self.ops.explain(name, namespace))
 

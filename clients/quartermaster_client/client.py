@@ -367,6 +367,11 @@ class Client:
     def cancel(self, name: str, namespace: str | None = None) -> Workload:
         return self.call(self.ops.cancel(name, namespace))
 
+    def scale(self, name: str, replicas: int, namespace: str | None = None) -> dict[str, Any]:
+        """Set a serving workload's replicas; answers its Scale (``spec.replicas``
+        asked, ``status.replicas`` admitted)."""
+        return self.call(self.ops.scale(name, replicas, namespace))
+
     def explain(self, name: str, namespace: str | None = None) -> Explanation:
         return self.call(self.ops.explain(name, namespace))
 

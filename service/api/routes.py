@@ -315,6 +315,29 @@ def admin_router() -> APIRouter:
 
 SUBMIT_PATH = "/v1/namespaces/{namespace}/workloads"
 WORKLOADS = KINDS["workloads"]
+#: Kubernetes' Scale, as much of it as a scale request reads.
+SCALE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["replicas"],
+                            "properties": {
+                                "replicas": {"type": "integer", "minimum": 1, "maximum": 100000}
+                            },
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
 
 
 async def submit_workload(request: Request, namespace: str, principal: Principal) -> Response:
@@ -430,6 +453,27 @@ def workload_router() -> APIRouter:
     ) -> Any:
         """The same as DELETE, for clients that prefer a verb."""
         return await _cancel(request, deps, actor, namespace, name, if_match)
+
+    @router.get(base + "/{name}/scale")
+    async def get_scale(
+        namespace: NamespacePath, name: NamePath, actor: CurrentActor, deps: Deps
+    ) -> Any:
+        """Kubernetes' Scale of a serving workload: replicas asked and admitted."""
+        return await run(deps.submissions.get_scale, actor, namespace, name)
+
+    @router.patch(base + "/{name}/scale", openapi_extra=SCALE_BODY)
+    async def scale(
+        namespace: NamespacePath,
+        name: NamePath,
+        request: Request,
+        actor: CurrentActor,
+        deps: Deps,
+        if_match: IfMatch = None,
+    ) -> Any:
+        """Set a serving workload's replicas: ``{"spec": {"replicas": n}}``."""
+        require(actor.principal, WORKLOADS.write, namespace)  # before the body is read
+        body = await read_body(request, deps.settings.max_body_bytes)
+        return await run(deps.submissions.scale, actor, namespace, name, body, if_match)
 
     @router.get(base + "/{name}/explain")
     async def explain(

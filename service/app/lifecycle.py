@@ -56,6 +56,7 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
 )
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 CHECKPOINTED_EVENT = "WorkloadCheckpointed"
+SCALED_EVENT = "WorkloadScaled"
 #: How much newer a checkpoint must be than the recorded one to be recorded.
 CHECKPOINT_EVERY = timedelta(minutes=1)
 SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
@@ -519,6 +520,19 @@ def evict(
         released=amounts(admission),
     )
     return Transition(EVICTED_EVENT, Status(new), _close(subject, status, body, now), new_spec)
+
+
+def scale(status: Status, spec: Mapping[str, Any], replicas: int, now: datetime) -> Transition:
+    """A serving workload's ``spec.replicas`` (and its job's) set to
+    ``replicas``: the number of replica gangs it asks admission for
+    (docs/serving.md). The status is unchanged but for when it was scaled:
+    what is admitted changes only by the admission cycle's decisions."""
+    new_spec = {**spec, "replicas": replicas}
+    job = spec.get("job")
+    if isinstance(job, Mapping):
+        new_spec["job"] = {**job, "spec": {**(job.get("spec") or {}), "replicas": replicas}}
+    new = {**status.raw, "scaledAt": rfc3339(now)}
+    return Transition(SCALED_EVENT, Status(new), spec=new_spec)
 
 
 def request_cancel(status: Status, by: str, now: datetime) -> Transition:

@@ -28,7 +28,9 @@ from service.app.schemas import (
     check_quantity,
 )
 from service.domain.jobs import (
+    GANG_ANNOTATION,
     JOB_API_VERSIONS,
+    SERVING_KINDS,
     JobPodTemplate,
     job_class,
     job_kind,
@@ -42,6 +44,8 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 CLASS_ANNOTATION = "quartermaster.dev/workload-class"
+#: On a serving job manifest: its ``spec.minReplicas`` (e.g. its HPA's ``minReplicas``).
+MIN_REPLICAS_ANNOTATION = "quartermaster.dev/min-replicas"
 GPU = "nvidia.com/gpu"
 MAX_POD_SETS = 8
 MAX_COUNT = 100_000
@@ -76,6 +80,14 @@ class SubmissionError(ValueError):
 class TopologyRequest(Strict):
     required: str | None = Field(default=None, description="node label of the island level")
     preferred: str | None = None
+    podSetGroupName: LabelName | None = Field(
+        default=None,
+        description=(
+            "Kueue's podSetGroupName: pod sets of this workload naming the same group "
+            "with a required topology land in one domain of it (a LeaderWorkerSet "
+            "group's leader and workers in one island)."
+        ),
+    )
 
     @field_validator("required", "preferred")
     @classmethod
@@ -116,6 +128,18 @@ class WorkloadSpec(Strict):
             "whole: a Deployment's or StatefulSet's replicas (a pod each), a "
             "LeaderWorkerSet's groups. Derived from spec.job, never written; absent for "
             'one gang. A StatefulSet annotated quartermaster.dev/gang: "true" is one gang.'
+        ),
+    )
+    minReplicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description=(
+            "Of a serving workload: the replicas no preemption takes it below (a "
+            "training reclaim, fair sharing, a higher priority); above it replicas are "
+            "preempted one at a time, newest first. A job manifest says it with the "
+            f"annotation {MIN_REPLICAS_ANNOTATION} (e.g. its HPA's minReplicas). "
+            "At most spec.replicas; absent: 0."
         ),
     )
     clusterSelector: LabelSelector | None = None
@@ -246,8 +270,9 @@ def _one_island(
             "invalid",
             [(path, f"a LeaderWorkerSet group runs in one island: name its level once ({found})")],
         )
+    group = {"podSetGroupName": "group"} if len(pod_sets) > 1 else {}
     for pod_set in pod_sets:
-        pod_set["topologyRequest"] = {"required": levels[0]}
+        pod_set["topologyRequest"] = {"required": levels[0], **group}
 
 
 def _replicas_of(job: Mapping[str, Any]) -> dict[str, int]:
@@ -282,6 +307,15 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
     if labels.get(PRIORITY_LABEL):
         workload_spec["priorityClassName"] = labels[PRIORITY_LABEL]
+    floor = annotations.get(MIN_REPLICAS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if floor is not None:
+        text = str(floor)
+        if not text.isdigit():
+            raise SubmissionError(
+                "invalid",
+                [(f"metadata.annotations.{MIN_REPLICAS_ANNOTATION}", "must be a whole number")],
+            )
+        workload_spec["minReplicas"] = int(text)
     named = annotations.get(CLASS_ANNOTATION) if isinstance(annotations, Mapping) else None
     workload_spec["workloadClass"] = named or job_class(str(manifest["kind"]))
     # Kubernetes reads a null (say, a key holding only a comment) as absent.
@@ -383,6 +417,15 @@ def parse_submission(body: Any) -> WorkloadObject:
     if workload.spec.replicas is not None and kind not in JOB_KINDS and not carries_job:
         raise SubmissionError(
             "invalid", [("spec.replicas", "is derived from a serving spec.job; leave it out")]
+        )
+    if workload.spec.minReplicas is not None and workload.spec.minReplicas > (
+        workload.spec.replicas or 1
+    ):
+        field = "spec.minReplicas"
+        if kind in JOB_KINDS:
+            field = f"metadata.annotations.{MIN_REPLICAS_ANNOTATION}"
+        raise SubmissionError(
+            "invalid", [(field, f"must be at most spec.replicas ({workload.spec.replicas or 1})")]
         )
     if templates is None:
         templates = [
@@ -535,3 +578,30 @@ def total_requests(spec: WorkloadSpec) -> dict[str, int]:
                 total[resource] = total.get(resource, 0) + amount * pod_set.count * gangs
         spec._totals = total
     return dict(spec._totals)
+
+
+def scale_problems(spec: Mapping[str, Any], body: Any) -> tuple[int, list[tuple[str, str]]]:
+    """The replicas a scale request (Kubernetes' ``Scale``: ``{"spec":
+    {"replicas": n}}``) asks of a workload with ``spec``, and what is wrong
+    with it: only a serving workload run replica by replica scales."""
+    asked = body.get("spec") if isinstance(body, Mapping) else None
+    replicas = asked.get("replicas") if isinstance(asked, Mapping) else None
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        return 0, [("spec.replicas", f"must be an integer from 1 to {MAX_COUNT}")]
+    if not 1 <= replicas <= MAX_COUNT:
+        return 0, [("spec.replicas", f"must be an integer from 1 to {MAX_COUNT}")]
+    floor = spec.get("minReplicas") or 0
+    if replicas < floor:
+        return replicas, [("spec.replicas", f"must be at least spec.minReplicas ({floor})")]
+    job = spec.get("job")
+    kind = job.get("kind") if isinstance(job, Mapping) else None
+    annotations = ((job or {}).get("metadata") or {}).get("annotations") or {}
+    if kind not in SERVING_KINDS or annotations.get(GANG_ANNOTATION) == "true":
+        return replicas, [
+            (
+                "spec.replicas",
+                "only a serving workload scales: a Deployment, a LeaderWorkerSet, or a "
+                "StatefulSet admitted replica by replica",
+            )
+        ]
+    return replicas, []

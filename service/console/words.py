@@ -128,6 +128,8 @@ def moment(event: TimelineEvent, reader: Principal) -> Moment:
         words = f"Checkpointed: its work is saved as of {status.get('lastCheckpoint')}"
     elif kind == "WorkloadCancelled":
         words = f"Cancelled ({status.get('state')})"
+    elif kind == "WorkloadScaled":
+        words = f"Scaled to {event.spec.get('replicas')} replicas"
     else:
         words = kind
     return Moment(event.at, kind, words, event.actor)

@@ -130,6 +130,9 @@ WORKLOAD_PREEMPTED = declare(
 WORKLOAD_EVICTED = declare(
     "WorkloadEvicted", WORKLOAD_STREAMS, _OBJECT, "evicted whole; quota released"
 )
+WORKLOAD_SCALED = declare(
+    "WorkloadScaled", WORKLOAD_STREAMS, _OBJECT, "a serving workload's replicas changed"
+)
 WORKLOAD_REQUEUED = declare(
     "WorkloadRequeued", WORKLOAD_STREAMS, _OBJECT, "its job gone from the member: Pending again"
 )

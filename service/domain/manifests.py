@@ -37,6 +37,7 @@ from service.domain.quota import (
 )
 
 __all__ = [
+    "MIXED_ISLANDS_LABEL",
     "WORKLOAD_CLASS_LABEL",
     "ManifestError",
     "cluster_queue_from_manifest",
@@ -52,6 +53,8 @@ __all__ = [
 
 #: ClusterQueue label that sets its workload class (``training`` | ``inference``).
 WORKLOAD_CLASS_LABEL = "quartermaster.dev/workload-class"
+#: On a ClusterQueue: ``"true"`` lets its workloads share islands with the other class.
+MIXED_ISLANDS_LABEL = "quartermaster.dev/mixed-islands"
 
 Manifest = Mapping[str, Any]
 
@@ -277,6 +280,7 @@ def cluster_queue_from_manifest(obj: Manifest) -> ClusterQueue:
         ),
         fair_weight_milli=_weight_milli(spec),
         workload_class=workload_class,
+        mixed_islands=labels.get(MIXED_ISLANDS_LABEL) == "true",
         admission_fair_sharing=scope.get("admissionMode", "UsageBasedAdmissionFairSharing")
         != "NoAdmissionFairSharing",
     )

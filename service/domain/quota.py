@@ -219,6 +219,10 @@ class ClusterQueue:
     workload_class: WorkloadClass = DEFAULT_WORKLOAD_CLASS
     #: ``admissionScope.admissionMode`` (admission fair sharing), on unless set to No….
     admission_fair_sharing: bool = True
+    #: Label ``quartermaster.dev/mixed-islands: "true"``: its workloads may share
+    #: islands with the other class (docs/serving.md); otherwise an island holds
+    #: one class at a time.
+    mixed_islands: bool = False
 
     def flavor_names(self) -> tuple[str, ...]:
         return tuple(f.name for group in self.resource_groups for f in group.flavors)

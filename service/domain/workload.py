@@ -36,6 +36,10 @@ class TopologyRequest:
 
     mode: TopologyMode = "required"
     level: str | None = None
+    #: Kueue's ``podSetGroupName``: pod sets of one gang naming the same group
+    #: with a required topology land in the *same* domain (a LeaderWorkerSet
+    #: group's leader and workers in one island; docs/serving.md).
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +88,22 @@ class Workload:
     #: When the workload was last queued (after an eviction); orders it in queue
     #: like Kueue's ``queueOrderingTimestamp``. ``None`` → ``creation_time``.
     queued_at: float | None = None
+    #: A serving workload's replica, admitted as its own gang (a *unit*, see
+    #: docs/serving.md): its index; ``None`` for a workload admitted whole.
+    replica: int | None = None
+    #: Of a unit: the admitted units of its workload no preemption goes below.
+    min_replicas: int = 0
 
     @property
     def key(self) -> str:
+        if self.replica is not None:
+            return f"{self.namespace}/{self.name}#{self.replica}"
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def replica_of(self) -> str | None:
+        """The key of the serving workload a unit is a replica of."""
+        return None if self.replica is None else f"{self.namespace}/{self.name}"
 
     @property
     def queue_key(self) -> str:

@@ -193,7 +193,7 @@ def _flavor_never_fits(
         # Placement depends on the other groups' flavors; a fleet without any
         # member cluster is still being set up: neither is judged.
         return None
-    request = state.pod_set_request(wi, index, dict.fromkeys(ps.totals, name))
+    request = state.pod_set_request(wi, index, dict.fromkeys(ps.totals, name), now=False)
     if not request.eligible:
         return _no_islands(state, wi, ps, name)
     if pristine_fits(state.inventory, [request], state.pristine_cache):

@@ -58,6 +58,12 @@ class PodSetRequest:
     node_flavors: list[str] | None = None
     #: Cluster seq -> its eligible islands, in the cluster's order (memoised).
     by_cluster: dict[int, list[Island]] = field(default_factory=dict)
+    #: ``podSetGroupName`` of a required pod set: its group shares one domain.
+    group: str | None = None
+    #: ``CycleState.class_epochs`` of its class when ``eligible`` was filtered for it.
+    class_epoch: int = -1
+    #: A class whose islands it tries first (``EngineConfig.serving_islands_first``).
+    prefer_held: str | None = None
     #: Per-pod amount of each resource (``dict(shape)``, kept).
     amounts: dict[str, int] = field(init=False)
 
@@ -125,6 +131,8 @@ def _place_in_one_island(
     inventory: Inventory, request: PodSetRequest, cluster: str | None
 ) -> PodSetPlacement | None:
     candidates = _islands_best_fit(inventory, request)
+    if request.prefer_held is not None:
+        candidates = _held_first(list(candidates), request.prefer_held)
     for island in candidates:
         if cluster is not None and island.cluster != cluster:
             continue
@@ -132,6 +140,14 @@ def _place_in_one_island(
         if chosen is not None:
             return PodSetPlacement(tuple(chosen), (island.name,))
     return None
+
+
+def _held_first(islands: list[Island], workload_class: str) -> list[Island]:
+    """Islands already holding pods of ``workload_class`` first, each part in its order."""
+    held = [i for i in islands if i.held.get(workload_class, 0) > 0]
+    if not held or len(held) == len(islands):
+        return islands
+    return [*held, *(i for i in islands if i.held.get(workload_class, 0) <= 0)]
 
 
 def _cluster_islands(request: PodSetRequest, cluster: ClusterState) -> list[Island]:
@@ -253,7 +269,10 @@ def _place_in_cluster(
 ) -> PodSetPlacement | None:
     islands = _cluster_islands(request, cluster)
     if request.mode in ("required", "preferred") or inventory.spread_island_first:
-        for island in sorted(islands, key=lambda i: (i.primary_free(), i.seq)):
+        ordered = sorted(islands, key=lambda i: (i.primary_free(), i.seq))
+        if request.prefer_held is not None:
+            ordered = _held_first(ordered, request.prefer_held)
+        for island in ordered:
             chosen = _fits_in_one_island(island, request)
             if chosen is not None:
                 return PodSetPlacement(tuple(chosen), (island.name,))
@@ -320,7 +339,13 @@ def place_gang(inventory: Inventory, requests: Sequence[PodSetRequest]) -> GangP
     """Find room for every pod set in one cluster, or ``None``. Does not allocate."""
     if len(requests) == 1:
         return _place_single(inventory, requests[0])
+    grouped = any(request.group is not None for request in requests)
     for cluster in _clusters_for(inventory, requests):
+        if grouped:
+            found = _place_groups_in_cluster(inventory, requests, cluster)
+            if found is not None:
+                return GangPlacement(cluster.name, found)
+            continue
         placed: list[PodSetPlacement] = []
         for request in requests:
             placement = _place_in_cluster(inventory, request, cluster)
@@ -332,6 +357,70 @@ def place_gang(inventory: Inventory, requests: Sequence[PodSetRequest]) -> GangP
             inventory.release(placement.nodes, request.shape)
         if len(placed) == len(requests):
             return GangPlacement(cluster.name, tuple(placed))
+    return None
+
+
+def _place_groups_in_cluster(
+    inventory: Inventory, requests: Sequence[PodSetRequest], cluster: ClusterState
+) -> tuple[PodSetPlacement, ...] | None:
+    """Every pod set in ``cluster``, those of one ``group`` in one island
+    (Kueue's ``podSetGroupName``); the others as :func:`_place_in_cluster`
+    places them. Allocates while it tries; leaves the inventory as it found it."""
+    placed: dict[int, PodSetPlacement] = {}
+    done: set[int] = set()
+    ok = True
+    for index, request in enumerate(requests):
+        if index in done:
+            continue
+        group = request.group
+        members = [i for i, r in enumerate(requests) if group is not None and r.group == group]
+        members = members or [index]
+        done.update(members)
+        found = (
+            _place_group_in_one_island(inventory, [requests[i] for i in members], cluster)
+            if request.group is not None
+            else _one(_place_in_cluster(inventory, request, cluster))
+        )
+        if found is None:
+            ok = False
+            break
+        for i, placement in zip(members, found, strict=True):
+            inventory.allocate(placement.nodes, requests[i].shape)
+            placed[i] = placement
+    for i, placement in placed.items():
+        inventory.release(placement.nodes, requests[i].shape)
+    return tuple(placed[i] for i in range(len(requests))) if ok else None
+
+
+def _one(placement: PodSetPlacement | None) -> list[PodSetPlacement] | None:
+    return None if placement is None else [placement]
+
+
+def _place_group_in_one_island(
+    inventory: Inventory, group: Sequence[PodSetRequest], cluster: ClusterState
+) -> list[PodSetPlacement] | None:
+    """The group's pod sets in the tightest island of ``cluster`` eligible for
+    all of them that holds them all at once, or ``None``."""
+    shared = [
+        island
+        for island in _cluster_islands(group[0], cluster)
+        if all(island.seq in request.eligible for request in group[1:])
+    ]
+    ordered = sorted(shared, key=lambda i: (i.primary_free(), i.seq))
+    if group[0].prefer_held is not None:
+        ordered = _held_first(ordered, group[0].prefer_held)
+    for island in ordered:
+        placed: list[PodSetPlacement] = []
+        for request in group:
+            chosen = _fits_in_one_island(island, request)
+            if chosen is None:
+                break
+            inventory.allocate(chosen, request.shape)
+            placed.append(PodSetPlacement(tuple(chosen), (island.name,)))
+        for request, placement in zip(group, placed, strict=False):
+            inventory.release(placement.nodes, request.shape)
+        if len(placed) == len(group):
+            return placed
     return None
 
 

@@ -94,6 +94,7 @@ class Island:
         "buckets",
         "cluster",
         "free_total",
+        "held",
         "labels",
         "levels",
         "name",
@@ -121,6 +122,8 @@ class Island:
         self.free_total: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.taints: tuple[Taint, ...] = ()
+        #: Pods of admitted gangs per workload class (``service.engine.island_classes``).
+        self.held: dict[str, int] = {}
 
     def primary_free(self) -> int:
         return self.free_total.get(self.primary, 0) if self.primary else 0

@@ -25,6 +25,7 @@ from service.engine.flavorassigner import Assignment, PreemptionPlan
 from service.engine.packing import GangPlacement, place_gang, pristine_capacity_of
 from service.engine.protection import preemptor_borrows
 from service.engine.quota import QuotaNode
+from service.engine.replicas import ReplicaGuard
 from service.engine.state import CQState, CycleState
 from service.engine.workload_info import AdmittedInfo, WorkloadInfo
 
@@ -61,8 +62,11 @@ class _Search:
         self.cq: CQState = wi.cq
         self.usage = assignment.usage
         self.frs = frozenset(assignment.frs_need_preemption)
+        self._flavors = assignment.pod_set_flavors
+        # What an island allows its class statically: islands that hold the other
+        # class now may be emptied by the search (``island_classes``).
         self.requests = [
-            state.pod_set_request(wi, i, flavors)
+            state.pod_set_request(wi, i, flavors, now=False)
             for i, flavors in enumerate(assignment.pod_set_flavors)
         ]
         self._eligible_islands = {seq for request in self.requests for seq in request.eligible}
@@ -70,6 +74,8 @@ class _Search:
         self._physical_dirty = True
         #: Whether the preemptor borrows once in: its reclaim is then protected.
         self.borrows = preemptor_borrows(self.cq, self.usage)
+        #: Serving units: never below ``min_replicas``, newest first (``replicas``).
+        self.replicas = ReplicaGuard(state.units)
 
     # --- fit checks ---------------------------------------------------------------------
 
@@ -87,7 +93,9 @@ class _Search:
             return None
         if not self._physical_dirty:
             return self._last_placement
-        self._last_placement = place_gang(self.state.inventory, self.requests)
+        # The islands open to the class as the victims removed so far leave them.
+        requests = [self.state.pod_set_request(self.wi, i, f) for i, f in enumerate(self._flavors)]
+        self._last_placement = place_gang(self.state.inventory, requests)
         self._physical_dirty = False
         return self._last_placement
 
@@ -134,6 +142,9 @@ class _Search:
         fits: Callable[[], GangPlacement | None] | None = None,
     ) -> PreemptionPlan | None:
         check = fits or (lambda: self.fits(allow_borrowing))
+        # Replicas first: the unit the guard puts in a candidate's place must
+        # itself pass protection (never below the floor, all the same).
+        candidates = self.replicas.order(candidates)
         protection = self.state.protection
         if protection.active:
             candidates = protection.admissible(candidates, self.borrows)
@@ -152,6 +163,8 @@ class _Search:
         # Put back every victim that is not needed, the last one removed excepted.
         for i in range(len(targets) - 2, -1, -1):
             victim = targets[i][0]
+            if not self.replicas.may_restore(victim, [t for t, _ in targets]):
+                continue
             self.restore(victim)
             if check() is not None:
                 del targets[i]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from service.domain.quota import (
+    WORKLOAD_CLASSES,
     ClusterQueue,
     LabelSelector,
     LocalQueue,
@@ -20,6 +21,7 @@ from service.domain.quota import (
 )
 from service.domain.workload import AdmittedWorkload, Workload
 from service.engine.fair_sharing import decay_factor, decayed_usage, weighted_usage
+from service.engine.island_classes import closed_statically, open_now
 from service.engine.packing import GangPlacement, PodSetRequest, place_gang
 from service.engine.placement import Inventory, Island, NodeState, Shape
 from service.engine.protection import Protection
@@ -95,7 +97,12 @@ class CycleState:
             snapshot.config.accelerator_resources,
             spread_island_first=snapshot.config.spread_packing == "IslandFirst",
         )
+        #: Class -> bumped whenever an island starts or stops holding another class
+        #: (``island_classes``): requests of that class are then filtered anew.
+        self.class_epochs: dict[str, int] = dict.fromkeys(WORKLOAD_CLASSES, 0)
         self.admitted: dict[str, AdmittedInfo] = {}
+        #: Serving workload key -> its admitted units by key (``service.engine.replicas``).
+        self.units: dict[str, dict[str, AdmittedInfo]] = {}
         #: Per quota-tree root, how many workloads there may be preempted.
         self.preemptible_in_tree: dict[str, int] = {}
         #: Per quota-tree root, bumped on every usage change in the tree.
@@ -112,8 +119,8 @@ class CycleState:
         #: See ``flavorassigner.plans._plan_skeleton``.
         self.plan_skeletons: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self.node_flavors_cache: dict[int, list[str]] = {}
-        #: ``(pod set, flavor names, cluster selector key)`` -> request (``pod_set_request``).
-        self._requests: dict[tuple[PodSetInfo, tuple[str, ...], object], PodSetRequest] = {}
+        #: ``(pod set, flavor names, cluster selector key, class, now)`` -> request.
+        self._requests: dict[tuple[object, ...], PodSetRequest] = {}
         #: Bumped whenever capacity is freed (eviction, preemption): fast-reject caches reset.
         self.epoch = 0
         #: Pod-set keys -> the shape workloads with those pod sets share (see ``gang_shape``).
@@ -188,6 +195,7 @@ class CycleState:
         info.pods_ready = admitted.pods_ready
         info.checkpoint = admitted.last_checkpoint
         self.admitted[info.key] = info
+        self._count_unit(info, True)
         self._hold(info)
 
     def _init_lq_usage(self) -> None:
@@ -236,7 +244,7 @@ class CycleState:
                 ps.name,
                 ps.count,
                 tuple(ps.requests.items()),
-                None if topology is None else (topology.mode, topology.level),
+                None if topology is None else (topology.mode, topology.level, topology.group),
                 ps.tolerations,
                 tuple(selector.items()) if selector else (),
             )
@@ -276,8 +284,17 @@ class CycleState:
         tolerations: tuple[Toleration, ...],
         node_selector: Mapping[str, str],
         cluster_selector: LabelSelector | None,
+        workload_class: str | None = None,
     ) -> dict[int, Island]:
-        key = (flavors, tolerations, sorted_items(node_selector), selector_key(cluster_selector))
+        """Islands the flavors' labels and taints allow, not labelled for
+        another class than ``workload_class`` (``None``: any class)."""
+        key = (
+            flavors,
+            tolerations,
+            sorted_items(node_selector),
+            selector_key(cluster_selector),
+            workload_class,
+        )
         cached = self.eligible_cache.get(key)
         if cached is not None:
             return cached
@@ -289,34 +306,71 @@ class CycleState:
                 labels.update(flavor.node_labels)
                 all_tolerations.extend(flavor.tolerations)
         result = self.inventory.matching_islands(labels, all_tolerations, cluster_selector)
+        if workload_class is not None:
+            result = {s: i for s, i in result.items() if not closed_statically(i, workload_class)}
         self.eligible_cache[key] = result
         return result
 
     def pod_set_request(
-        self, wi: WorkloadInfo, index: int, flavors: Mapping[str, str]
+        self, wi: WorkloadInfo, index: int, flavors: Mapping[str, str], *, now: bool = True
     ) -> PodSetRequest:
-        """Pod set ``index`` to place with ``flavors`` (resource -> flavor), memoised."""
-        return self._request(wi, index, tuple(sorted(set(flavors.values()))))
+        """Pod set ``index`` to place with ``flavors`` (resource -> flavor), memoised.
+
+        ``now``: without the islands that hold the other class at the moment;
+        ``False`` for what an empty fleet would allow (feasibility)."""
+        return self._request(wi, index, tuple(sorted(set(flavors.values()))), now)
 
     def place_simply(self, wi: WorkloadInfo, flavor: str) -> GangPlacement | None:
         """Room now for a one-pod-set gang with every resource in ``flavor``, or ``None``."""
         return place_gang(self.inventory, [self._request(wi, 0, (flavor,))])
 
-    def _request(self, wi: WorkloadInfo, index: int, names: tuple[str, ...]) -> PodSetRequest:
-        # Requests depend only on the pod set, the flavors and the cluster selector, and
-        # are not changed by placing (only their memos fill in): share them.
+    def _request(
+        self, wi: WorkloadInfo, index: int, names: tuple[str, ...], now: bool = True
+    ) -> PodSetRequest:
+        # Requests depend only on the pod set, the flavors, the cluster selector and
+        # the class, and are not changed by placing (only their memos fill in):
+        # share them, until islands change class.
         ps = wi.pod_sets[index]
         selector = wi.wl.cluster_selector
-        key = (ps, names, None if selector is None else selector_key(selector))
+        cq = wi.cq
+        workload_class = None if cq is not None and cq.spec.mixed_islands else wi.wl.workload_class
+        prefer = wi.wl.workload_class if self._prefers_held(wi) else None
+        key = (
+            ps,
+            names,
+            None if selector is None else selector_key(selector),
+            workload_class,
+            now,
+            prefer,
+        )
         request = self._requests.get(key)
-        if request is None:
-            request = self._requests[key] = self._new_request(ps, names, selector)
+        stale = now and workload_class is not None and request is not None
+        if request is None or (
+            stale and request.class_epoch != self.class_epochs.get(workload_class or "", 0)
+        ):
+            request = self._requests[key] = self._new_request(
+                ps, names, selector, workload_class, now
+            )
+            request.prefer_held = prefer
         return request
 
+    def _prefers_held(self, wi: WorkloadInfo) -> bool:
+        return self.config.serving_islands_first and wi.wl.workload_class == "inference"
+
     def _new_request(
-        self, ps: PodSetInfo, names: tuple[str, ...], cluster_selector: LabelSelector | None
+        self,
+        ps: PodSetInfo,
+        names: tuple[str, ...],
+        cluster_selector: LabelSelector | None,
+        workload_class: str | None,
+        now: bool,
     ) -> PodSetRequest:
-        eligible = self.eligible_islands(names, ps.tolerations, ps.node_selector, cluster_selector)
+        eligible: Mapping[int, Island] = self.eligible_islands(
+            names, ps.tolerations, ps.node_selector, cluster_selector, workload_class
+        )
+        shared = eligible
+        if now and workload_class is not None:
+            eligible = open_now(eligible, workload_class)
         level = ps.level
         if ps.mode != "unconstrained" and level is not None:
             for name in names:
@@ -324,12 +378,18 @@ class CycleState:
                 topology = self.topologies.get(flavor.topology_name or "") if flavor else None
                 if topology is not None and topology.levels and topology.levels[0] == level:
                     level = None
-        node_flavors = self.node_flavors_cache.get(id(eligible))
+        node_flavors = self.node_flavors_cache.get(id(eligible)) if eligible is shared else None
         if node_flavors is None:
-            # ``eligible`` lives in ``eligible_cache`` for the whole cycle: its id is stable.
             node_flavors = sorted({island.node_flavor for island in eligible.values()})
-            self.node_flavors_cache[id(eligible)] = node_flavors
-        return PodSetRequest(ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors)
+            if eligible is shared:
+                # ``eligible`` lives in ``eligible_cache`` for the whole cycle: its id is stable
+                # (a mapping filtered for the class of the moment does not, and is not kept).
+                self.node_flavors_cache[id(eligible)] = node_flavors
+        request = PodSetRequest(
+            ps.name, ps.count, ps.shape, ps.mode, level, eligible, node_flavors, group=ps.group
+        )
+        request.class_epoch = self.class_epochs.get(workload_class or "", 0)
+        return request
 
     # --- mutation -------------------------------------------------------------------------
 
@@ -343,6 +403,21 @@ class CycleState:
                 self.preemptible_in_tree[cq.root] = self.preemptible_in_tree.get(cq.root, 0) + 1
         for node, pods, shape in info.placements:
             self.inventory._change(node, shape, pods, 1)
+        self._held(info, 1)
+
+    def _held(self, info: AdmittedInfo, sign: int) -> None:
+        """Count the gang's pods in its islands' classes (``island_classes``)."""
+        workload_class = info.wl.workload_class
+        for node, pods, _ in info.placements:
+            island = node.island
+            if island is None:
+                continue
+            before = island.held.get(workload_class, 0)
+            after = island.held[workload_class] = before + sign * pods
+            if (before > 0) != (after > 0):
+                for other in self.class_epochs:
+                    if other != workload_class:
+                        self.class_epochs[other] += 1
 
     def _usage_changed(self, root: str, info: AdmittedInfo) -> None:
         self.usage_version[root] = self.usage_version.get(root, 0) + 1
@@ -368,6 +443,7 @@ class CycleState:
                 self.preemptible_in_tree[cq.root] -= 1
         for node, pods, shape in info.placements:
             self.inventory._change(node, shape, pods, -1)
+        self._held(info, -1)
 
     def simulate_remove(self, info: AdmittedInfo) -> None:
         self._unhold(info)
@@ -379,7 +455,18 @@ class CycleState:
         """Release a workload's quota and capacity for good (preempted or evicted)."""
         self._unhold(info)
         del self.admitted[info.key]
+        self._count_unit(info, False)
         self.epoch += 1
+
+    def _count_unit(self, info: AdmittedInfo, present: bool) -> None:
+        parent = info.wl.replica_of
+        if parent is None:
+            return
+        units = self.units.setdefault(parent, {})
+        if present:
+            units[info.key] = info
+        else:
+            units.pop(info.key, None)
 
     def admit(
         self,
@@ -410,6 +497,7 @@ class CycleState:
             pending=wi,
         )
         self.admitted[info.key] = info
+        self._count_unit(info, True)
         self._hold(info)
         self._penalise(info)
         return info

@@ -133,6 +133,11 @@ class EngineConfig:
     #: least-free nodes anywhere in the least-free cluster; kept to compare.
     spread_packing: SpreadPacking = "IslandFirst"
     consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)
+    #: An inference pod set goes first to the islands already holding inference
+    #: pods (tightest first), then to the others by best fit, so that one-GPU
+    #: serving replicas do not scatter over islands a training gang needs whole
+    #: (issue 22; kueue PR #10406). ``False``: best fit alone, to compare.
+    serving_islands_first: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ class PodSetInfo:
 
     __slots__ = (
         "count",
+        "group",
         "level",
         "mode",
         "name",
@@ -72,6 +73,7 @@ class PodSetInfo:
         request = pod_set.topology_request
         self.mode = request.mode if request is not None else "unconstrained"
         self.level = request.level if request is not None else None
+        self.group = request.group if request is not None and self.mode == "required" else None
         self.tolerations = pod_set.tolerations
         self.node_selector = pod_set.node_selector
         self.selector_items = sorted_items(pod_set.node_selector)
@@ -144,7 +146,8 @@ class GangShape:
                     totals[r] = totals.get(r, 0) + a
             self.resources = totals
         self.signature = tuple(
-            (ps.shape, ps.mode, ps.level, ps.tolerations, ps.selector_items) for ps in pod_sets
+            (ps.shape, ps.mode, ps.level, ps.group, ps.tolerations, ps.selector_items)
+            for ps in pod_sets
         )
         #: :meth:`WorkloadInfo.signature` of a gang of this shape without a cluster selector.
         self.plain_signature: tuple[object, ...] = (self.signature, None, len(pod_sets))
@@ -160,7 +163,7 @@ def pod_set_key(pod_set: PodSet) -> tuple[object, ...]:
         pod_set.name,
         pod_set.count,
         tuple(pod_set.requests.items()),
-        None if topology is None else (topology.mode, topology.level),
+        None if topology is None else (topology.mode, topology.level, topology.group),
         pod_set.tolerations,
         tuple(selector.items()) if selector else (),
     )

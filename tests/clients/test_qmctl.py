@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from service.app.bootstrap import Services
 from tests.api.conftest import ADMIN_TOKEN
 from tests.clients.conftest import gpu_pod, job, setup_quota, workload
+from tests.floor import test_workload_kinds as kinds
 
 QMCTL = [sys.executable, "-m", "quartermaster_client.cli"]
 
@@ -509,6 +510,45 @@ def test_contexts_in_a_config_file(qmctl: Run, tmp_path: Path, api_url: str) -> 
     assert [c["name"] for c in yaml.safe_load(path.read_text())["contexts"]] == ["live"]
 
 
+SERVING = """\
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: serve}
+spec:
+  workloadClass: inference
+  resourceGroups:
+  - coveredResources: [cpu, memory, nvidia.com/gpu]
+    flavors:
+    - name: h100
+      resources:
+      - {name: cpu, nominalQuota: 64}
+      - {name: memory, nominalQuota: 512Gi}
+      - {name: nvidia.com/gpu, nominalQuota: 8}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: serve, namespace: team-a}
+spec: {clusterQueue: serve}
+"""
+
+
+def test_scale_a_serving_workload(qmctl: Run, tmp_path: Path, qm: Client) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET + "---\n" + SERVING)
+    qmctl("apply", "-f", str(fleet))
+    web = kinds.deployment()
+    web["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "serve"
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(web))
+    scaled = qmctl("scale", "llama-8b", "--replicas", "5")
+    assert _lines(scaled.stdout) == ["workload/llama-8b scaled to 5 replicas (0 admitted)"]
+    picked = json.loads(qmctl("get", "wl", "llama-8b", "-o", "json").stdout)
+    assert picked["spec"]["replicas"] == 5 and picked["spec"]["job"]["spec"]["replicas"] == 5
+    assert qm.scale("llama-8b", 2, "team-a")["spec"] == {"replicas": 2}
+    qmctl("submit", "-f", "-", stdin=yaml.safe_dump(job("train-9")))
+    refused = qmctl("scale", "train-9", "--replicas", "2", code=None)
+    assert refused.returncode != 0 and "spec.replicas" in refused.stderr, refused.stderr
+
+
 COMMANDS = [
     ["apply"],
     ["get"],
@@ -517,6 +557,7 @@ COMMANDS = [
     ["submit"],
     ["explain"],
     ["cancel"],
+    ["scale"],
     ["watch"],
     ["whoami"],
     ["usage"],

@@ -7,10 +7,14 @@ violations so that a failing test says what broke.
 
 from __future__ import annotations
 
-from service.domain.workload import AdmittedWorkload
+from collections.abc import Mapping
+
+from service.domain.inventory import Node
+from service.domain.workload import AdmittedWorkload, PodSetAssignment, Workload
 from service.engine import CycleResult, Snapshot
 from service.engine.quota import QuotaTree
 from service.engine.state import CycleState
+from service.engine.types import DEFAULT_ACCELERATORS
 
 
 def apply(snapshot: Snapshot, result: CycleResult, now: float) -> list[AdmittedWorkload]:
@@ -36,7 +40,41 @@ def violations(snapshot: Snapshot, result: CycleResult, now: float) -> list[str]
     problems += _capacity(snapshot, result, now)
     problems += _quota(snapshot, result, now)
     problems += _accounted(snapshot, result)
+    problems += _island_classes(snapshot, result, now)
     return problems
+
+
+def _island_classes(snapshot: Snapshot, result: CycleResult, now: float) -> list[str]:
+    """An island holds one class at a time, unless a ClusterQueue mixes
+    (``service.engine.island_classes``): a gang of a plain ClusterQueue never
+    shares an accelerator island with another plain gang of the other class,
+    nor lands on an island labelled for it."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    mixed = {cq.name for cq in snapshot.cluster_queues if cq.mixed_islands}
+    held: dict[tuple[str, str], set[str]] = {}
+    placed: list[tuple[str, str, tuple[str, str]]] = []
+    for admitted in apply(snapshot, result, now):
+        wl, admission = admitted.workload, admitted.admission
+        for assignment in admission.pod_set_assignments:
+            for node_name, _ in assignment.placement:
+                node = nodes.get(node_name)
+                if node is None:
+                    continue
+                island = (node.cluster, node.island)
+                labelled = node.labels.get("quartermaster.dev/workload-class")
+                plain = admission.cluster_queue not in mixed
+                if plain and labelled is not None and labelled != wl.workload_class:
+                    problems = f"{wl.key}: {wl.workload_class} on {labelled} island {island}"
+                    return [problems]
+                accelerated = any(node.allocatable.get(a, 0) > 0 for a in DEFAULT_ACCELERATORS)
+                if plain and accelerated:
+                    held.setdefault(island, set()).add(wl.workload_class)
+                    placed.append((wl.key, wl.workload_class, island))
+    return [
+        f"{key}: {cls} shares island {island} with {sorted(held[island] - {cls})}"
+        for key, cls, island in placed
+        if held[island] - {cls}
+    ]
 
 
 def _whole_gangs(snapshot: Snapshot, result: CycleResult) -> list[str]:
@@ -55,6 +93,7 @@ def _whole_gangs(snapshot: Snapshot, result: CycleResult) -> list[str]:
                 f"{wl.key} admitted to unschedulable cluster {decision.admission.cluster}"
             )
         by_name = {a.name: a for a in decision.admission.pod_set_assignments}
+        problems += _groups_share_an_island(wl, by_name, nodes)
         for ps in wl.pod_sets:
             assignment = by_name.get(ps.name)
             if assignment is None:
@@ -75,6 +114,27 @@ def _whole_gangs(snapshot: Snapshot, result: CycleResult) -> list[str]:
             if ps.topology_request and ps.topology_request.mode == "required" and len(islands) > 1:
                 problems.append(f"{wl.key}/{ps.name}: required one island, got {sorted(islands)}")
     return problems
+
+
+def _groups_share_an_island(
+    wl: Workload, by_name: Mapping[str, PodSetAssignment], nodes: Mapping[str, Node]
+) -> list[str]:
+    """Pod sets of one ``podSetGroupName`` with a required topology: one island."""
+    islands: dict[str, set[tuple[str, str]]] = {}
+    for ps in wl.pod_sets:
+        request = ps.topology_request
+        assignment = by_name.get(ps.name)
+        if request is None or request.group is None or request.mode != "required":
+            continue
+        for node_name, _ in assignment.placement if assignment else ():
+            node = nodes.get(node_name)
+            if node is not None:
+                islands.setdefault(request.group, set()).add((node.cluster, node.island))
+    return [
+        f"{wl.key}: pod-set group {group} spans islands {sorted(found)}"
+        for group, found in islands.items()
+        if len(found) > 1
+    ]
 
 
 def _no_duplicates(snapshot: Snapshot, result: CycleResult) -> list[str]:

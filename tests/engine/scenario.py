@@ -4,8 +4,8 @@ A scenario holds a fleet in the format of :mod:`sim.fleet` (``topologies``,
 ``resourceFlavors``, ``clusters``, ``cohorts``, ``clusterQueues``,
 ``localQueues``, ``workloadPriorityClasses``, ``namespaces``), optional
 ``config`` (``fairSharing``, ``admissionFairSharing``, ``waitForPodsReady``,
-``maxHeadsPerClusterQueue``, ``spreadPacking``) and ``now``, the ``admitted`` and ``pending``
-workloads, and what must come out under ``expect``.
+``maxHeadsPerClusterQueue``, ``spreadPacking``, ``servingIslandsFirst``) and
+``now``, the ``admitted`` and ``pending`` workloads, and what must come out under ``expect``.
 
 Conveniences so that files stay short and read like the spec:
 
@@ -17,7 +17,10 @@ Conveniences so that files stay short and read like the spec:
   to get Kueue's nil;
 * a workload may name ``clusterQueue: X`` instead of ``queue``: a LocalQueue
   ``X`` pointing to it is created in the workload's namespace;
+* a serving workload's replica is a unit of its own: ``replica`` (its index;
+  its key is ``name#index``) and ``minReplicas``;
 * ``requests`` + ``count`` (+ ``topology``) describe a single pod set ``main``;
+  a ``topology`` may name a ``group`` (Kueue's ``podSetGroupName``);
 * an admitted workload may give ``admittedAt`` and ``lastCheckpoint`` (seconds,
   like ``now``; none: it never saved its work);
 * an admitted workload's ``admission`` gives ``cluster`` (default: the first),
@@ -199,7 +202,7 @@ def _pod_sets(wl: dict[str, Any]) -> tuple[PodSet, ...]:
             t = ps["topology"]
             mode = next(m for m in ("required", "preferred", "unconstrained") if m in t)
             level = t[mode] if isinstance(t[mode], str) else None
-            topology = TopologyRequest(mode=mode, level=level)
+            topology = TopologyRequest(mode=mode, level=level, group=t.get("group"))
         result.append(
             PodSet(
                 name=ps.get("name", "main"),
@@ -232,6 +235,8 @@ def _workload(wl: dict[str, Any], index: int) -> Workload:
         if requeue
         else None,
         queued_at=wl.get("queuedAt"),
+        replica=wl.get("replica"),
+        min_replicas=int(wl.get("minReplicas", 0)),
     )
 
 
@@ -342,6 +347,7 @@ def _config(data: dict[str, Any]) -> EngineConfig:
             enable=bool((cfg.get("consolidation") or {}).get("enable", False)),
             victim_placement=(cfg.get("consolidation") or {}).get("victimPlacement", "Immediate"),
         ),
+        serving_islands_first=bool(cfg.get("servingIslandsFirst", True)),
     )
 
 

@@ -378,6 +378,10 @@ def test_each_kind_derives_its_pod_sets_as_kueue_does(case: Case) -> None:
         for p in spec.podSets
     ]
     assert got == case.pod_sets
+    # A LeaderWorkerSet group's pod sets share one podSetGroupName: one island.
+    grouped = case.manifest()["kind"] == "LeaderWorkerSet" and len(spec.podSets) > 1
+    groups = [p.topologyRequest and p.topologyRequest.podSetGroupName for p in spec.podSets]
+    assert groups == (["group"] * len(groups) if grouped else [None] * len(groups))
     assert spec.replicas == case.replicas
     assert spec.workloadClass == case.workload_class
     gangs = case.replicas or 1
@@ -578,3 +582,16 @@ def test_a_batch_job_is_still_read_as_a_batch_job() -> None:
     assert _fields(tasks) == ["spec.parallelism"]
     wrong = _set(volcano_tf_mnist(), ["apiVersion"], "batch.volcano.sh/v1")
     assert _fields(wrong) == ["apiVersion"]
+
+
+def test_min_replicas_comes_from_the_manifest_annotation() -> None:
+    floor = "quartermaster.dev/min-replicas"
+    web = deployment()
+    web["metadata"]["annotations"][floor] = "2"
+    assert parse_submission(web).spec.minReplicas == 2
+    for value, reason in (("two", "whole number"), ("4", "at most spec.replicas (3)")):
+        web["metadata"]["annotations"][floor] = value
+        with pytest.raises(SubmissionError) as refused:
+            parse_submission(web)
+        ((path, message),) = refused.value.problems
+        assert path == f"metadata.annotations.{floor}" and reason in message

@@ -148,6 +148,21 @@ def cancel(
             typer.echo(f"workload/{workload.name} {workload.status.state.lower()}")
 
 
+@commands.command(epilog=examples("qmctl scale llama-8b --replicas 5 -n serve"))
+@handled
+def scale(
+    name: Annotated[str, typer.Argument(help="A serving workload.")],
+    replicas: Annotated[int, typer.Option("--replicas", help="Replicas to ask for.")],
+    namespace: Namespace = None,
+) -> None:
+    """Scale a serving workload: admission asks for the new replicas only."""
+    ns = STATE.namespace(namespace)
+    with STATE.client() as client:
+        answer = client.scale(name, replicas, ns)
+    admitted = (answer.get("status") or {}).get("replicas", 0)
+    typer.echo(f"workload/{name} scaled to {replicas} replicas ({admitted} admitted)")
+
+
 @commands.command(
     "wait",
     epilog=examples(

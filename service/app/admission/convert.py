@@ -69,7 +69,9 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         request = raw.get("topologyRequest") or {}
         topology = None
         if request.get("required"):
-            topology = TopologyRequest("required", request["required"])
+            topology = TopologyRequest(
+                "required", request["required"], group=request.get("podSetGroupName")
+            )
         elif request.get("preferred"):
             topology = TopologyRequest("preferred", request["preferred"])
         pod_sets.append(
@@ -97,6 +99,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         priority=spec.get("priority"),
         priority_class_name=spec.get("priorityClassName"),
         workload_class=spec.get("workloadClass", "training"),
+        min_replicas=int(spec.get("minReplicas") or 0),
         cluster_selector=label_selector_from_manifest(spec.get("clusterSelector")),
         active=bool(spec.get("active", True)),
         requeue_state=RequeueState(

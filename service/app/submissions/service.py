@@ -42,7 +42,12 @@ from service.app.submissions.values import (
 )
 from service.app.submissions.writes import stage_submissions
 from service.app.uow import SqlUnitOfWork
-from service.app.workloads import SubmissionError, WorkloadObject, parse_submission
+from service.app.workloads import (
+    SubmissionError,
+    WorkloadObject,
+    parse_submission,
+    scale_problems,
+)
 from service.domain.events import RECONCILE_CLUSTER
 from service.domain.jobs import TRAINJOB_ANNOTATION, trainjob_jobset
 from service.engine import Snapshot
@@ -344,6 +349,51 @@ class SubmissionService:
             uow.commit()
         return to_object(WORKLOADS, new)
 
+    # -- scale ---------------------------------------------------------------------------
+
+    def get_scale(self, actor: Actor, namespace: str, name: str) -> Obj:
+        """The workload's ``Scale``: replicas asked and replicas admitted."""
+        obj = self._resources.get(actor.principal, "workloads", namespace, name)
+        return scale_object(obj)
+
+    def scale(
+        self, actor: Actor, namespace: str, name: str, body: Any, if_match: str | None = None
+    ) -> Obj:
+        """Set a serving workload's replicas (``lifecycle.scale``): admission
+        then asks for the new replicas only, and releases the removed ones."""
+        require(actor.principal, WORKLOADS.write, namespace)
+        with self._uow() as uow:
+            conn = uow.connection
+            row = workload_for_update(conn, namespace, name)
+            if row is None:
+                raise NotFound(f'workloads "{name}" not found')
+            check_version(if_match, row)
+            replicas, problems = scale_problems(row.spec, body)
+            if not problems and row.status.get("state") in ("Finished", "Cancelled", "Cancelling"):
+                problems = [("spec.replicas", "the workload has ended: it no longer scales")]
+            if problems:
+                raise Invalid("the scale is invalid", problems)
+            if row.spec.get("replicas", 1) == replicas:
+                return scale_object(to_object(WORKLOADS, row))
+            meta = actor.metadata()
+            change = lifecycle.scale(
+                lifecycle.Status(row.status), row.spec, replicas, meta.occurred_at
+            )
+            data = {
+                **_state(row, change.status.to_json()),
+                "spec": change.spec,
+                "generation": row.generation + 1,
+            }
+            uow.events.append(
+                stream_name("Workload", namespace, name),
+                row.resource_version,
+                [NewEvent(uuid4(), change.event, data, meta)],
+            )
+            new = resource_row(data, row.resource_version + 1, meta.occurred_at)
+            upsert_resources(conn, [new])
+            uow.commit()
+        return scale_object(to_object(WORKLOADS, new))
+
     # -- explain -------------------------------------------------------------------------
 
     def explain(self, actor: Actor, namespace: str, name: str) -> Obj:
@@ -366,4 +416,22 @@ def _state(row: Any, status: Obj) -> Obj:
         "spec": row.spec,
         "status": status,
         "created_at": row.created_at.isoformat(),
+    }
+
+
+def scale_object(obj: Mapping[str, Any]) -> Obj:
+    """A Workload as Kubernetes' ``autoscaling/v1`` ``Scale``: ``spec.replicas``
+    asked, ``status.replicas`` admitted (``status.replicaAdmissions``)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return {
+        "apiVersion": "autoscaling/v1",
+        "kind": "Scale",
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 1)},
+        "status": {"replicas": len(status.get("replicaAdmissions") or ())},
     }

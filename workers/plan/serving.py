@@ -1,0 +1,168 @@
+"""A serving workload's member objects: one per (cluster, placement) of its
+admitted replicas, its replica count the number admitted there.
+
+Each replica of a serving workload is admitted as its own gang
+(docs/serving.md), recorded in ``status.replicaAdmissions`` as
+``{replica, admission, admittedAt}``. Replicas that share a placement — the
+same ClusterQueue and, per pod set, the same flavors and island — run as one
+member object (a Deployment, StatefulSet or LeaderWorkerSet) whose
+``spec.replicas`` is how many of them are admitted there: the member never
+runs ahead of the centre. Its name and admission label come from the
+placement, not the count, so scaling changes ``spec.replicas`` of the object
+in place (:func:`scale_to`) and the running replicas are not touched.
+
+Pure, like the rest of ``workers.plan``; the reconciler does not call it yet
+(the centre does not write ``replicaAdmissions`` yet: issue 22).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from service.domain.jobs import SERVING_KINDS, job_pod_templates
+from workers.plan.jobs import _pin, priority_of
+from workers.plan.names import (
+    ADMISSION_LABEL,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    UID_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_LABEL,
+    job_name,
+    managed_labels,
+    priority_class_name,
+    short_name,
+    workload_label,
+)
+from workers.plan.queues import use_of
+from workers.plan.views import ClusterView, Ref, WorkloadView
+
+__all__ = ["REPLICA_ADMISSIONS", "Part", "member_object", "parts", "scale_to", "selectors"]
+
+Obj = dict[str, Any]
+REPLICA_ADMISSIONS = "replicaAdmissions"
+
+
+class Part:
+    """The replicas of one workload admitted to one placement of one cluster."""
+
+    __slots__ = ("admission", "key", "replicas", "workload")
+
+    def __init__(self, workload: WorkloadView, key: str, admission: Mapping[str, Any]) -> None:
+        self.workload = workload
+        #: A short digest of the placement: names the member object.
+        self.key = key
+        #: The first replica's admission (all of the part's are alike but for counts).
+        self.admission = admission
+        self.replicas = 0
+
+
+def _placement(admission: Mapping[str, Any]) -> str:
+    """What replicas of one member object share: queue, cluster, and per
+    pod set its flavors and islands (not its nodes, nor its time)."""
+    shape = {
+        "clusterQueue": admission.get("clusterQueue"),
+        "cluster": admission.get("cluster"),
+        "podSets": sorted(
+            (
+                str(a.get("name")),
+                sorted((a.get("flavors") or {}).items()),
+                list(a.get("islands") or ()),
+            )
+            for a in admission.get("podSetAssignments") or ()
+        ),
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def parts(workload: WorkloadView, cluster: str) -> list[Part]:
+    """The workload's admitted replicas in ``cluster``, by placement, in a
+    stable order (by placement digest)."""
+    found: dict[str, Part] = {}
+    for entry in workload.status.get(REPLICA_ADMISSIONS) or ():
+        admission = entry.get("admission") or {}
+        if admission.get("cluster") != cluster:
+            continue
+        key = _placement(admission)
+        part = found.get(key)
+        if part is None:
+            part = found[key] = Part(workload, key, admission)
+        part.replicas += 1
+    return [found[k] for k in sorted(found)]
+
+
+def selectors(view: ClusterView, part: Part) -> dict[str, dict[str, str]]:
+    """Per pod set, the node selector pinning it to the part's flavors and island."""
+    out: dict[str, dict[str, str]] = {}
+    for assignment in part.admission.get("podSetAssignments") or ():
+        use = use_of(view, assignment, {})
+        out.setdefault(str(assignment.get("name")), {}).update(use.selector)
+    return out
+
+
+def _templates(manifest: Obj) -> Iterable[tuple[str, Obj]]:
+    found, _ = job_pod_templates(manifest)
+    for template in found:
+        if isinstance(template.template, dict):
+            yield template.name, template.template
+
+
+def member_object(part: Part, queue: str, selectors: Mapping[str, Mapping[str, str]]) -> Obj:
+    """The member Deployment / StatefulSet / LeaderWorkerSet of ``part``:
+    the submitted manifest with ``spec.replicas`` = the replicas admitted
+    there, labelled for the member's Kueue (queue, priority), each pod set's
+    templates pinned to the part's flavors and island."""
+    workload = part.workload
+    source = workload.spec.get("job")
+    if not isinstance(source, Mapping) or source.get("kind") not in SERVING_KINDS:
+        raise ValueError(f"{workload.key} carries no serving manifest")
+    manifest = copy.deepcopy(dict(source))
+    original = manifest.get("metadata") or {}
+    admission = f"{workload.uid[:8]}-{part.key}"
+    labels = managed_labels(
+        **{
+            WORKLOAD_LABEL: workload_label(workload.namespace, workload.name),
+            ADMISSION_LABEL: admission,
+            QUEUE_LABEL: queue,
+            PRIORITY_LABEL: priority_class_name(priority_of(workload)),
+        }
+    )
+    manifest["metadata"] = {
+        "name": short_name(f"{job_name(workload)}-{part.key}"),
+        "namespace": workload.namespace,
+        "labels": {**(original.get("labels") or {}), **labels},
+        "annotations": {
+            **(original.get("annotations") or {}),
+            WORKLOAD_ANNOTATION: workload.key,
+            UID_ANNOTATION: workload.uid,
+        },
+    }
+    manifest.pop("status", None)
+    manifest.setdefault("spec", {})["replicas"] = part.replicas
+    first = next(iter(selectors.values()), {})
+    pods = {k: labels[k] for k in (WORKLOAD_LABEL, ADMISSION_LABEL)}
+    for name, template in _templates(manifest):
+        template.update(_pin(template, selectors.get(name, first), {}, pods))
+    return manifest
+
+
+def scale_to(
+    wanted: Sequence[Obj], actual: Sequence[Mapping[str, Any]]
+) -> tuple[list[Obj], list[tuple[Ref, int]], list[Ref]]:
+    """Against what the member holds: the objects to create, the ``(object,
+    replicas)`` to scale in place (up or down, the running replicas kept),
+    and the objects no replica is admitted to any more (to delete)."""
+    held = {Ref.of(o): o for o in actual}
+    want = {Ref.of(o): o for o in wanted}
+    create = [o for ref, o in sorted(want.items()) if ref not in held]
+    scale = [
+        (ref, int(o["spec"]["replicas"]))
+        for ref, o in sorted(want.items())
+        if ref in held and (held[ref].get("spec") or {}).get("replicas") != o["spec"]["replicas"]
+    ]
+    delete = sorted(ref for ref in held if ref not in want)
+    return create, scale, delete
