@@ -76,10 +76,10 @@ FENCING = {
 # -- deploy/member, rendered ------------------------------------------------------------
 
 
-def rendered() -> list[dict[str, Any]]:
-    """``kubectl kustomize deploy/member``, as objects."""
+def rendered(directory: Path = MEMBER) -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/member`` (or ``directory``), as objects."""
     text = subprocess.run(
-        ["kubectl", "kustomize", str(MEMBER)], check=True, capture_output=True, text=True
+        ["kubectl", "kustomize", str(directory)], check=True, capture_output=True, text=True
     ).stdout
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
