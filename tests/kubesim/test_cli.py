@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from tests.kubesim.conftest import DEMO
@@ -143,7 +144,8 @@ def test_cluster_command_rejects_more_clusters_than_the_fleet_has(tmp_path: Path
         check=False,
     )
     assert result.returncode == 2
-    assert "the fleet has 3 cluster(s), 9 requested" in result.stderr
+    clusters = len(yaml.safe_load(DEMO.read_text())["clusters"])
+    assert f"the fleet has {clusters} cluster(s), 9 requested" in result.stderr
     assert not (tmp_path / "kubeconfig").exists()
 
 

@@ -48,7 +48,7 @@ def _ray_pod(name: str, gpus: int, duration: str | None = None) -> dict[str, Any
 def rayjob_sample() -> dict[str, Any]:
     head = _ray_pod("ray-head", 8)
     worker = _ray_pod("ray-worker", 8)
-    submitter = _ray_pod("ray-job-submitter", 0, "60s")
+    submitter = _ray_pod("ray-job-submitter", 0, "400s")
     submitter["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "500m", "memory": "200Mi"}
     submitter["spec"]["restartPolicy"] = "Never"
     for template in (head, worker):

@@ -35,7 +35,7 @@ NS = "team-a"
 
 
 def torch_distributed() -> dict[str, Any]:
-    trainer = pod_template({"cpu": "8", "memory": "64Gi"}, "60s")
+    trainer = pod_template({"cpu": "8", "memory": "64Gi"}, "400s")
     trainer["spec"]["containers"][0]["name"] = "trainer"
     trainer["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] = ISLAND
     return {
