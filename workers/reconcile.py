@@ -8,7 +8,9 @@ Order matters and is the point of this module:
    never starts beside its victims;
 2. apply queue objects (Namespace, ResourceFlavors, ClusterQueue with the
    quota the centre admitted, LocalQueue) before the jobs that need them;
-3. dispatch new jobs;
+3. dispatch new jobs, and scale up a serving workload's member objects
+   whose admitted replicas grew (scaled down in step 1, their pods gone
+   before anything is dispatched, as a deleted job's);
 4. collect queue objects nothing uses;
 5. record: an evicted workload whose job is gone goes back to ``Pending``
    (``WorkloadRequeued``) so the cycle can admit it again; a cancelling one
@@ -22,6 +24,7 @@ read, so a concurrent change makes the commit fail and the next pass redo it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,12 +38,13 @@ from service.app.lifecycle import Status, Subject
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from workers.clusters import KINDS, Member, MemberError
-from workers.metering import Meter, admission_ids
+from workers.metering import Meter, admission_ids, ended
 from workers.plan import (
     ADMISSION_LABEL,
     GROUP_KIND,
     JOB_KINDS,
     MANAGED,
+    SERVING_JOB_KINDS,
     WORKLOAD_ANNOTATION,
     Actions,
     PlanMemo,
@@ -92,6 +96,8 @@ class Report:
     deleted: list[str] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)
     dispatched: list[str] = field(default_factory=list)
+    #: Serving member objects scaled in place: ``Kind ns/name -> n``.
+    scaled: list[str] = field(default_factory=list)
     collected: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
@@ -174,10 +180,15 @@ def reconcile(
     meter = Meter(member, engine, clock, admission_ids(actual, rows))
     if strays:
         meter.sweep(_admission_of(o) for o in actual if o.get("kind") in JOB_KINDS)
+    if actions.scale_down and _shrink(member, actions, report, delete_wait):
+        return report
     if actions.draining:
         # What the pods ran is read before they go: recorded now if they
         # have all ended, else held until they have (workers/metering.py).
-        meter.before_stop(actions.draining)
+        # A serving object's pods are not held: what its replicas ran is
+        # the centre's, by their admission and release (docs/serving.md).
+        serving = _serving_labels(actual)
+        meter.before_stop([a for a in actions.draining if a not in serving])
         _delete(member, actions, report, actual)
         running = _holding(actual, actions.draining)
         if running:
@@ -209,11 +220,16 @@ def reconcile(
                 report.waiting = [f"admission {a}" for a in still]
                 return report
     by_key = {r.key: r for r in rows}
-    if actions.dispatch:
+    if actions.dispatch or actions.scale_up:
         # A view read before a cycle preempted one of these must not start
-        # it beside its preemptor: dispatch only what is still as read.
-        current = unchanged(engine, [by_key[_workload_of(j)] for j in actions.dispatch])
+        # it beside its preemptor: dispatch (and scale up) only what is
+        # still as read.
+        up = [by_key[_workload_of(_of(actual, ref))] for ref, _ in actions.scale_up]
+        current = unchanged(engine, [*(by_key[_workload_of(j)] for j in actions.dispatch), *up])
         actions.dispatch = [j for j in actions.dispatch if _workload_of(j) in current]
+        actions.scale_up = [
+            (ref, n) for ref, n in actions.scale_up if _workload_of(_of(actual, ref)) in current
+        ]
     _carry_out(member, actions, report)
     _record(uow, actions, by_key, report, clock())
     return report
@@ -246,6 +262,46 @@ def _delete(member: Member, actions: Actions, report: Report, actual: list[dict[
             chosen = ",".join(sorted(ids[start : start + DELETE_BATCH]))
             member.delete_labelled(kind, namespace, f"{MANAGED},{ADMISSION_LABEL} in ({chosen})")
     report.deleted += [str(ref) for ref in actions.delete]
+
+
+def _of(actual: list[dict[str, Any]], ref: Ref) -> dict[str, Any]:
+    return next(o for o in actual if Ref.of(o) == ref)
+
+
+def _serving_labels(actual: list[dict[str, Any]]) -> set[str]:
+    return {_admission_of(o) for o in actual if o.get("kind") in SERVING_JOB_KINDS}
+
+
+def _shrink(member: Member, actions: Actions, report: Report, timeout: float) -> bool:
+    """Scale down the serving objects whose admitted replicas fell, and wait
+    (up to ``timeout``) until each runs no more pods than its new count
+    allows: the replicas the centre released (preempted, scaled away) stop
+    before anything is dispatched, as a deleted job's pods do. Whether some
+    are still going (the pass ends there; the next one goes on)."""
+    for ref, replicas in actions.scale_down:
+        member.scale(ref, replicas)
+        report.scaled.append(f"{ref} -> {replicas}")
+    deadline = time.monotonic() + timeout
+    while True:
+        over = _over(member, actions.shrinking)
+        if not over or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if over:
+        report.waiting = [f"admission {a}: {n} pods over" for a, n in sorted(over.items())]
+        log.info("%s: waiting for %d scale-downs", member.name, len(over))
+    return bool(over)
+
+
+def _over(member: Member, allowed: Mapping[str, int]) -> dict[str, int]:
+    """Per admission label, how many more pods than ``allowed`` still run."""
+    chosen = ",".join(sorted(allowed))
+    pods = member.pods(f"{ADMISSION_LABEL} in ({chosen})")
+    live: dict[str, int] = {}
+    for pod in pods:
+        if not ended(pod):
+            live[_admission_of(pod)] = live.get(_admission_of(pod), 0) + 1
+    return {a: live[a] - n for a, n in allowed.items() if live.get(a, 0) > n}
 
 
 def _holding(actual: list[dict[str, Any]], draining: list[str]) -> list[str]:
@@ -306,6 +362,9 @@ def _carry_out(member: Member, actions: Actions, report: Report) -> None:
                 actions.dispatch,
             )
         )
+    for ref, replicas in actions.scale_up:
+        member.scale(ref, replicas)
+        report.scaled.append(f"{ref} -> {replicas}")
     failed: MemberError | None = None
     for obj, error in zip(actions.dispatch, outcomes, strict=True):
         if error is None:

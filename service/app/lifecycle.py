@@ -56,6 +56,7 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
 )
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 CHECKPOINTED_EVENT = "WorkloadCheckpointed"
+REPLICAS_AVAILABLE_EVENT = "WorkloadReplicasAvailable"
 SCALED_EVENT = "WorkloadScaled"
 #: How much newer a checkpoint must be than the recorded one to be recorded.
 CHECKPOINT_EVERY = timedelta(minutes=1)
@@ -366,6 +367,31 @@ def run(status: Status, started_at: str, now: datetime) -> Transition:
     return Transition(RUNNING_EVENT, Status({**new, "conditions": conditions}))
 
 
+def replicas_available(
+    status: Status, cluster: str, available: int, now: datetime
+) -> Transition | None:
+    """A serving workload's replicas available on ``cluster`` (its member
+    objects' available replicas, a LeaderWorkerSet's ready groups, never
+    more than admitted there), recorded per cluster in
+    ``availableByCluster`` and summed in ``availableReplicas``. Admitted →
+    Running once every admitted replica (``replicaAdmissions``) is
+    available: its PodsReady. A serving workload never finishes by itself;
+    a count that falls (a member object lost, a replica restarting) is
+    recorded, the state kept. ``None`` when nothing changed."""
+    recorded = dict(status.raw.get("availableByCluster") or {})
+    counts = {**recorded, cluster: available} if available else dict(recorded)
+    if not available:
+        counts.pop(cluster, None)
+    total = sum(int(n) for n in counts.values())
+    new = Status({**status.raw, "availableByCluster": counts, "availableReplicas": total})
+    admitted = len(status.raw.get("replicaAdmissions") or ())
+    if status.state == ADMITTED and admitted and total >= admitted:
+        return run(new, rfc3339(now), now)
+    if counts == recorded and status.raw.get("availableReplicas", 0) == total:
+        return None
+    return Transition(REPLICAS_AVAILABLE_EVENT, new)
+
+
 def checkpoint(status: Status, at: datetime, now: datetime) -> Transition | None:
     """A running gang saved its work at ``at`` (its job's
     ``quartermaster.dev/last-checkpoint``): a preemption now destroys only
@@ -654,6 +680,7 @@ __all__ = [
     "measured_run",
     "preempt",
     "ran_entry_id",
+    "replicas_available",
     "request_cancel",
     "requeue",
     "run",

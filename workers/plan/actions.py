@@ -11,9 +11,11 @@ from workers.plan.names import (
     BACKEND_QUEUE_KINDS,
     GROUP_KIND,
     JOB_KINDS,
+    SERVING_JOB_KINDS,
     WORKLOAD_ANNOTATION,
 )
-from workers.plan.views import Actions, ClusterView, Ref
+from workers.plan.serving import pods_per_unit, units
+from workers.plan.views import Actions, ClusterView, Obj, Ref
 from workers.plan.volcano import emptied_queue, volcano_desired
 
 # -- plan ------------------------------------------------------------------------------------
@@ -77,11 +79,16 @@ def plan(
         for ref, obj in queues:
             if ref.kind == kind and not _contains(on_cluster.get(ref), obj):
                 actions.apply.append(obj)
+    by_key = {key: (ref, obj) for ref, obj, key in jobs}
     for key, job in sorted(want.jobs.items()):
         if key not in present and Ref.of(job) not in occupied:
             actions.dispatch.append(job)
             if key in want.groups:
                 actions.groups[str(Ref.of(job))] = want.groups[key]
+        elif key in by_key and job.get("kind") in SERVING_JOB_KINDS:
+            _scale(actions, *by_key[key], job)
+        if key in present and key in want.groups and volcano:
+            _regroup(actions, on_cluster, want.groups[key])
     unused = [ref for ref in refs if ref.kind in queue_kinds and ref not in want.queues]
     if volcano:
         # Volcano deletes only a Closed Queue (its webhook refuses the rest),
@@ -104,6 +111,32 @@ def plan(
             and workload.spec.get("active", True) is not False  # deactivated: stays Evicted
         ):
             actions.requeue.append(workload.key)
-        elif workload.state == "Cancelling" and workload.admission.get("cluster") == view.cluster:
+        elif workload.state == "Cancelling" and (
+            workload.admission.get("cluster") == view.cluster or units(workload, view.cluster)
+        ):
             actions.cancelled.append(workload.key)
     return actions
+
+
+def _scale(actions: Actions, ref: Ref, held: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
+    """A serving member object the member holds, scaled in place to the
+    count the centre admitted there (never deleted and made again: its
+    running replicas stay)."""
+    if (held.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    have = (held.get("spec") or {}).get("replicas")
+    want = int(wanted["spec"]["replicas"])
+    if have == want:
+        return
+    if isinstance(have, int) and want < have:
+        actions.scale_down.append((ref, want))
+        actions.shrinking[_job_key(held)[1]] = want * pods_per_unit(held)
+    else:
+        actions.scale_up.append((ref, want))
+
+
+def _regroup(actions: Actions, on_cluster: Mapping[Ref, Any], group: Obj) -> None:
+    """A serving object's PodGroup, applied again when what it holds changed
+    (its replicas scaled: ``minResources`` follows the centre's count)."""
+    if not _contains(on_cluster.get(Ref.of(group)), group):
+        actions.apply.append(group)

@@ -34,6 +34,16 @@ from workers.plan.queues import (
     unambiguous,
     use_of,
 )
+from workers.plan.serving import (
+    UNITS_RUN,
+    admission_label,
+    is_serving,
+    member_object,
+    parts,
+    selectors,
+    unit_view,
+    units,
+)
 from workers.plan.views import ClusterView, Obj, Ref, WorkloadView
 
 
@@ -169,6 +179,9 @@ def desired(
     pass built every in-flight gang's job to dispatch a few). ``memo``: what
     the last pass over this cluster worked out, reused and renewed."""
     out = Desired()
+    #: Serving workloads whose member objects are planned (once each, in
+    #: the generation of the first of their replicas met).
+    served: set[str] = set()
     for central, admitted in sorted(admitted_here(view, out, memo).items()):
         spec = view.cluster_queues.get(central) or {}
         for generation, (entries, member) in enumerate(_generations(view, spec, admitted)):
@@ -179,7 +192,7 @@ def desired(
                 ref = Ref("ResourceFlavor", "", name)
                 if ref not in out.queues:
                     out.queues[ref] = member_flavor(view, name, placed)
-            _jobs(out, entries, cq, generation, held)
+            _jobs(out, entries, cq, generation, held, view, served)
     if view.cluster_uid:
         for obj in (*out.namespaces.values(), *out.queues.values(), *out.jobs.values()):
             obj["metadata"]["labels"][CLUSTER_UID_LABEL] = view.cluster_uid
@@ -212,6 +225,14 @@ def admitted_here(
     entries: dict[tuple[str, int], Admitted] = {}
     priorities: set[int] = set()
     for workload in view.workloads:
+        if is_serving(workload):
+            replicas = _replicas(view, workload, placements)
+            for unit in replicas:
+                central = str(unit.workload.admission["clusterQueue"])
+                by_queue.setdefault(central, []).append(unit)
+            if replicas:
+                _note(out, workload, priorities, priority_class)
+            continue
         if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
             continue
         central = str(workload.admission["clusterQueue"])
@@ -223,20 +244,52 @@ def admitted_here(
             entry = known if known is not None else _admitted(view, workload, placements)
             entries[stamp] = entry
         by_queue.setdefault(central, []).append(Admitted(workload, entry.uses, entry.selectors))
-        if workload.namespace not in out.namespaces:
-            out.namespaces[workload.namespace] = {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": workload.namespace, "labels": managed_labels()},
-            }
-        priority = priority_of(workload)
-        if priority not in priorities:
-            priorities.add(priority)
-            ref, obj = priority_class(priority)
-            out.queues[ref] = obj
+        _note(out, workload, priorities, priority_class)
     if memo is not None:
         memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries))
     return by_queue
+
+
+def _replicas(view: ClusterView, workload: WorkloadView, placements: Placements) -> list[Admitted]:
+    """A serving workload's replicas admitted here, each as a gang of its
+    own (its uses raise the member queue's quota as a gang's do); none
+    once it stops (cancelled, evicted, finished)."""
+    if workload.state not in UNITS_RUN:
+        return []
+    return [
+        _admitted(view, unit_view(workload, entry), placements)
+        for entry in units(workload, view.cluster)
+        if (entry.get("admission") or {}).get("clusterQueue")
+    ]
+
+
+def _note(
+    out: Desired,
+    workload: WorkloadView,
+    priorities: set[int],
+    priority_class: Callable[[int], tuple[Ref, Obj]],
+) -> None:
+    """The Namespace and the priority class an admitted workload needs here."""
+    if workload.namespace not in out.namespaces:
+        out.namespaces[workload.namespace] = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": workload.namespace, "labels": managed_labels()},
+        }
+    priority = priority_of(workload)
+    if priority not in priorities:
+        priorities.add(priority)
+        ref, obj = priority_class(priority)
+        out.queues[ref] = obj
+
+
+def serving_objects(view: ClusterView, workload: WorkloadView, queue: str) -> dict[str, Obj]:
+    """The member objects of a serving workload here, by admission label:
+    one per placement of its admitted replicas (workers/plan/serving.py)."""
+    return {
+        admission_label(workload, part.key): member_object(part, queue, selectors(view, part))
+        for part in parts(workload, view.cluster)
+    }
 
 
 def _jobs(
@@ -245,9 +298,13 @@ def _jobs(
     cq: str,
     generation: int,
     held: Set[tuple[str, str]],
+    view: ClusterView | None = None,
+    served: set[str] | None = None,
 ) -> None:
     """The LocalQueues and the jobs of ``entries``, admitted through member
-    ClusterQueue ``cq``: jobs the member holds only noted."""
+    ClusterQueue ``cq``: jobs the member holds only noted. A serving
+    workload's replicas make its member objects, always built (the count
+    they carry is what scaling compares)."""
     #: A (namespace, central LocalQueue)'s member LocalQueue, once decided.
     queues: dict[tuple[str, str], str] = {}
     for entry in entries:
@@ -269,6 +326,12 @@ def _jobs(
                     "spec": {"clusterQueue": cq},
                 },
             )
+        if is_serving(workload):
+            if view is not None and served is not None and workload.key not in served:
+                served.add(workload.key)
+                for label, obj in serving_objects(view, workload, queue).items():
+                    out.jobs[(workload.key, label)] = obj
+            continue
         admission = admission_id(workload)
         if (workload.key, admission) in held:
             out.held.add((workload.key, admission))

@@ -30,9 +30,12 @@ UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SIM_ANNOTATIONS = ("quartermaster.dev/sim-duration", "quartermaster.dev/sim-exit")
+#: The serving kinds, run as one member object per placement of their
+#: admitted replicas (workers/plan/serving.py), scaled in place.
+SERVING_JOB_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 #: What the workers apply to members; a workload of another kind is never
 #: admitted (service/app/admission/snapshot.py holds it pending).
-JOB_KINDS = MEMBER_JOB_KINDS
+JOB_KINDS = tuple(dict.fromkeys((*MEMBER_JOB_KINDS, *SERVING_JOB_KINDS)))
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Deletion order (applied in reverse).
 QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass")
@@ -54,6 +57,9 @@ API_VERSIONS = {
     "WorkloadPriorityClass": "kueue.x-k8s.io/v1beta2",
     "Job": "batch/v1",
     "JobSet": "jobset.x-k8s.io/v1alpha2",
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
     "Queue": "scheduling.volcano.sh/v1beta1",
     "PodGroup": "scheduling.volcano.sh/v1beta1",
     "PriorityClass": "scheduling.k8s.io/v1",

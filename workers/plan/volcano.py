@@ -48,6 +48,15 @@ from workers.plan.names import (
     workload_label,
 )
 from workers.plan.queues import Desired
+from workers.plan.serving import (
+    admission_label,
+    is_serving,
+    member_object,
+    parts,
+    placement,
+    pods_per_unit,
+    selectors,
+)
 from workers.plan.views import ClusterView, Obj, Ref, WorkloadView
 
 #: The network topology of a gang placed in one island: inside one tier-1
@@ -184,6 +193,10 @@ def _island(workload: WorkloadView) -> str | None:
     return next(iter(islands)) if asked and len(islands) == 1 else None
 
 
+def _placement_of(entry: Admitted) -> str:
+    return placement(entry.workload.admission)
+
+
 def _pods(workload: WorkloadView) -> int:
     return sum(int(a.get("count") or 0) for a in workload.admission.get("podSetAssignments") or ())
 
@@ -289,6 +302,39 @@ def volcano_job(view: ClusterView, entry: Admitted, group: str, admission: str) 
     return job
 
 
+def _serving(
+    out: Desired, view: ClusterView, workload: WorkloadView, queue: str, entries: Sequence[Admitted]
+) -> None:
+    """A serving workload's member objects on a Volcano member, each with a
+    PodGroup of its own: ``minMember`` one replica's pods (a replica, a
+    LeaderWorkerSet group, starts whole; the rest join one by one as the
+    object scales), ``minResources`` what the centre reserved for the
+    replicas admitted to that placement (``entries``: every replica of
+    the workload here, by the placement it shares)."""
+    for part in parts(workload, view.cluster):
+        label = admission_label(workload, part.key)
+        obj = member_object(part, "", selectors(view, part))
+        for key in (QUEUE_LABEL, PRIORITY_LABEL):
+            obj["metadata"]["labels"].pop(key, None)
+        placed = [e for e in entries if _placement_of(e) == part.key]
+        if not placed:
+            continue
+        group = pod_group(placed[0], queue, label)
+        group["metadata"]["name"] = obj["metadata"]["name"]
+        group["spec"]["minMember"] = pods_per_unit(obj)
+        usage = _usage(placed)
+        group["spec"]["minResources"] = {r: format_amount(r, a) for r, a in sorted(usage.items())}
+        for template in job_pod_templates(obj)[0]:
+            pod = template.template
+            if isinstance(pod, dict):
+                meta = pod["metadata"] = dict(pod.get("metadata") or {})
+                group_name = {GROUP_NAME_ANNOTATION: obj["metadata"]["name"]}
+                meta["annotations"] = {**(meta.get("annotations") or {}), **group_name}
+                pod["spec"] = {**(pod.get("spec") or {}), "schedulerName": VOLCANO_SCHEDULER}
+        out.jobs[(workload.key, label)] = obj
+        out.groups[(workload.key, label)] = group
+
+
 def volcano_desired(
     view: ClusterView, held: Set[tuple[str, str]] = frozenset(), memo: PlanMemo | None = None
 ) -> Desired:
@@ -299,7 +345,11 @@ def volcano_desired(
         name = queue_name(central)
         spec = view.cluster_queues.get(central) or {}
         out.queues[Ref("Queue", "", name)] = member_queue(name, spec, entries)
+        replicas: dict[str, list[Admitted]] = {}
         for entry in entries:
+            if is_serving(entry.workload):
+                replicas.setdefault(entry.workload.key, []).append(entry)
+                continue
             admission = admission_id(entry.workload)
             key = (entry.workload.key, admission)
             if key in held:
@@ -308,6 +358,8 @@ def volcano_desired(
             group = pod_group(entry, name, admission)
             out.groups[key] = group
             out.jobs[key] = volcano_job(view, entry, group["metadata"]["name"], admission)
+        for placed in replicas.values():
+            _serving(out, view, placed[0].workload, name, placed)
     if view.cluster_uid:
         for obj in (
             *out.namespaces.values(),
