@@ -44,6 +44,7 @@ from workers.plan import (
     GROUP_KIND,
     JOB_KINDS,
     MANAGED,
+    RUN_KINDS,
     SERVING_JOB_KINDS,
     WORKLOAD_ANNOTATION,
     Actions,
@@ -118,6 +119,17 @@ def _in_use(engine: Engine, cluster: str, backend: str = "kueue") -> tuple[str, 
     return (*listed(backend)[: -len(JOB_KINDS)], *job_kinds(specs))
 
 
+def _kinds(engine: Engine, row: ClusterRow, strays: bool) -> tuple[str, ...]:
+    """What a pass lists: the kinds in use, or (looking for strays) every
+    kind of ours. A cluster that was ever lost may hold jobs of gangs since
+    requeued, of any kind, that must be gone before anything new runs: all
+    are listed. The serving kinds only while a serving workload is here
+    (workers/plan/names.py)."""
+    used = _in_use(engine, row.name, row.backend)
+    every = (*listed(row.backend), *(k for k in used if k in SERVING_JOB_KINDS))
+    return every if strays or row.status.get("lost") else used
+
+
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
     """Every object of ours on the member cluster. One that another object
     controls is that owner's, not a job of ours: KubeRay copies a RayJob's
@@ -163,10 +175,7 @@ def reconcile(
         report.skipped = "lost"  # sync brings it back first
         return report
     member = connect(row)
-    # A cluster that was ever lost may hold jobs of gangs since requeued, of
-    # any kind, that must be gone before anything new runs: all are listed.
-    every = listed(row.backend)
-    kinds = every if strays or row.status.get("lost") else _in_use(engine, cluster, row.backend)
+    kinds = _kinds(engine, row, strays)
     # The member is read before the centre: a view older than the listing
     # would take a job that another pass dispatched meanwhile (for a gang
     # admitted after this view was read) for a stray, delete it, and the
@@ -179,7 +188,7 @@ def reconcile(
     actions = plan(view, actual, memo)
     meter = Meter(member, engine, clock, admission_ids(actual, rows))
     if strays:
-        meter.sweep(_admission_of(o) for o in actual if o.get("kind") in JOB_KINDS)
+        meter.sweep(_admission_of(o) for o in actual if o.get("kind") in RUN_KINDS)
     if actions.scale_down and _shrink(member, actions, report, delete_wait):
         return report
     if actions.draining:
@@ -198,7 +207,7 @@ def reconcile(
             jobs = [
                 Ref.of(o)
                 for o in actual
-                if o.get("kind") in JOB_KINDS and _admission_of(o) in running
+                if o.get("kind") in RUN_KINDS and _admission_of(o) in running
             ]
             gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
             ids = sorted(a for a in running if a)  # a stray job may have none
@@ -313,7 +322,7 @@ def _holding(actual: list[dict[str, Any]], draining: list[str]) -> list[str]:
     succeeded = {
         _admission_of(o)
         for o in actual
-        if o.get("kind") in JOB_KINDS and member_status(o, None)["phase"] == "Succeeded"
+        if o.get("kind") in RUN_KINDS and member_status(o, None)["phase"] == "Succeeded"
     }
     return [a for a in draining if not a or a not in succeeded]
 

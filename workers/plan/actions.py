@@ -10,7 +10,7 @@ from workers.plan.names import (
     ADMISSION_LABEL,
     BACKEND_QUEUE_KINDS,
     GROUP_KIND,
-    JOB_KINDS,
+    RUN_KINDS,
     SERVING_JOB_KINDS,
     WORKLOAD_ANNOTATION,
 )
@@ -52,7 +52,7 @@ def plan(
     ``memo``: as for :func:`desired`."""
     actions = Actions()
     refs = [Ref.of(o) for o in actual]
-    jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in JOB_KINDS]
+    jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in RUN_KINDS]
     present = {key for _, _, key in jobs}
     volcano = view.backend == "volcano"
     want = (volcano_desired if volcano else desired)(view, present, memo)

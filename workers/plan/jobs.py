@@ -13,10 +13,10 @@ from workers.plan.names import (
     ADMISSION_ID_ANNOTATION,
     ADMISSION_LABEL,
     API_VERSIONS,
-    JOB_KINDS,
     PRIORITY_ANNOTATION,
     PRIORITY_LABEL,
     QUEUE_LABEL,
+    RUN_KINDS,
     SIM_ANNOTATIONS,
     UID_ANNOTATION,
     USAGE_FINALIZER,
@@ -97,11 +97,11 @@ def job_kinds(specs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
         source = spec.get("job")
         if isinstance(source, Mapping) and job_kind(source) == VOLCANO_JOB:
             used.add("JobSet")
-        elif isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+        elif isinstance(source, Mapping) and source.get("kind") in RUN_KINDS:
             used.add(str(source["kind"]))
         elif len(list(spec.get("podSets") or ())) != 1:
             used.add("JobSet")
-    return tuple(k for k in JOB_KINDS if k in used)
+    return tuple(k for k in RUN_KINDS if k in used)
 
 
 def member_job(
@@ -143,7 +143,7 @@ def member_job(
             for name, template in _templates(dict(source))
         }
         return volcano_jobset(source, meta, pinned)
-    if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+    if isinstance(source, Mapping) and source.get("kind") in RUN_KINDS:
         job = copy.deepcopy(dict(source))
         original = job.get("metadata") or {}
         meta["labels"] = {**(original.get("labels") or {}), **meta["labels"]}
