@@ -126,17 +126,27 @@ def _kinds(engine: Engine, row: ClusterRow, strays: bool) -> tuple[str, ...]:
     are listed. The serving kinds only while a serving workload is here
     (workers/plan/names.py)."""
     used = _in_use(engine, row.name, row.backend)
+    if row.status.get("lost"):
+        return (*listed(row.backend), *SERVING_JOB_KINDS)
     every = (*listed(row.backend), *(k for k in used if k in SERVING_JOB_KINDS))
-    return every if strays or row.status.get("lost") else used
+    return every if strays else used
 
 
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
     """Every object of ours on the member cluster. One that another object
     controls is that owner's, not a job of ours: KubeRay copies a RayJob's
-    labels to the RayCluster it makes, which is no stray."""
+    labels to the RayCluster it makes, which is no stray. A serving kind
+    the workers' role may not list (403) holds none of ours: the role that
+    would have created them is the same."""
     out: list[dict[str, Any]] = []
     for kind in kinds:
-        out += [o for o in member.list_objects(kind, MANAGED) if not _controlled(o)]
+        try:
+            found = member.list_objects(kind, MANAGED)
+        except MemberError as error:
+            if kind not in SERVING_JOB_KINDS or error.status != 403:
+                raise
+            continue
+        out += [o for o in found if not _controlled(o)]
     return out
 
 

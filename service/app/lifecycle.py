@@ -58,6 +58,8 @@ CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 CHECKPOINTED_EVENT = "WorkloadCheckpointed"
 REPLICAS_AVAILABLE_EVENT = "WorkloadReplicasAvailable"
 SCALED_EVENT = "WorkloadScaled"
+#: A serving workload's per-replica admissions (docs/serving.md).
+REPLICA_ADMISSIONS = "replicaAdmissions"
 #: How much newer a checkpoint must be than the recorded one to be recorded.
 CHECKPOINT_EVERY = timedelta(minutes=1)
 SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
@@ -616,6 +618,8 @@ def lose_cluster(
     usage closed, and what it ran there estimated from ``seen``), a
     cancelling one is Cancelled, one evicted from it and waiting for its
     job's removal is requeued; ``None`` if it has nothing there."""
+    if isinstance(status.raw.get(REPLICA_ADMISSIONS), list):
+        return _lose_replicas(subject, status, cluster, reason, message, now)
     here = status.cluster == cluster and status.holds
     evicted_here = (
         status.state == EVICTED and (status.raw.get("eviction") or {}).get("cluster") == cluster
@@ -642,6 +646,54 @@ def lose_cluster(
         released=amounts(admission),
     )
     return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now), also=also)
+
+
+def _lose_replicas(
+    subject: Subject, status: Status, cluster: str, reason: str, message: str, now: datetime
+) -> Transition | None:
+    """``cluster`` is lost or deleted: a serving workload's replicas admitted
+    there are released, each its own close (its id the replica's
+    admission's), and wait again as pending replicas; the replicas
+    elsewhere keep running. Pending once none is left; a cancelling one
+    with none left is Cancelled. ``None`` if it has none there."""
+    replicas = list(status.raw.get(REPLICA_ADMISSIONS) or ())
+    lost = [r for r in replicas if (r.get("admission") or {}).get("cluster") == cluster]
+    if not lost or status.state in (FINISHED, CANCELLED, EVICTED):
+        return None
+    kept = [r for r in replicas if r not in lost]
+    cancelling = status.state == CANCELLING
+    closes = [
+        ledger.new_entry(
+            ledger.WorkloadEvicted(
+                **subject.names(str(admission.get("clusterQueue"))),
+                cluster=cluster,
+                reason=reason,
+                message=message,
+                requeued=not cancelling,
+                released=amounts(admission),
+            ),
+            closing_entry_id(subject.uid, admission),
+            now,
+        )
+        for admission in (r.get("admission") or {} for r in lost)
+    ]
+    counts = {c: n for c, n in (status.raw.get("availableByCluster") or {}).items() if c != cluster}
+    new = {
+        **status.raw,
+        REPLICA_ADMISSIONS: kept,
+        "admittedReplicas": len(kept),
+        "availableByCluster": counts,
+        "availableReplicas": sum(int(n) for n in counts.values()),
+        "conditions": set_condition(status.conditions, "Requeued", "True", reason, message, now),
+    }
+    event = REQUEUED_EVENT
+    if not kept and cancelling:
+        new.update(state=CANCELLED, finishedAt=rfc3339(now))
+        event = CANCELLED_EVENT
+    elif not kept:
+        new = {k: v for k, v in new.items() if k != "podsReady"}
+        new.update(state=PENDING, queuedAt=rfc3339(now))
+    return Transition(event, Status(new), closes[0], also=tuple(closes[1:]))
 
 
 # --- back to the queue ----------------------------------------------------------------------

@@ -26,7 +26,8 @@ from sim.kubesim.testing import RunningCluster
 from tests.floor.test_workload_kinds import deployment, pod, vllm_lws
 from tests.waiting import LONG_CEILING, wait_for
 from tests.workers.conftest import ADMIN, GPU, workload_status
-from tests.workers.members import ISLAND, members, scheduling, settings, setup_central
+from tests.workers.members import ISLAND, ledger, members, scheduling, settings, setup_central
+from workers.clusters import MemberError
 from workers.fleet import Connector, reconcile_once, sync_once
 from workers.outbox import Send
 from workers.records import append_workload
@@ -124,19 +125,27 @@ def _admit(engine: sa.Engine, name: str, units: list[Obj]) -> None:
 
 @contextmanager
 def _member(
-    tmp_path: Path, services: Services, database_url: str, broker: str, **kw: Any
+    tmp_path: Path,
+    services: Services,
+    database_url: str,
+    broker: str,
+    lease: float = 60.0,
+    **kw: Any,
 ) -> Iterator[tuple[RunningCluster, Callable[[], None]]]:
     """A stand-in member ``c1`` registered centrally, and one pass over it
     (sync, reconcile, sync), as the fleet loop runs them."""
     with members(tmp_path, **kw) as (c1,):
         _setup(services, c1)
-        config: WorkerSettings = settings(database_url, broker)
+        config: WorkerSettings = settings(database_url, broker, cluster_lease=lease)
         connect = Connector(config)
         engine = services.engine
 
         def one_pass() -> None:
             sync_once(engine, "c1", connect, config, _clock)
-            reconcile_once(engine, "c1", connect, config, _clock)
+            try:
+                reconcile_once(engine, "c1", connect, config, _clock)
+            except MemberError:
+                return  # unreachable: the fleet loop tries again, as here
             sync_once(engine, "c1", connect, config, _clock)
 
         yield c1, one_pass
@@ -151,6 +160,16 @@ def _islands(c1: RunningCluster) -> list[str]:
 def _deployments(c1: RunningCluster) -> list[Any]:
     with c1.api_client() as client:
         return list(kubernetes.client.AppsV1Api(client).list_namespaced_deployment(NS).items)
+
+
+def _stored(c1: RunningCluster) -> list[Obj]:
+    """The Deployments in the stand-in's store (no HTTP: it may be partitioned)."""
+
+    def read() -> list[Obj]:
+        resource = c1.cluster.core.for_kind("apps/v1", "Deployment")
+        return [dict(o) for o in c1.cluster.store.items(resource.rtype)]
+
+    return c1.run(read)
 
 
 def _lws(c1: RunningCluster) -> list[Obj]:
@@ -394,6 +413,40 @@ def test_a_deployment_on_a_volcano_member_runs_under_its_podgroup(
             "the workload Running",
             lambda: workload_status(engine, NS, name),
         )
+
+
+def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(
+    services: Services, database_url: str, broker: str, tmp_path: Path
+) -> None:
+    engine = services.engine
+    with _member(tmp_path, services, database_url, broker, lease=2.0) as (c1, one_pass):
+        one_pass()
+        name, pod_sets = _submit(services, _served(deployment()))
+        island = _islands(c1)[0]
+        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(2)])
+        _until(
+            one_pass,
+            lambda: workload_status(engine, NS, name)["state"] == "Running",
+            "the workload Running",
+            lambda: workload_status(engine, NS, name),
+        )
+        c1.partition()
+        lost = _until(
+            one_pass,
+            lambda: (s := workload_status(engine, NS, name))["state"] == "Pending" and s,
+            "its replicas released with c1",
+            lambda: workload_status(engine, NS, name),
+        )
+        assert lost["replicaAdmissions"] == [] and lost["admittedReplicas"] == 0
+        assert lost["availableReplicas"] == 0 and lost["availableByCluster"] == {}
+        evicted = ledger(engine, "workload.evicted")
+        assert [(e["workload"], e["reason"]) for e in evicted] == [(name, "ClusterLost")] * 2
+        assert all(e["released"]["h100"][GPU] == 1 for e in evicted), evicted
+        (cluster_lost,) = ledger(engine, "cluster.lost")
+        assert cluster_lost["requeued"] == [f"{NS}/{name}"]
+        assert len(_stored(c1)) == 1  # unreachable: still there
+        c1.heal()
+        _until(one_pass, lambda: not _deployments(c1), "the stale Deployment removed", _deployments)
 
 
 @pytest.mark.skip(reason="needs the centre's replica units")
