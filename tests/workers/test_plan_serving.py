@@ -294,3 +294,25 @@ def test_a_volcano_member_gets_a_podgroup_per_object_one_replica_at_least() -> N
             == (group["metadata"]["name"])
         )
     assert QUEUE_LABEL not in obj["metadata"]["labels"]
+
+
+def test_a_volcano_members_hypernode_island_pins_serving_pods_by_hostname() -> None:
+    web = workload(deployment(2), [replica(0, "hn-a"), replica(1, "hn-a")])
+    view = ClusterView(
+        "c1",
+        [web],
+        FLAVORS,
+        TOPOLOGIES,
+        {"serve": CQ},
+        backend="volcano",
+        hyper_islands={"hn-a": ("node-1", "node-2")},
+    )
+    (obj,) = desired_volcano(view).jobs.values()
+    spec = obj["spec"]["template"]["spec"]
+    assert ISLAND not in spec["nodeSelector"]  # no such label: the HyperNode's nodes instead
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-1", "node-2"]}
+    ]

@@ -413,6 +413,23 @@ def test_a_deployment_on_a_volcano_member_runs_under_its_podgroup(
             "the workload Running",
             lambda: workload_status(engine, NS, name),
         )
+        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(4)])
+        four = _until(
+            one_pass,
+            lambda: (
+                len(d := _deployments(c1)) == 1
+                and (d[0].status.available_replicas or 0) == 4
+                and d[0]
+            ),
+            "scaled to 4 on the Volcano member",
+            _deployments,
+        )
+        assert four.metadata.uid == found.metadata.uid
+        with c1.api_client() as client:
+            (group,) = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
+                "scheduling.volcano.sh", "v1beta1", NS, "podgroups"
+            )["items"]
+        assert group["spec"]["minResources"][GPU] == "4"
 
 
 def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(

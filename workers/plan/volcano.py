@@ -281,10 +281,18 @@ def volcano_job(view: ClusterView, entry: Admitted, group: str, admission: str) 
     scheduled by ``volcano`` as members of ``group``; without Kueue's queue
     and priority labels, which nothing reads there."""
     job = member_job(entry.workload, "", entry.selectors, admission)
+    _by_volcano(view, job, entry.workload, group)
+    return job
+
+
+def _by_volcano(view: ClusterView, job: Obj, workload: WorkloadView, group: str) -> None:
+    """``job``'s pods scheduled by ``volcano`` as members of ``group``,
+    pinned by hostname where ``workload``'s admitted island is a tier-1
+    HyperNode; without Kueue's queue and priority labels."""
     labels = job["metadata"]["labels"]
     for key in (QUEUE_LABEL, PRIORITY_LABEL):
         labels.pop(key, None)
-    pins = _hyper_pins(view, entry.workload) if view.hyper_islands else {}
+    pins = _hyper_pins(view, workload) if view.hyper_islands else {}
     keys = _island_keys(view) if pins else set()
     found, _ = job_pod_templates(job)
     # One template and one pin: the same pod set, whatever the template is called.
@@ -299,7 +307,6 @@ def volcano_job(view: ClusterView, entry: Admitted, group: str, admission: str) 
         nodes = pins.get(template.name) or only
         if nodes:
             _pin_to_nodes(pod["spec"], keys, nodes)
-    return job
 
 
 def _serving(
@@ -314,8 +321,6 @@ def _serving(
     for part in parts(workload, view.cluster):
         label = admission_label(workload, part.key)
         obj = member_object(part, "", selectors(view, part))
-        for key in (QUEUE_LABEL, PRIORITY_LABEL):
-            obj["metadata"]["labels"].pop(key, None)
         placed = [e for e in entries if _placement_of(e) == part.key]
         if not placed:
             continue
@@ -324,13 +329,7 @@ def _serving(
         group["spec"]["minMember"] = pods_per_unit(obj)
         usage = _usage(placed)
         group["spec"]["minResources"] = {r: format_amount(r, a) for r, a in sorted(usage.items())}
-        for template in job_pod_templates(obj)[0]:
-            pod = template.template
-            if isinstance(pod, dict):
-                meta = pod["metadata"] = dict(pod.get("metadata") or {})
-                group_name = {GROUP_NAME_ANNOTATION: obj["metadata"]["name"]}
-                meta["annotations"] = {**(meta.get("annotations") or {}), **group_name}
-                pod["spec"] = {**(pod.get("spec") or {}), "schedulerName": VOLCANO_SCHEDULER}
+        _by_volcano(view, obj, placed[0].workload, obj["metadata"]["name"])
         out.jobs[(workload.key, label)] = obj
         out.groups[(workload.key, label)] = group
 
