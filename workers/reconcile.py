@@ -413,7 +413,7 @@ def _record(
         _apply(uow, rows[key], lifecycle.requeue(Status(rows[key].status), now), now)
         report.requeued.append(key)
     for key, message in report.refused.items():
-        _refuse(uow, rows[key], message, now)
+        _refuse(uow, rows[key], message, now, report.cluster)
     for key in actions.cancelled:
         # Its job is gone from the member: the usage it held closes now.
         row = rows[key]
@@ -431,9 +431,17 @@ def _apply(uow: SqlUnitOfWork, row: Any, change: lifecycle.Transition, now: date
     append(uow, stream, row.version, change.event, data, ACTOR, now, change.entries)
 
 
-def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime) -> None:
+def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime, here: str) -> None:
     """Evicted and deactivated: its quota released, never admitted again
-    until someone fixes and reactivates it."""
+    until someone fixes and reactivates it. A serving workload's every
+    replica is released (the manifest its other objects run is the same)."""
+    if isinstance(row.status.get(lifecycle.REPLICA_ADMISSIONS), list):
+        words = f"cluster {here} refused the object: {message}"
+        refused = lifecycle.refuse_replicas(
+            Subject.of(row), Status(row.status), here, words, now, row.spec
+        )
+        _apply(uow, row, refused, now)
+        return
     cluster = Status(row.status).cluster
     change = lifecycle.evict(
         Subject.of(row),

@@ -550,6 +550,39 @@ def evict(
     return Transition(EVICTED_EVENT, Status(new), _close(subject, status, body, now), new_spec)
 
 
+def refuse_replicas(
+    subject: Subject,
+    status: Status,
+    cluster: str,
+    message: str,
+    now: datetime,
+    spec: Mapping[str, Any],
+) -> Transition:
+    """A member refused a serving workload's object (invalid there, its kind
+    not installed): every replica released (each its own close, as
+    :func:`_released`), the workload Evicted from ``cluster`` and
+    deactivated, as a refused gang is (:func:`evict`): asking again will not
+    help until someone fixes and reactivates it."""
+    replicas = list(status.raw.get(REPLICA_ADMISSIONS) or ())
+    new, closes = _released(subject, status, replicas, "DispatchFailed", message, False, now)
+    conditions = new.get("conditions") or ()
+    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
+        conditions = set_condition(conditions, kind, value, "DispatchFailed", message, now)
+    new = {k: v for k, v in new.items() if k != "podsReady"}
+    new.update(
+        state=EVICTED,
+        conditions=conditions,
+        eviction={
+            "reason": "DispatchFailed",
+            "message": message,
+            "cluster": cluster,
+            "at": rfc3339(now),
+        },
+    )
+    entry, also = (closes[0], tuple(closes[1:])) if closes else (None, ())
+    return Transition(EVICTED_EVENT, Status(new), entry, {**spec, "active": False}, also)
+
+
 def scale(status: Status, spec: Mapping[str, Any], replicas: int, now: datetime) -> Transition:
     """A serving workload's ``spec.replicas`` (and its job's) set to
     ``replicas``: the number of replica gangs it asks admission for
@@ -648,6 +681,47 @@ def lose_cluster(
     return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now), also=also)
 
 
+def _released(
+    subject: Subject,
+    status: Status,
+    released: Sequence[Mapping[str, Any]],
+    reason: str,
+    message: str,
+    requeued: bool,
+    now: datetime,
+) -> tuple[Obj, list[NewLedgerEntry]]:
+    """A serving workload's status without the replicas ``released`` (and
+    without its available count in the clusters left with none), and one
+    closing entry per replica, its id the replica's admission's: a second
+    release of the same replica writes nothing again."""
+    closes = [
+        ledger.new_entry(
+            ledger.WorkloadEvicted(
+                **subject.names(str(admission.get("clusterQueue"))),
+                cluster=str(admission.get("cluster")),
+                reason=reason,
+                message=message,
+                requeued=requeued,
+                released=amounts(admission),
+            ),
+            closing_entry_id(subject.uid, admission),
+            now,
+        )
+        for admission in (r.get("admission") or {} for r in released)
+    ]
+    kept = [r for r in status.raw.get(REPLICA_ADMISSIONS) or () if r not in released]
+    here = {str((r.get("admission") or {}).get("cluster")) for r in kept}
+    counts = {c: n for c, n in (status.raw.get("availableByCluster") or {}).items() if c in here}
+    new = {
+        **status.raw,
+        REPLICA_ADMISSIONS: kept,
+        "admittedReplicas": len(kept),
+        "availableByCluster": counts,
+        "availableReplicas": sum(int(n) for n in counts.values()),
+    }
+    return new, closes
+
+
 def _lose_replicas(
     subject: Subject, status: Status, cluster: str, reason: str, message: str, now: datetime
 ) -> Transition | None:
@@ -660,32 +734,10 @@ def _lose_replicas(
     lost = [r for r in replicas if (r.get("admission") or {}).get("cluster") == cluster]
     if not lost or status.state in (FINISHED, CANCELLED, EVICTED):
         return None
-    kept = [r for r in replicas if r not in lost]
     cancelling = status.state == CANCELLING
-    closes = [
-        ledger.new_entry(
-            ledger.WorkloadEvicted(
-                **subject.names(str(admission.get("clusterQueue"))),
-                cluster=cluster,
-                reason=reason,
-                message=message,
-                requeued=not cancelling,
-                released=amounts(admission),
-            ),
-            closing_entry_id(subject.uid, admission),
-            now,
-        )
-        for admission in (r.get("admission") or {} for r in lost)
-    ]
-    counts = {c: n for c, n in (status.raw.get("availableByCluster") or {}).items() if c != cluster}
-    new = {
-        **status.raw,
-        REPLICA_ADMISSIONS: kept,
-        "admittedReplicas": len(kept),
-        "availableByCluster": counts,
-        "availableReplicas": sum(int(n) for n in counts.values()),
-        "conditions": set_condition(status.conditions, "Requeued", "True", reason, message, now),
-    }
+    new, closes = _released(subject, status, lost, reason, message, not cancelling, now)
+    kept = new[REPLICA_ADMISSIONS]
+    new["conditions"] = set_condition(status.conditions, "Requeued", "True", reason, message, now)
     event = REQUEUED_EVENT
     if not kept and cancelling:
         new.update(state=CANCELLED, finishedAt=rfc3339(now))
@@ -732,6 +784,7 @@ __all__ = [
     "measured_run",
     "preempt",
     "ran_entry_id",
+    "refuse_replicas",
     "replicas_available",
     "request_cancel",
     "requeue",

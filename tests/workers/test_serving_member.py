@@ -432,6 +432,37 @@ def test_a_deployment_on_a_volcano_member_runs_under_its_podgroup(
         assert group["spec"]["minResources"][GPU] == "4"
 
 
+def test_a_deployment_the_member_refuses_releases_every_replica_and_deactivates_it(
+    services: Services, database_url: str, broker: str, tmp_path: Path
+) -> None:
+    engine = services.engine
+    with _member(tmp_path, services, database_url, broker) as (c1, one_pass):
+        one_pass()
+        web = _served(deployment())
+        web["spec"]["selector"] = {"matchLabels": {"app": "elsewhere"}}  # apps/v1 refuses it
+        name, pod_sets = _submit(services, web)
+        island = _islands(c1)[0]
+        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(2)])
+        refused = _until(
+            one_pass,
+            lambda: (s := workload_status(engine, NS, name))["state"] == "Evicted" and s,
+            "the workload Evicted",
+            lambda: workload_status(engine, NS, name),
+        )
+        assert refused["eviction"]["reason"] == "DispatchFailed"
+        assert refused["eviction"]["cluster"] == "c1"
+        assert "spec.template.metadata.labels" in refused["eviction"]["message"], refused
+        assert refused["replicaAdmissions"] == [] and refused["admittedReplicas"] == 0
+        evicted = ledger(engine, "workload.evicted")
+        assert [(e["reason"], e["requeued"]) for e in evicted] == [("DispatchFailed", False)] * 2
+        with engine.connect() as conn:
+            (row,) = workloads_by_key(conn, [(NS, name)])
+        assert row.spec["active"] is False
+        one_pass()
+        assert workload_status(engine, NS, name)["state"] == "Evicted"  # deactivated: it stays
+        assert _deployments(c1) == []
+
+
 def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(
     services: Services, database_url: str, broker: str, tmp_path: Path
 ) -> None:
