@@ -79,16 +79,16 @@ def plan(
         for ref, obj in queues:
             if ref.kind == kind and not _contains(on_cluster.get(ref), obj):
                 actions.apply.append(obj)
-    by_key = {key: (ref, obj) for ref, obj, key in jobs}
     for key, job in sorted(want.jobs.items()):
         if key not in present and Ref.of(job) not in occupied:
             actions.dispatch.append(job)
             if key in want.groups:
                 actions.groups[str(Ref.of(job))] = want.groups[key]
-        elif key in by_key and job.get("kind") in SERVING_JOB_KINDS:
-            _scale(actions, *by_key[key], job)
-        if key in present and key in want.groups and volcano:
-            _regroup(actions, on_cluster, want.groups[key])
+    for ref, obj, key in jobs:
+        if key in want.replicas and ref.kind in SERVING_JOB_KINDS:
+            _scale(actions, ref, obj, want.replicas[key])
+            if key in want.groups and volcano:
+                _regroup(actions, on_cluster, want.groups[key])
     unused = [ref for ref in refs if ref.kind in queue_kinds and ref not in want.queues]
     if volcano:
         # Volcano deletes only a Closed Queue (its webhook refuses the rest),
@@ -118,14 +118,13 @@ def plan(
     return actions
 
 
-def _scale(actions: Actions, ref: Ref, held: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
+def _scale(actions: Actions, ref: Ref, held: Mapping[str, Any], want: int) -> None:
     """A serving member object the member holds, scaled in place to the
     count the centre admitted there (never deleted and made again: its
     running replicas stay)."""
     if (held.get("metadata") or {}).get("deletionTimestamp"):
         return
     have = (held.get("spec") or {}).get("replicas")
-    want = int(wanted["spec"]["replicas"])
     if have == want:
         return
     if isinstance(have, int) and want < have:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workers.plan.jobs import member_job, priority_of
@@ -65,6 +65,8 @@ class _Kept:
     flavors: Mapping[str, Mapping[str, Any]]
     topologies: Mapping[str, Mapping[str, Any]]
     entries: Mapping[tuple[str, int], Admitted]
+    #: A serving workload's replicas here, each as a gang, by the same stamp.
+    replicas: Mapping[tuple[str, int], list[Admitted]] = field(default_factory=dict)
 
 
 class PlanMemo:
@@ -223,10 +225,16 @@ def admitted_here(
     placements: Placements = {}
     kept = memo.kept(view) if memo is not None else _Kept({}, {}, {})
     entries: dict[tuple[str, int], Admitted] = {}
+    units_kept: dict[tuple[str, int], list[Admitted]] = {}
     priorities: set[int] = set()
     for workload in view.workloads:
         if is_serving(workload):
-            replicas = _replicas(view, workload, placements)
+            stamp = (workload.uid, workload.version or 0)
+            replicas = kept.replicas.get(stamp) if workload.version is not None else None
+            if replicas is None:
+                replicas = _replicas(view, workload, placements)
+            if workload.version is not None:
+                units_kept[stamp] = replicas
             for unit in replicas:
                 central = str(unit.workload.admission["clusterQueue"])
                 by_queue.setdefault(central, []).append(unit)
@@ -246,7 +254,7 @@ def admitted_here(
         by_queue.setdefault(central, []).append(Admitted(workload, entry.uses, entry.selectors))
         _note(out, workload, priorities, priority_class)
     if memo is not None:
-        memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries))
+        memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries, units_kept))
     return by_queue
 
 
@@ -283,13 +291,24 @@ def _note(
         out.queues[ref] = obj
 
 
-def serving_objects(view: ClusterView, workload: WorkloadView, queue: str) -> dict[str, Obj]:
-    """The member objects of a serving workload here, by admission label:
-    one per placement of its admitted replicas (workers/plan/serving.py)."""
-    return {
-        admission_label(workload, part.key): member_object(part, queue, selectors(view, part))
-        for part in parts(workload, view.cluster)
-    }
+def serving_objects(
+    out: Desired,
+    view: ClusterView,
+    workload: WorkloadView,
+    queue: str,
+    held: Set[tuple[str, str]],
+) -> None:
+    """The member objects of a serving workload here, one per placement of
+    its admitted replicas (workers/plan/serving.py), and their counts; one
+    the member holds is only counted, not built (a copy of its manifest
+    was most of a pass over many)."""
+    for part in parts(workload, view.cluster):
+        key = (workload.key, admission_label(workload, part.key))
+        out.replicas[key] = part.replicas
+        if key in held:
+            out.held.add(key)
+        else:
+            out.jobs[key] = member_object(part, queue, selectors(view, part))
 
 
 def _jobs(
@@ -303,8 +322,8 @@ def _jobs(
 ) -> None:
     """The LocalQueues and the jobs of ``entries``, admitted through member
     ClusterQueue ``cq``: jobs the member holds only noted. A serving
-    workload's replicas make its member objects, always built (the count
-    they carry is what scaling compares)."""
+    workload's replicas make its member objects, with their counts (what
+    scaling compares)."""
     #: A (namespace, central LocalQueue)'s member LocalQueue, once decided.
     queues: dict[tuple[str, str], str] = {}
     for entry in entries:
@@ -329,8 +348,7 @@ def _jobs(
         if is_serving(workload):
             if view is not None and served is not None and workload.key not in served:
                 served.add(workload.key)
-                for label, obj in serving_objects(view, workload, queue).items():
-                    out.jobs[(workload.key, label)] = obj
+                serving_objects(out, view, workload, queue, held)
             continue
         admission = admission_id(workload)
         if (workload.key, admission) in held:

@@ -51,6 +51,7 @@ __all__ = [
     "available",
     "is_serving",
     "member_object",
+    "object_name",
     "parts",
     "placement",
     "pods_per_unit",
@@ -101,6 +102,12 @@ def admission_label(workload: WorkloadView, key: str) -> str:
     """The ``quartermaster.dev/admission`` label of the member object of the
     placement ``key``: the same whatever the count, so scaling finds it."""
     return f"{workload.uid[:8]}-{key}"
+
+
+def object_name(workload: WorkloadView, key: str) -> str:
+    """The member object of the placement ``key`` (and its PodGroup's, on a
+    Volcano member)."""
+    return short_name(f"{job_name(workload)}-{key}")
 
 
 def pods_per_unit(obj: Mapping[str, Any]) -> int:
@@ -210,7 +217,7 @@ def member_object(part: Part, queue: str, selectors: Mapping[str, Mapping[str, s
         }
     )
     manifest["metadata"] = {
-        "name": short_name(f"{job_name(workload)}-{part.key}"),
+        "name": object_name(workload, part.key),
         "namespace": workload.namespace,
         "labels": {**(original.get("labels") or {}), **labels},
         "annotations": {

@@ -52,6 +52,7 @@ from workers.plan.serving import (
     admission_label,
     is_serving,
     member_object,
+    object_name,
     parts,
     placement,
     pods_per_unit,
@@ -310,7 +311,12 @@ def _by_volcano(view: ClusterView, job: Obj, workload: WorkloadView, group: str)
 
 
 def _serving(
-    out: Desired, view: ClusterView, workload: WorkloadView, queue: str, entries: Sequence[Admitted]
+    out: Desired,
+    view: ClusterView,
+    workload: WorkloadView,
+    queue: str,
+    entries: Sequence[Admitted],
+    held: Set[tuple[str, str]],
 ) -> None:
     """A serving workload's member objects on a Volcano member, each with a
     PodGroup of its own: ``minMember`` one replica's pods (a replica, a
@@ -319,19 +325,24 @@ def _serving(
     replicas admitted to that placement (``entries``: every replica of
     the workload here, by the placement it shares)."""
     for part in parts(workload, view.cluster):
-        label = admission_label(workload, part.key)
-        obj = member_object(part, "", selectors(view, part))
+        key = (workload.key, admission_label(workload, part.key))
         placed = [e for e in entries if _placement_of(e) == part.key]
         if not placed:
             continue
-        group = pod_group(placed[0], queue, label)
-        group["metadata"]["name"] = obj["metadata"]["name"]
-        group["spec"]["minMember"] = pods_per_unit(obj)
+        name = object_name(workload, part.key)
+        group = pod_group(placed[0], queue, key[1])
+        group["metadata"]["name"] = name
+        group["spec"]["minMember"] = pods_per_unit(workload.spec.get("job") or {})
         usage = _usage(placed)
         group["spec"]["minResources"] = {r: format_amount(r, a) for r, a in sorted(usage.items())}
-        _by_volcano(view, obj, placed[0].workload, obj["metadata"]["name"])
-        out.jobs[(workload.key, label)] = obj
-        out.groups[(workload.key, label)] = group
+        out.groups[key] = group
+        out.replicas[key] = part.replicas
+        if key in held:
+            out.held.add(key)
+            continue
+        obj = member_object(part, "", selectors(view, part))
+        _by_volcano(view, obj, placed[0].workload, name)
+        out.jobs[key] = obj
 
 
 def volcano_desired(
@@ -358,7 +369,7 @@ def volcano_desired(
             out.groups[key] = group
             out.jobs[key] = volcano_job(view, entry, group["metadata"]["name"], admission)
         for placed in replicas.values():
-            _serving(out, view, placed[0].workload, name, placed)
+            _serving(out, view, placed[0].workload, name, placed, held)
     if view.cluster_uid:
         for obj in (
             *out.namespaces.values(),
