@@ -26,10 +26,10 @@ from sim.kubesim.testing import RunningCluster
 from tests.floor.test_workload_kinds import deployment, pod, vllm_lws
 from tests.waiting import LONG_CEILING, wait_for
 from tests.workers.conftest import ADMIN, GPU, workload_status
-from tests.workers.members import ISLAND, ledger, members, scheduling, settings, setup_central
+from tests.workers.members import ISLAND, ledger, members, settings, setup_central
+from tests.workers.stack import FAST, Stack, base_manifests, local_queue, team_queue, write_fleet
 from workers.clusters import MemberError
 from workers.fleet import Connector, reconcile_once, sync_once
-from workers.outbox import Send
 from workers.records import append_workload
 from workers.settings import WorkerSettings
 
@@ -498,31 +498,55 @@ def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(
 
 
 @pytest.mark.skip(reason="needs the centre's replica units")
-def test_a_deployment_submitted_runs_its_admitted_replicas_and_scales_in_place(
-    services: Services, database_url: str, broker: str, send: Send, tmp_path: Path
+def test_a_deployment_submitted_over_the_api_runs_and_scales_in_place(
+    engine: sa.Engine, database_url: str, broker: str, tmp_path: Path
 ) -> None:
-    """End to end once the centre admits replicas as units: submitted, the
-    admission cycle writes ``replicaAdmissions``, the fleet loop makes the
-    Deployment, sync turns it Running; a scale to 5 reaches the same object."""
-    engine = services.engine
-    with members(tmp_path) as (c1,):
-        _setup(services, c1)
-        with scheduling(engine, settings(database_url, broker), send):
-            name, _ = _submit(services, _served(deployment()))
-            wait_for(
-                lambda: workload_status(engine, NS, name)["state"] == "Running",
-                LONG_CEILING,
-                "the Deployment Running",
-                seen=lambda: workload_status(engine, NS, name),
-            )
-            (first,) = _deployments(c1)
+    """End to end through the real processes once the centre admits
+    replicas as units: a Deployment submitted over HTTP, its replicas
+    admitted (``replicaAdmissions``), made on the member by the workers,
+    read back Running; ``PATCH …/scale`` to 5 reaches the same object."""
+    serve = team_queue("serve", 8)
+    serve["spec"]["workloadClass"] = "inference"
+    manifests = [*base_manifests(), serve, local_queue(NS, "serve", "serve")]
+    with Stack(tmp_path, database_url, broker, FAST) as stack:
+        stack.start(write_fleet(tmp_path / "fleet.yaml", {"m1": (2, 2)}), 1, manifests)
+        (member,) = stack.members
+        web = _served(deployment())
+        web["metadata"]["labels"][QUEUE] = "serve"
+        with stack.client() as api:
+            created = api.post(f"/v1/namespaces/{NS}/workloads", json=web)
+            assert created.status_code == 201, created.text
+            name = str(web["metadata"]["name"])
+
+            def state() -> dict[str, Any]:
+                return workload_status(engine, NS, name)
+
+            try:
+                wait_for(lambda: state()["state"] == "Running", LONG_CEILING, "Running", seen=state)
+            except AssertionError as error:
+                raise AssertionError(f"{error}\n{stack.logs()}") from None
+            assert state()["admittedReplicas"] == 3 and state()["availableReplicas"] == 3
+            (first,) = _deployments_of(stack, member)
             assert first.spec.replicas == 3
-            services.submissions.scale(ADMIN, NS, name, {"spec": {"replicas": 5}})
-            wait_for(
-                lambda: (d := _deployments(c1)) and d[0].spec.replicas == 5 and _available(d[0]),
-                LONG_CEILING,
-                "scaled to 5",
-                seen=lambda: _deployments(c1),
+            scaled = api.patch(
+                f"/v1/namespaces/{NS}/workloads/{name}/scale",
+                json={"spec": {"replicas": 5}},
+                headers={"Content-Type": "application/json"},
             )
-            assert _deployments(c1)[0].metadata.uid == first.metadata.uid
-            assert workload_status(engine, NS, name)["availableReplicas"] == 5
+            assert scaled.status_code == 200, scaled.text
+            wait_for(
+                lambda: state().get("availableReplicas") == 5,
+                LONG_CEILING,
+                "5 replicas available",
+                seen=state,
+            )
+            (after,) = _deployments_of(stack, member)
+            assert after.metadata.uid == first.metadata.uid and after.spec.replicas == 5
+
+
+def _deployments_of(stack: Stack, member: Any) -> list[Any]:
+    """A Stack member's Deployments in ``serve``, through the official client."""
+    with kubernetes.config.new_client_from_config(
+        config_file=str(stack.kubeconfig), context=member.name
+    ) as client:
+        return list(kubernetes.client.AppsV1Api(client).list_namespaced_deployment(NS).items)
