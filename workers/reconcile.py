@@ -415,9 +415,16 @@ def _record(
     for key, message in report.refused.items():
         _refuse(uow, rows[key], message, now, report.cluster)
     for key in actions.cancelled:
-        # Its job is gone from the member: the usage it held closes now.
+        # Its job is gone from the member: the usage it held closes now (a
+        # serving workload's replicas here: each its own close).
         row = rows[key]
-        _apply(uow, row, lifecycle.cancelled(Subject.of(row), Status(row.status), now), now)
+        if isinstance(row.status.get(lifecycle.REPLICA_ADMISSIONS), list):
+            change = lifecycle.cancel_replicas(
+                Subject.of(row), Status(row.status), report.cluster, now
+            )
+        else:
+            change = lifecycle.cancelled(Subject.of(row), Status(row.status), now)
+        _apply(uow, row, change, now)
         report.cancelled.append(key)
 
 

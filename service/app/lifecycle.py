@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -638,6 +638,40 @@ def cancelled(subject: Subject, status: Status, now: datetime, message: str = ""
     return Transition(CANCELLED_EVENT, Status(new), _close(subject, status, body, now))
 
 
+def cancel_replicas(subject: Subject, status: Status, cluster: str, now: datetime) -> Transition:
+    """A cancelling serving workload's objects are gone from ``cluster``: its
+    replicas there close, each a ``cancelled`` finish of its own run (from
+    its admission); Cancelled once none is left anywhere, else still
+    Cancelling while another member removes its objects."""
+    here = [
+        r
+        for r in status.raw.get(REPLICA_ADMISSIONS) or ()
+        if (r.get("admission") or {}).get("cluster") == cluster
+    ]
+
+    def finished(replica: Mapping[str, Any]) -> ledger.Body:
+        admission = replica.get("admission") or {}
+        started = min(parse_time(replica.get("admittedAt")) or now, now)
+        consumed, gpu, cpu, memory = _consumed(amounts(admission), started, now)
+        return ledger.WorkloadFinished(
+            **subject.names(str(admission.get("clusterQueue"))),
+            cluster=cluster,
+            outcome="cancelled",
+            started_at=started,
+            finished_at=now,
+            consumed=consumed,
+            gpu_seconds=gpu,
+            cpu_seconds=cpu,
+            memory_gib_seconds=memory,
+        )
+
+    new, closes = _without(subject, status, here, finished, now)
+    if not new[REPLICA_ADMISSIONS]:
+        new.update(state=CANCELLED, finishedAt=rfc3339(now))
+    entry, also = (closes[0], tuple(closes[1:])) if closes else (None, ())
+    return Transition(CANCELLED_EVENT, Status(new), entry, also=also)
+
+
 def lose_cluster(
     subject: Subject,
     status: Status,
@@ -692,22 +726,34 @@ def _released(
 ) -> tuple[Obj, list[NewLedgerEntry]]:
     """A serving workload's status without the replicas ``released`` (and
     without its available count in the clusters left with none), and one
-    closing entry per replica, its id the replica's admission's: a second
-    release of the same replica writes nothing again."""
-    closes = [
-        ledger.new_entry(
-            ledger.WorkloadEvicted(
-                **subject.names(str(admission.get("clusterQueue"))),
-                cluster=str(admission.get("cluster")),
-                reason=reason,
-                message=message,
-                requeued=requeued,
-                released=amounts(admission),
-            ),
-            closing_entry_id(subject.uid, admission),
-            now,
+    closing entry per replica (evicted: requeued or not), its id the
+    replica's admission's: a second release of the same replica writes
+    nothing again."""
+
+    def evicted(replica: Mapping[str, Any]) -> ledger.Body:
+        admission = replica.get("admission") or {}
+        return ledger.WorkloadEvicted(
+            **subject.names(str(admission.get("clusterQueue"))),
+            cluster=str(admission.get("cluster")),
+            reason=reason,
+            message=message,
+            requeued=requeued,
+            released=amounts(admission),
         )
-        for admission in (r.get("admission") or {} for r in released)
+
+    return _without(subject, status, released, evicted, now)
+
+
+def _without(
+    subject: Subject,
+    status: Status,
+    released: Sequence[Mapping[str, Any]],
+    body: Callable[[Mapping[str, Any]], ledger.Body],
+    now: datetime,
+) -> tuple[Obj, list[NewLedgerEntry]]:
+    closes = [
+        ledger.new_entry(body(r), closing_entry_id(subject.uid, r.get("admission") or {}), now)
+        for r in released
     ]
     kept = [r for r in status.raw.get(REPLICA_ADMISSIONS) or () if r not in released]
     here = {str((r.get("admission") or {}).get("cluster")) for r in kept}
@@ -775,6 +821,7 @@ __all__ = [
     "Transition",
     "admit",
     "amounts",
+    "cancel_replicas",
     "cancelled",
     "closing_entry_id",
     "dispatch",

@@ -82,3 +82,16 @@ def test_the_last_replicas_lost_make_it_pending_or_a_cancelling_one_cancelled() 
         "WorkloadCancelled",
         "Cancelled",
     )
+
+
+def test_cancelling_closes_each_clusters_replicas_and_ends_when_none_is_left() -> None:
+    stopping = serving("Cancelling", "c1", "c2", "c1")
+    first = lifecycle.cancel_replicas(WHO, stopping, "c1", NOW)
+    assert first.status.state == "Cancelling"  # c2 still removes its object
+    assert [e.kind for e in first.entries] == ["workload.finished"] * 2
+    assert all(e.body["outcome"] == "cancelled" for e in first.entries)
+    assert all(e.body["gpu_seconds"] == 3600.0 for e in first.entries)  # an hour, one GPU
+    last = lifecycle.cancel_replicas(WHO, first.status, "c2", NOW)
+    assert last.status.state == "Cancelled" and last.status.raw["replicaAdmissions"] == []
+    ids = {e.entry_id for e in (*first.entries, *last.entries)}
+    assert len(ids) == 3  # one close per replica

@@ -463,6 +463,35 @@ def test_a_deployment_the_member_refuses_releases_every_replica_and_deactivates_
         assert _deployments(c1) == []
 
 
+def test_a_cancelled_deployment_is_removed_and_each_replica_closed(
+    services: Services, database_url: str, broker: str, tmp_path: Path
+) -> None:
+    engine = services.engine
+    with _member(tmp_path, services, database_url, broker) as (c1, one_pass):
+        one_pass()
+        name, pod_sets = _submit(services, _served(deployment()))
+        island = _islands(c1)[0]
+        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(2)])
+        _until(
+            one_pass,
+            lambda: workload_status(engine, NS, name)["state"] == "Running",
+            "the workload Running",
+            lambda: workload_status(engine, NS, name),
+        )
+        services.submissions.cancel(ADMIN, NS, name)
+        assert workload_status(engine, NS, name)["state"] == "Cancelling"
+        _until(
+            one_pass,
+            lambda: workload_status(engine, NS, name)["state"] == "Cancelled",
+            "the workload Cancelled",
+            lambda: (workload_status(engine, NS, name), _deployments(c1)),
+        )
+        assert _deployments(c1) == []
+        closed = [f for f in ledger(engine, "workload.finished") if f["workload"] == name]
+        assert [f["outcome"] for f in closed] == ["cancelled", "cancelled"], closed
+        assert all(f["cluster"] == "c1" and f["gpu_seconds"] > 0 for f in closed), closed
+
+
 def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(
     services: Services, database_url: str, broker: str, tmp_path: Path
 ) -> None:
