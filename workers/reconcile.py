@@ -208,6 +208,8 @@ def reconcile(
             if still:  # deleted by someone else meanwhile, or newly preempted: next pass
                 report.waiting = [f"admission {a}" for a in still]
                 return report
+    elif actions.delete:  # no job to drain: a stray PodGroup of ours, which holds no pod
+        _delete(member, actions, report, actual)
     by_key = {r.key: r for r in rows}
     if actions.dispatch:
         # A view read before a cycle preempted one of these must not start

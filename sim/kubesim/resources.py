@@ -41,7 +41,12 @@ CRDS_ENV = "QM_KUEUE_CRDS_DIR"
 KUEUE_GROUP = "kueue.x-k8s.io"
 #: The Volcano kinds a Volcano member serves, from the project's copies of Volcano's
 #: CRDs next to this module (provenance and sha256 in ``crds/README.md``).
-VOLCANO_GROUPS = ("scheduling.volcano.sh", "batch.volcano.sh", "topology.volcano.sh")
+VOLCANO_GROUPS = (
+    "scheduling.volcano.sh",
+    "batch.volcano.sh",
+    "topology.volcano.sh",
+    "bus.volcano.sh",
+)
 _PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
 #: The workload kinds every member serves from the CRDs the project keeps for submissions
 #: (``service/app/crds``, provenance and sha256 in its README): read as files, not imported.
@@ -353,7 +358,8 @@ def kueue_types(directory: Path | None = None) -> tuple[ResourceType, ...]:
 
 def volcano_types() -> tuple[ResourceType, ...]:
     """Volcano's Queue, PodGroup, Job and HyperNode, from the copies shipped in this
-    package (the shared reference folder holds the same files, unmodified)."""
+    package (the shared reference folder holds the same files, unmodified), and its
+    Command (``bus.volcano.sh``), whose CRD is written here (``crds/README.md``)."""
     return _types_cached(str(_PACKAGE_CRDS), _PACKAGE_CRDS.stat().st_mtime, VOLCANO_GROUPS)
 
 
