@@ -31,6 +31,7 @@ from service.domain.jobs import (
     GANG_ANNOTATION,
     JOB_API_VERSIONS,
     SERVING_KINDS,
+    VOLCANO_JOB,
     JobPodTemplate,
     job_class,
     job_kind,
@@ -282,6 +283,19 @@ def _replicas_of(job: Mapping[str, Any]) -> dict[str, int]:
     return {} if replicas == 1 else {"replicas": replicas}
 
 
+def _volcano_fields(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """What a Volcano Job names in its own fields, read where Kueue's labels
+    are absent (the labels win): ``spec.queue`` as the LocalQueue of its
+    namespace (``qmctl apply`` of a Volcano Queue makes a ClusterQueue of
+    the same name: docs/volcano.md) and ``spec.priorityClassName`` as the
+    WorkloadPriorityClass."""
+    spec = manifest.get("spec")
+    if job_kind(manifest) != VOLCANO_JOB or not isinstance(spec, Mapping):
+        return {}
+    found = {"queueName": spec.get("queue"), "priorityClassName": spec.get("priorityClassName")}
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}
+
+
 def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """A Workload object (plain dict) for a job manifest of any accepted
     kind, its class the annotation's or its kind's."""
@@ -295,9 +309,12 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     queue = labels.get(QUEUE_LABEL) if isinstance(labels, Mapping) else None
+    volcano = _volcano_fields(manifest)
+    queue = queue or volcano.get("queueName")
     if not queue:
+        also = " (or, on a Volcano Job, spec.queue)" if job_kind(manifest) == VOLCANO_JOB else ""
         raise SubmissionError(
-            "invalid", [(f"metadata.labels.{QUEUE_LABEL}", "the queue label is required")]
+            "invalid", [(f"metadata.labels.{QUEUE_LABEL}", f"the queue label is required{also}")]
         )
     workload_spec: dict[str, Any] = {
         "queueName": queue,
@@ -307,6 +324,8 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
     if labels.get(PRIORITY_LABEL):
         workload_spec["priorityClassName"] = labels[PRIORITY_LABEL]
+    elif volcano.get("priorityClassName"):
+        workload_spec["priorityClassName"] = volcano["priorityClassName"]
     floor = annotations.get(MIN_REPLICAS_ANNOTATION) if isinstance(annotations, Mapping) else None
     if floor is not None:
         text = str(floor)

@@ -145,3 +145,42 @@ def test_a_volcano_job_is_accepted_as_itself_and_inside_a_workload(api: Api) -> 
     refused = api.admin.post("/v1/namespaces/team-a/workloads", json=wrapped)
     assert refused.headers["content-type"].startswith("application/problem+json")
     assert _fields(_problem(refused, 422, "invalid")) == ["spec.job.spec.minAvailable"]
+
+
+def test_a_volcano_job_without_kueues_labels_names_its_queue_and_priority_itself(
+    api: Api,
+) -> None:
+    """A Volcano user's job as it is: ``spec.queue`` names the queue and
+    ``spec.priorityClassName`` the priority where Kueue's labels are absent;
+    the labels win where both are given."""
+    _queues(api)
+    api.admin.post(
+        "/v1/workloadpriorityclasses", json={"metadata": {"name": "urgent"}, "value": 100}
+    ).raise_for_status()
+    job = kinds.volcano_tf_mnist()
+    job["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name")
+    job["metadata"]["name"] = "own-fields"
+    job["spec"]["queue"] = "train"
+    job["spec"]["priorityClassName"] = "urgent"
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    assert created.status_code == 201, created.text
+    spec = created.json()["spec"]
+    assert (spec["queueName"], spec["priorityClassName"]) == ("train", "urgent")
+
+    job["metadata"]["name"] = "unknown-queue"
+    job["spec"]["queue"] = "research"
+    refused = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    assert "LocalQueue research not found" in _problem(refused, 422, "unknown-reference")["detail"]
+
+    job["metadata"]["name"] = "labelled"
+    labelled = _queued(job)
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=labelled)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["queueName"] == "train"  # the label's, not spec.queue's
+
+    bare = kinds.volcano_tf_mnist()
+    bare["spec"].pop("queue")
+    bare["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name")
+    body = _problem(api.admin.post("/v1/namespaces/team-a/workloads", json=bare), 422, "invalid")
+    assert _fields(body) == ["metadata.labels.kueue.x-k8s.io/queue-name"]
+    assert "spec.queue" in str(body)
