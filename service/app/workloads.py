@@ -296,6 +296,21 @@ def _volcano_fields(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {k: v for k, v in found.items() if isinstance(v, str) and v}
 
 
+def volcano_island(job: Mapping[str, Any] | None) -> str | None:
+    """What a Volcano Job's ``spec.networkTopology`` asks of its gang:
+    ``required`` — inside one tier-1 HyperNode (``mode: hard``, Volcano's
+    default, with ``highestTierAllowed: 1``), which is one fabric island;
+    ``preferred`` — the same, best effort (``mode: soft``); else nothing (a
+    higher tier is wider than an island, and a gang already lands in one
+    cluster)."""
+    if job is None or job_kind(job) != VOLCANO_JOB:
+        return None
+    topology = (job.get("spec") or {}).get("networkTopology")
+    if not isinstance(topology, Mapping) or topology.get("highestTierAllowed") != 1:
+        return None
+    return "preferred" if topology.get("mode") == "soft" else "required"
+
+
 def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """A Workload object (plain dict) for a job manifest of any accepted
     kind, its class the annotation's or its kind's."""

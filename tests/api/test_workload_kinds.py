@@ -184,3 +184,101 @@ def test_a_volcano_job_without_kueues_labels_names_its_queue_and_priority_itself
     body = _problem(api.admin.post("/v1/namespaces/team-a/workloads", json=bare), 422, "invalid")
     assert _fields(body) == ["metadata.labels.kueue.x-k8s.io/queue-name"]
     assert "spec.queue" in str(body)
+
+
+def _island_queue(api: Api) -> None:
+    """LocalQueue ``fabric`` in team-a, to a ClusterQueue whose one flavor has
+    a topology whose island level is ``example.com/fabric-block``."""
+    for path, body in (
+        (
+            "/v1/topologies",
+            {
+                "metadata": {"name": "gpu-fabric"},
+                "spec": {
+                    "levels": [
+                        {"nodeLabel": "example.com/fabric-block"},
+                        {"nodeLabel": "kubernetes.io/hostname"},
+                    ]
+                },
+            },
+        ),
+        (
+            "/v1/resourceflavors",
+            {
+                "metadata": {"name": "h100-fabric"},
+                "spec": {"nodeLabels": {"sku": "h100"}, "topologyName": "gpu-fabric"},
+            },
+        ),
+        (
+            "/v1/clusterqueues",
+            {
+                "metadata": {"name": "cq-fabric"},
+                "spec": {
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": "h100-fabric",
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": 512},
+                                        {"name": "memory", "nominalQuota": "4Ti"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": 64},
+                                    ],
+                                }
+                            ],
+                        }
+                    ]
+                },
+            },
+        ),
+        (
+            "/v1/namespaces/team-a/localqueues",
+            {"metadata": {"name": "fabric"}, "spec": {"clusterQueue": "cq-fabric"}},
+        ),
+    ):
+        response = api.admin.post(path, json=body)
+        assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize(
+    ("topology", "want"),
+    [
+        ({"mode": "hard", "highestTierAllowed": 1}, {"required", "podSetGroupName"}),
+        ({"highestTierAllowed": 1}, {"required", "podSetGroupName"}),  # hard is Volcano's default
+        ({"mode": "soft", "highestTierAllowed": 1}, {"preferred"}),
+        ({"mode": "hard", "highestTierAllowed": 2}, None),  # wider than an island
+    ],
+)
+def test_a_volcano_jobs_tier_one_network_topology_keeps_its_gang_in_one_island(
+    api: Api, topology: dict[str, Any], want: set[str] | None
+) -> None:
+    """``networkTopology`` at tier 1 (one HyperNode: one fabric island) asks
+    the island level of the queue's flavors of every task, all in one group
+    (one island for the whole gang); a queue with no island to offer refuses
+    a hard one, naming the field."""
+    _queues(api)
+    _island_queue(api)
+    job = kinds.volcano_tf_mnist()
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "fabric"
+    job["spec"]["networkTopology"] = topology
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    assert created.status_code == 201, created.text
+    requests = [p.get("topologyRequest") for p in created.json()["spec"]["podSets"]]
+    if want is None:
+        assert requests == [None, None]
+        return
+    assert all(set(r) == want for r in requests), requests
+    mode = "required" if "required" in want else "preferred"
+    assert {r[mode] for r in requests} == {"example.com/fabric-block"}
+    assert len({r.get("podSetGroupName") for r in requests}) == 1
+
+    job["metadata"]["name"] = "no-island"
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "train"  # a flavor without topology
+    answer = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    if mode == "preferred":  # best effort: accepted, nothing to prefer
+        assert answer.status_code == 201, answer.text
+        assert [p.get("topologyRequest") for p in answer.json()["spec"]["podSets"]] == [None] * 2
+        return
+    body = _problem(answer, 422, "invalid")
+    assert _fields(body) == ["spec.job.spec.networkTopology"]
