@@ -59,16 +59,11 @@ class VolcanoQueueController(Reconciler):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.core.admission.append(self.admit)
+        self.serve_webhook(self.admit)
         for command in self.items(COMMANDS):
             self.enqueue(("command", command["metadata"]["namespace"], command["metadata"]["name"]))
         for queue in self.items(QUEUES):
             self.enqueue(("queue", queue["metadata"]["name"]))
-
-    def stop(self) -> None:
-        super().stop()
-        if self.admit in self.core.admission:
-            self.core.admission.remove(self.admit)
 
     def admit(
         self, operation: str, resource: Resource, obj: Obj, old: Obj | None, ctx: Context
