@@ -189,56 +189,17 @@ def test_a_volcano_job_without_kueues_labels_names_its_queue_and_priority_itself
 def _island_queue(api: Api) -> None:
     """LocalQueue ``fabric`` in team-a, to a ClusterQueue whose one flavor has
     a topology whose island level is ``example.com/fabric-block``."""
-    for path, body in (
-        (
-            "/v1/topologies",
-            {
-                "metadata": {"name": "gpu-fabric"},
-                "spec": {
-                    "levels": [
-                        {"nodeLabel": "example.com/fabric-block"},
-                        {"nodeLabel": "kubernetes.io/hostname"},
-                    ]
-                },
-            },
-        ),
-        (
-            "/v1/resourceflavors",
-            {
-                "metadata": {"name": "h100-fabric"},
-                "spec": {"nodeLabels": {"sku": "h100"}, "topologyName": "gpu-fabric"},
-            },
-        ),
-        (
-            "/v1/clusterqueues",
-            {
-                "metadata": {"name": "cq-fabric"},
-                "spec": {
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                            "flavors": [
-                                {
-                                    "name": "h100-fabric",
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": 512},
-                                        {"name": "memory", "nominalQuota": "4Ti"},
-                                        {"name": "nvidia.com/gpu", "nominalQuota": 64},
-                                    ],
-                                }
-                            ],
-                        }
-                    ]
-                },
-            },
-        ),
-        (
-            "/v1/namespaces/team-a/localqueues",
-            {"metadata": {"name": "fabric"}, "spec": {"clusterQueue": "cq-fabric"}},
-        ),
-    ):
-        response = api.admin.post(path, json=body)
-        assert response.status_code == 201, response.text
+    levels = [{"nodeLabel": "example.com/fabric-block"}, {"nodeLabel": "kubernetes.io/hostname"}]
+    topology = {"metadata": {"name": "gpu-fabric"}, "spec": {"levels": levels}}
+    assert api.admin.post("/v1/topologies", json=topology).status_code == 201
+    setup_quota(
+        api.admin,
+        "team-a",
+        "cq-fabric",
+        queue="fabric",
+        flavor="h100-fabric",
+        topology="gpu-fabric",
+    )
 
 
 @pytest.mark.parametrize(
