@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from service.yamlcache import yaml_documents
 
 __all__ = [
     "CRDS_ENV",
@@ -329,13 +329,9 @@ def _crd_documents(
 ) -> Iterable[Mapping[str, Any]]:
     paths = [directory / n for n in names] if names else sorted(directory.glob("*.yaml"))
     for path in paths:
-        with path.open(encoding="utf-8") as stream:
-            for document in yaml.load_all(stream, Loader=yaml.CSafeLoader):
-                if (
-                    isinstance(document, dict)
-                    and document.get("kind") == "CustomResourceDefinition"
-                ):
-                    yield document
+        for document in yaml_documents(path):  # parsed once per machine
+            if isinstance(document, dict) and document.get("kind") == "CustomResourceDefinition":
+                yield document
 
 
 @functools.cache
