@@ -112,6 +112,8 @@ KINDS: dict[str, Kind] = {
         Kind("scheduling.volcano.sh/v1beta1", "Queue", "queues", False),
         Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups", True),
         Kind("topology.volcano.sh/v1alpha1", "HyperNode", "hypernodes", False),
+        # Asks Volcano's queue controller to close a Queue (workers/collect.py).
+        Kind("bus.volcano.sh/v1alpha1", "Command", "commands", True),
     )
 }
 

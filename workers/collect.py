@@ -51,6 +51,7 @@ from workers.plan import (
     VOLCANO_QUEUE_KINDS,
     WORKLOAD_ANNOTATION,
     Ref,
+    close_command,
 )
 from workers.records import ClusterRow, append_cluster, load
 from workers.settings import WorkerSettings
@@ -126,16 +127,25 @@ def _ours(obj: Mapping[str, Any], uid: str) -> bool:
     return bool(labels.get(CLUSTER_UID_LABEL, uid) == uid)
 
 
+def _closed(obj: Mapping[str, Any]) -> bool:
+    return bool((obj.get("status") or {}).get("state") == "Closed")
+
+
 def sweep(
     member: Member, uid: str, backend: str = "kueue"
 ) -> tuple[list[str], list[Mapping[str, Any]]]:
     """Delete every object of ours there (jobs first); what was deleted, and
-    what is still there afterwards (terminating, or held by a finalizer)."""
+    what is still there afterwards (terminating, or held by a finalizer).
+    Volcano deletes only a Closed Queue: an open one of ours is asked to
+    close and deleted by a later attempt, once its groups are gone."""
     removed: list[str] = []
     swept = VOLCANO_SWEPT if backend == "volcano" else SWEPT
     for kind in swept:
         for obj in member.list_objects(kind, MANAGED):
             if not _ours(obj, uid) or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            if backend == "volcano" and kind == "Queue" and not _closed(obj):
+                member.apply(close_command(obj))
                 continue
             member.delete(Ref.of(obj))
             removed.append(str(Ref.of(obj)))

@@ -238,20 +238,27 @@ def reconcile(
             if still:  # deleted by someone else meanwhile, or newly preempted: next pass
                 report.waiting = [f"admission {a}" for a in still]
                 return report
+    elif actions.delete:  # no job to drain: a stray PodGroup of ours, which holds no pod
+        _delete(member, actions, report, actual)
     by_key = {r.key: r for r in rows}
     if actions.dispatch or actions.scale_up:
-        # A view read before a cycle preempted one of these must not start
-        # it beside its preemptor: dispatch (and scale up) only what is
-        # still as read.
-        up = [by_key[_workload_of(_of(actual, ref))] for ref, _ in actions.scale_up]
-        current = unchanged(engine, [*(by_key[_workload_of(j)] for j in actions.dispatch), *up])
-        actions.dispatch = [j for j in actions.dispatch if _workload_of(j) in current]
-        actions.scale_up = [
-            (ref, n) for ref, n in actions.scale_up if _workload_of(_of(actual, ref)) in current
-        ]
+        _still_as_read(engine, actions, actual, by_key)
     _carry_out(member, actions, report)
     _record(uow, actions, by_key, report, clock())
     return report
+
+
+def _still_as_read(
+    engine: Engine, actions: Actions, actual: list[dict[str, Any]], rows: Mapping[str, Any]
+) -> None:
+    """A view read before a cycle preempted one of these must not start it
+    beside its preemptor: dispatch (and scale up) only what is still as read."""
+    up = [rows[_workload_of(_of(actual, ref))] for ref, _ in actions.scale_up]
+    current = unchanged(engine, [*(rows[_workload_of(j)] for j in actions.dispatch), *up])
+    actions.dispatch = [j for j in actions.dispatch if _workload_of(j) in current]
+    actions.scale_up = [
+        (ref, n) for ref, n in actions.scale_up if _workload_of(_of(actual, ref)) in current
+    ]
 
 
 #: Admission ids in one label selector (its request line stays a few kB).

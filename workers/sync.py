@@ -334,14 +334,24 @@ def _replicas(
         _change(change, row.key, row, transition, now)
 
 
-def _backend(row: ClusterRow, member: Member) -> str | None:
-    """The backend discovery finds, when the registration names none and
-    none was recorded yet (``status.backend``, written with the heartbeat:
-    sync is the one writer of a Cluster's status)."""
+def asks_discovery(row: ClusterRow) -> bool:
+    """Whether sync asks the member which backend it serves: only when the
+    registration names none, and none was recorded yet or the member was
+    lost (it may come back rebuilt, e.g. with Volcano instead of Kueue;
+    its gangs were requeued, so nothing of ours runs there meanwhile)."""
     if row.spec.get("backend"):
-        return None
+        return False
+    return not row.status.get("backend") or row.state == "Lost"
+
+
+def _backend(row: ClusterRow, member: Member) -> str | None:
+    """The backend discovery finds (see :func:`asks_discovery`), else the
+    one recorded (``status.backend``, written with the heartbeat: sync is
+    the one writer of a Cluster's status); none when the registration names it."""
+    if asks_discovery(row):
+        return member.backend()
     recorded = row.status.get("backend")
-    return str(recorded) if recorded else member.backend()
+    return str(recorded) if recorded and not row.spec.get("backend") else None
 
 
 def _groups(groups: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Any]:
@@ -682,6 +692,7 @@ __all__ = [
     "LOST",
     "SYNCED",
     "SyncReport",
+    "asks_discovery",
     "inventory",
     "last_seen",
     "lose",

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import jsonschema_rs
-import yaml
+
+from service.yamlcache import yaml_documents
 
 #: The Kubernetes minor whose schemas are read: what members run today.
 KUBERNETES_VERSION = "1.34.0"
@@ -107,8 +108,8 @@ def _structural(node: Any) -> Any:
 
 def _crd_schema(api_version: str, kind: str) -> Any:
     folder = importlib.resources.files("service.app") / "crds"
-    text = (folder / CRDS[(api_version, kind)]).read_text()
-    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    with importlib.resources.as_file(folder / CRDS[(api_version, kind)]) as path:
+        (crd,) = yaml_documents(path)
     version = api_version.rsplit("/", 1)[1]
     served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
     schema = _structural(served["schema"]["openAPIV3Schema"])

@@ -31,6 +31,7 @@ from service.domain.jobs import (
     GANG_ANNOTATION,
     JOB_API_VERSIONS,
     SERVING_KINDS,
+    VOLCANO_JOB,
     JobPodTemplate,
     job_class,
     job_kind,
@@ -282,6 +283,34 @@ def _replicas_of(job: Mapping[str, Any]) -> dict[str, int]:
     return {} if replicas == 1 else {"replicas": replicas}
 
 
+def _volcano_fields(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """What a Volcano Job names in its own fields, read where Kueue's labels
+    are absent (the labels win): ``spec.queue`` as the LocalQueue of its
+    namespace (``qmctl apply`` of a Volcano Queue makes a ClusterQueue of
+    the same name: docs/volcano.md) and ``spec.priorityClassName`` as the
+    WorkloadPriorityClass."""
+    spec = manifest.get("spec")
+    if job_kind(manifest) != VOLCANO_JOB or not isinstance(spec, Mapping):
+        return {}
+    found = {"queueName": spec.get("queue"), "priorityClassName": spec.get("priorityClassName")}
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}
+
+
+def volcano_island(job: Mapping[str, Any] | None) -> str | None:
+    """What a Volcano Job's ``spec.networkTopology`` asks of its gang:
+    ``required`` — inside one tier-1 HyperNode (``mode: hard``, Volcano's
+    default, with ``highestTierAllowed: 1``), which is one fabric island;
+    ``preferred`` — the same, best effort (``mode: soft``); else nothing (a
+    higher tier is wider than an island, and a gang already lands in one
+    cluster)."""
+    if job is None or job_kind(job) != VOLCANO_JOB:
+        return None
+    topology = (job.get("spec") or {}).get("networkTopology")
+    if not isinstance(topology, Mapping) or topology.get("highestTierAllowed") != 1:
+        return None
+    return "preferred" if topology.get("mode") == "soft" else "required"
+
+
 def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """A Workload object (plain dict) for a job manifest of any accepted
     kind, its class the annotation's or its kind's."""
@@ -295,9 +324,12 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     queue = labels.get(QUEUE_LABEL) if isinstance(labels, Mapping) else None
+    volcano = _volcano_fields(manifest)
+    queue = queue or volcano.get("queueName")
     if not queue:
+        also = " (or, on a Volcano Job, spec.queue)" if job_kind(manifest) == VOLCANO_JOB else ""
         raise SubmissionError(
-            "invalid", [(f"metadata.labels.{QUEUE_LABEL}", "the queue label is required")]
+            "invalid", [(f"metadata.labels.{QUEUE_LABEL}", f"the queue label is required{also}")]
         )
     workload_spec: dict[str, Any] = {
         "queueName": queue,
@@ -307,6 +339,8 @@ def workload_from_job(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
     if labels.get(PRIORITY_LABEL):
         workload_spec["priorityClassName"] = labels[PRIORITY_LABEL]
+    elif volcano.get("priorityClassName"):
+        workload_spec["priorityClassName"] = volcano["priorityClassName"]
     floor = annotations.get(MIN_REPLICAS_ANNOTATION) if isinstance(annotations, Mapping) else None
     if floor is not None:
         text = str(floor)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from service.yamlcache import yaml_documents
 
 __all__ = [
     "CRDS_ENV",
@@ -41,7 +41,12 @@ CRDS_ENV = "QM_KUEUE_CRDS_DIR"
 KUEUE_GROUP = "kueue.x-k8s.io"
 #: The Volcano kinds a Volcano member serves, from the project's copies of Volcano's
 #: CRDs next to this module (provenance and sha256 in ``crds/README.md``).
-VOLCANO_GROUPS = ("scheduling.volcano.sh", "batch.volcano.sh", "topology.volcano.sh")
+VOLCANO_GROUPS = (
+    "scheduling.volcano.sh",
+    "batch.volcano.sh",
+    "topology.volcano.sh",
+    "bus.volcano.sh",
+)
 _PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
 #: The workload kinds every member serves from the CRDs the project keeps for submissions
 #: (``service/app/crds``, provenance and sha256 in its README): read as files, not imported.
@@ -324,13 +329,9 @@ def _crd_documents(
 ) -> Iterable[Mapping[str, Any]]:
     paths = [directory / n for n in names] if names else sorted(directory.glob("*.yaml"))
     for path in paths:
-        with path.open(encoding="utf-8") as stream:
-            for document in yaml.load_all(stream, Loader=yaml.CSafeLoader):
-                if (
-                    isinstance(document, dict)
-                    and document.get("kind") == "CustomResourceDefinition"
-                ):
-                    yield document
+        for document in yaml_documents(path):  # parsed once per machine
+            if isinstance(document, dict) and document.get("kind") == "CustomResourceDefinition":
+                yield document
 
 
 @functools.cache
@@ -353,7 +354,8 @@ def kueue_types(directory: Path | None = None) -> tuple[ResourceType, ...]:
 
 def volcano_types() -> tuple[ResourceType, ...]:
     """Volcano's Queue, PodGroup, Job and HyperNode, from the copies shipped in this
-    package (the shared reference folder holds the same files, unmodified)."""
+    package (the shared reference folder holds the same files, unmodified), and its
+    Command (``bus.volcano.sh``), whose CRD is written here (``crds/README.md``)."""
     return _types_cached(str(_PACKAGE_CRDS), _PACKAGE_CRDS.stat().st_mtime, VOLCANO_GROUPS)
 
 

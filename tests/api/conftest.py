@@ -135,14 +135,22 @@ def gpu_pod(
 
 
 def setup_quota(
-    admin: httpx.Client, namespace: str = "team-a", cq: str = "cq-a", **cq_spec: Any
+    admin: httpx.Client,
+    namespace: str = "team-a",
+    cq: str = "cq-a",
+    *,
+    queue: str = "train",
+    flavor: str = "h100",
+    topology: str | None = None,
+    **cq_spec: Any,
 ) -> None:
-    """A flavor, a ClusterQueue with GPU quota, and a LocalQueue ``train``."""
+    """A flavor (of ``topology``, when named), a ClusterQueue with GPU quota,
+    and a LocalQueue ``queue``."""
+    flavor_spec: dict[str, Any] = {"nodeLabels": {"sku": "h100"}}
+    if topology is not None:
+        flavor_spec["topologyName"] = topology
     for response in (
-        admin.post(
-            "/v1/resourceflavors",
-            json={"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"sku": "h100"}}},
-        ),
+        admin.post("/v1/resourceflavors", json={"metadata": {"name": flavor}, "spec": flavor_spec}),
         admin.post(
             "/v1/clusterqueues",
             json={
@@ -153,7 +161,7 @@ def setup_quota(
                             "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                             "flavors": [
                                 {
-                                    "name": "h100",
+                                    "name": flavor,
                                     "resources": [
                                         {"name": "cpu", "nominalQuota": 512},
                                         {"name": "memory", "nominalQuota": "4Ti"},
@@ -169,7 +177,7 @@ def setup_quota(
         ),
         admin.post(
             f"/v1/namespaces/{namespace}/localqueues",
-            json={"metadata": {"name": "train"}, "spec": {"clusterQueue": cq}},
+            json={"metadata": {"name": queue}, "spec": {"clusterQueue": cq}},
         ),
     ):
         assert response.status_code in (201, 409), response.text

@@ -145,3 +145,101 @@ def test_a_volcano_job_is_accepted_as_itself_and_inside_a_workload(api: Api) -> 
     refused = api.admin.post("/v1/namespaces/team-a/workloads", json=wrapped)
     assert refused.headers["content-type"].startswith("application/problem+json")
     assert _fields(_problem(refused, 422, "invalid")) == ["spec.job.spec.minAvailable"]
+
+
+def test_a_volcano_job_without_kueues_labels_names_its_queue_and_priority_itself(
+    api: Api,
+) -> None:
+    """A Volcano user's job as it is: ``spec.queue`` names the queue and
+    ``spec.priorityClassName`` the priority where Kueue's labels are absent;
+    the labels win where both are given."""
+    _queues(api)
+    api.admin.post(
+        "/v1/workloadpriorityclasses", json={"metadata": {"name": "urgent"}, "value": 100}
+    ).raise_for_status()
+    job = kinds.volcano_tf_mnist()
+    job["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name")
+    job["metadata"]["name"] = "own-fields"
+    job["spec"]["queue"] = "train"
+    job["spec"]["priorityClassName"] = "urgent"
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    assert created.status_code == 201, created.text
+    spec = created.json()["spec"]
+    assert (spec["queueName"], spec["priorityClassName"]) == ("train", "urgent")
+
+    job["metadata"]["name"] = "unknown-queue"
+    job["spec"]["queue"] = "research"
+    refused = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    assert "LocalQueue research not found" in _problem(refused, 422, "unknown-reference")["detail"]
+
+    job["metadata"]["name"] = "labelled"
+    labelled = _queued(job)
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=labelled)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["queueName"] == "train"  # the label's, not spec.queue's
+
+    bare = kinds.volcano_tf_mnist()
+    bare["spec"].pop("queue")
+    bare["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name")
+    body = _problem(api.admin.post("/v1/namespaces/team-a/workloads", json=bare), 422, "invalid")
+    assert _fields(body) == ["metadata.labels.kueue.x-k8s.io/queue-name"]
+    assert "spec.queue" in str(body)
+
+
+def _island_queue(api: Api) -> None:
+    """LocalQueue ``fabric`` in team-a, to a ClusterQueue whose one flavor has
+    a topology whose island level is ``example.com/fabric-block``."""
+    levels = [{"nodeLabel": "example.com/fabric-block"}, {"nodeLabel": "kubernetes.io/hostname"}]
+    topology = {"metadata": {"name": "gpu-fabric"}, "spec": {"levels": levels}}
+    assert api.admin.post("/v1/topologies", json=topology).status_code == 201
+    setup_quota(
+        api.admin,
+        "team-a",
+        "cq-fabric",
+        queue="fabric",
+        flavor="h100-fabric",
+        topology="gpu-fabric",
+    )
+
+
+@pytest.mark.parametrize(
+    ("topology", "want"),
+    [
+        ({"mode": "hard", "highestTierAllowed": 1}, {"required", "podSetGroupName"}),
+        ({"highestTierAllowed": 1}, {"required", "podSetGroupName"}),  # hard is Volcano's default
+        ({"mode": "soft", "highestTierAllowed": 1}, {"preferred"}),
+        ({"mode": "hard", "highestTierAllowed": 2}, None),  # wider than an island
+    ],
+)
+def test_a_volcano_jobs_tier_one_network_topology_keeps_its_gang_in_one_island(
+    api: Api, topology: dict[str, Any], want: set[str] | None
+) -> None:
+    """``networkTopology`` at tier 1 (one HyperNode: one fabric island) asks
+    the island level of the queue's flavors of every task, all in one group
+    (one island for the whole gang); a queue with no island to offer refuses
+    a hard one, naming the field."""
+    _queues(api)
+    _island_queue(api)
+    job = kinds.volcano_tf_mnist()
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "fabric"
+    job["spec"]["networkTopology"] = topology
+    created = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    assert created.status_code == 201, created.text
+    requests = [p.get("topologyRequest") for p in created.json()["spec"]["podSets"]]
+    if want is None:
+        assert requests == [None, None]
+        return
+    assert all(set(r) == want for r in requests), requests
+    mode = "required" if "required" in want else "preferred"
+    assert {r[mode] for r in requests} == {"example.com/fabric-block"}
+    assert len({r.get("podSetGroupName") for r in requests}) == 1
+
+    job["metadata"]["name"] = "no-island"
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "train"  # a flavor without topology
+    answer = api.admin.post("/v1/namespaces/team-a/workloads", json=job)
+    if mode == "preferred":  # best effort: accepted, nothing to prefer
+        assert answer.status_code == 201, answer.text
+        assert [p.get("topologyRequest") for p in answer.json()["spec"]["podSets"]] == [None] * 2
+        return
+    body = _problem(answer, 422, "invalid")
+    assert _fields(body) == ["spec.job.spec.networkTopology"]

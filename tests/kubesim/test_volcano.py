@@ -444,6 +444,84 @@ def test_a_queues_capability_holds_a_rival_group_pending(
     assert _node_of(core, rival[0]) is not None
 
 
+def _close_command(queue: Obj, name: str, action: str = "CloseQueue") -> Obj:
+    """A Command as ``vcctl queue operate --action close`` makes one."""
+    meta = queue["metadata"]
+    target = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
+    return {
+        "apiVersion": "bus.volcano.sh/v1alpha1",
+        "kind": "Command",
+        "metadata": {"name": name, "ownerReferences": [target]},
+        "target": target,
+        "action": action,
+    }
+
+
+def _queue_state(custom: client.CustomObjectsApi, name: str) -> str:
+    queue = custom.get_cluster_custom_object(*SCHEDULING, "queues", name)
+    return str((queue.get("status") or {}).get("state", ""))
+
+
+def test_a_queue_is_deleted_only_once_closed_and_closes_when_its_groups_are_gone(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    queue = custom.create_cluster_custom_object(
+        *SCHEDULING,
+        "queues",
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": "team-b"},
+            "spec": {"weight": 1},
+        },
+    )
+    pods = _create_group(core, custom, _podgroup("held", 1, 8, queue="team-b"), 1)
+    wait_for(lambda: _phase(custom, "held") == "Running", what="the group running")
+    with pytest.raises(ApiException) as refused:
+        custom.delete_cluster_custom_object(*SCHEDULING, "queues", "team-b")
+    assert refused.value.status == 400
+    assert "only queue with state `Closed` can be deleted" in str(refused.value.body)
+    assert "validatequeue.volcano.sh" in str(refused.value.body)
+
+    custom.create_namespaced_custom_object(
+        "bus.volcano.sh", "v1alpha1", NS, "commands", _close_command(queue, "close-b")
+    )
+    wait_for(lambda: _queue_state(custom, "team-b") == "Closing", what="Closing while it holds")
+    wait_for(
+        lambda: (
+            not custom.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", NS, "commands")[
+                "items"
+            ]
+        ),
+        what="the command taken",
+    )
+    late = _create_group(core, custom, _podgroup("late", 1, 8, queue="team-b"), 1)
+    denied = wait_for(
+        lambda: _condition(custom, "late", "Unschedulable"), what="a closing queue takes none"
+    )
+    assert denied["reason"] == "NotInqueueable"
+    for name, members in (("held", pods), ("late", late)):
+        custom.delete_namespaced_custom_object(*SCHEDULING, NS, "podgroups", name)
+        for pod in members:
+            core.delete_namespaced_pod(pod, NS)
+    wait_for(lambda: _queue_state(custom, "team-b") == "Closed", what="Closed once empty")
+    custom.delete_cluster_custom_object(*SCHEDULING, "queues", "team-b")
+    with pytest.raises(ApiException) as gone:
+        custom.get_cluster_custom_object(*SCHEDULING, "queues", "team-b")
+    assert gone.value.status == 404
+
+    with pytest.raises(ApiException) as kept:
+        custom.delete_cluster_custom_object(*SCHEDULING, "queues", "default")
+    assert kept.value.status == 400
+    assert "`default` queue can not be deleted" in str(kept.value.body)
+
+
 def test_volcanos_example_job_runs_to_completed(
     core: client.CoreV1Api, custom: client.CustomObjectsApi
 ) -> None:

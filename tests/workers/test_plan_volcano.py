@@ -5,10 +5,21 @@ PodGroup phases."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from tests.workers.test_plan import GPU, ISLAND, admitted, view
-from workers.plan import ADMISSION_LABEL, ClusterView, Ref, admission_id, plan, volcano_status
+from workers.plan import (
+    ADMISSION_LABEL,
+    ClusterView,
+    Ref,
+    admission_id,
+    close_command,
+    plan,
+    volcano_status,
+)
+from workers.records import ClusterRow
+from workers.sync import asks_discovery
 
 CQ_SPEC = {
     "resourceGroups": [
@@ -95,3 +106,40 @@ def test_podgroup_phases_read_as_the_same_phases_as_kueue_members() -> None:
     assert (unknown["phase"], unknown["reason"]) == ("Evicted", "PodGroupUnknown")
     ended = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "X"}]}}
     assert volcano_status(ended, group("Running"))["phase"] == "Failed"  # the job's end first
+
+
+def test_a_queue_is_closed_by_a_command_its_controller_can_match_to_it() -> None:
+    queue = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": "qm-cq", "uid": "u-1"},
+    }
+    command = close_command(queue)
+    assert command["action"] == "CloseQueue"
+    assert command["target"] == {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "name": "qm-cq",
+        "uid": "u-1",
+        "controller": True,
+    }
+    assert command["metadata"]["ownerReferences"] == [command["target"]]
+    # The same name each attempt: asked again before it was taken, it is one Command.
+    assert (
+        close_command(queue)["metadata"]["name"]
+        == command["metadata"]["name"]
+        == ("qm-cq-closequeue")
+    )
+
+
+def _row(spec: dict[str, Any], status: dict[str, Any]) -> ClusterRow:
+    return ClusterRow(
+        "c1", "uid", 1, 1, {}, {}, spec, status, None, datetime.now(UTC), deleted=False
+    )
+
+
+def test_discovery_is_asked_while_nothing_is_known_and_again_after_a_loss() -> None:
+    assert asks_discovery(_row({}, {}))
+    assert not asks_discovery(_row({}, {"backend": "kueue", "state": "Ready"}))
+    assert asks_discovery(_row({}, {"backend": "kueue", "state": "Lost"}))
+    assert not asks_discovery(_row({"backend": "kueue"}, {"state": "Lost"}))

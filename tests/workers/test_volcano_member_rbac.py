@@ -2,8 +2,9 @@
 rules ``deploy/member-volcano`` renders (``kubectl kustomize``), and the real
 reconcile and sync run a Volcano member's road with them — a gang dispatched
 as its PodGroup and run to its end, a preemption that deletes the victim's
-group, cancellations, the deletion of the Cluster and the collection of its
-mirror Queue — with nothing refused, and every Volcano grant used."""
+group, cancellations, a stray group of ours collected, the deletion of the
+Cluster and the collection of its mirror Queue (closed first, as Volcano
+requires) — with nothing refused, and every Volcano grant used."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl
 MEMBER_VOLCANO = ROOT / "deploy" / "member-volcano"
 VOLCANO = "scheduling.volcano.sh/v1beta1"
 #: The API groups of what only a Volcano member is reconciled to.
-VOLCANO_GROUPS = frozenset({"scheduling.volcano.sh", "topology.volcano.sh", "scheduling.k8s.io"})
+VOLCANO_GROUPS = frozenset(
+    {"scheduling.volcano.sh", "topology.volcano.sh", "scheduling.k8s.io", "bus.volcano.sh"}
+)
 
 
 def _groups(cluster: RunningCluster) -> list[dict[str, Any]]:
@@ -93,6 +96,21 @@ def test_the_workers_run_a_volcano_members_road_with_exactly_its_rules(
                 90,
                 what="both released",
             )
+            stray = {
+                "apiVersion": VOLCANO,
+                "kind": "PodGroup",
+                "metadata": {
+                    "name": "stray",
+                    "namespace": "team-a",
+                    "labels": {"quartermaster.dev/managed": "true"},
+                },
+                "spec": {"minMember": 1, "queue": "qm-cq"},
+            }
+            with c1.api_client() as api:
+                kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+                    "scheduling.volcano.sh", "v1beta1", "team-a", "podgroups", stray
+                )
+            wait_for(lambda: not _groups(c1), 90, what="the stray group collected")
             assert c1.get(VOLCANO, "Queue", "", "qm-cq") is not None
             services.resources.delete(ADMIN, "clusters", "", "c1", None)
             wait_for(

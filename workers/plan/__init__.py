@@ -47,7 +47,7 @@ from workers.plan.names import (
 )
 from workers.plan.status import member_status, volcano_status
 from workers.plan.views import Actions, ClusterView, Ref, WorkloadView
-from workers.plan.volcano import tier_one_islands
+from workers.plan.volcano import close_command, tier_one_islands
 
 __all__ = [
     "ADMISSION_LABEL",
@@ -72,6 +72,7 @@ __all__ = [
     "Ref",
     "WorkloadView",
     "admission_id",
+    "close_command",
     "desired",
     "job_kinds",
     "job_name",

@@ -50,6 +50,10 @@ VOLCANO_QUEUE_KINDS = ("Queue", "PriorityClass")
 BACKEND_QUEUE_KINDS = {"kueue": QUEUE_KINDS, "volcano": VOLCANO_QUEUE_KINDS}
 #: The object that binds a gang on a Volcano member.
 GROUP_KIND = "PodGroup"
+#: What asks Volcano's controllers for an action (closing a Queue), and where
+#: ``vcctl`` puts it.
+COMMAND_API_VERSION = "bus.volcano.sh/v1alpha1"
+COMMAND_NAMESPACE = "default"
 #: Volcano's scheduler name and the pod annotation naming a pod's PodGroup.
 VOLCANO_SCHEDULER = "volcano"
 GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"

@@ -31,6 +31,8 @@ from workers.plan.names import (
     ADMISSION_LABEL,
     API_VERSIONS,
     CLUSTER_UID_LABEL,
+    COMMAND_API_VERSION,
+    COMMAND_NAMESPACE,
     GROUP_KIND,
     GROUP_NAME_ANNOTATION,
     PRIORITY_LABEL,
@@ -177,6 +179,34 @@ def emptied_queue(queue: Mapping[str, Any]) -> Obj:
             "capability": capability,
             "deserved": dict(capability),
         },
+    }
+
+
+def close_command(queue: Mapping[str, Any]) -> dict[str, Any]:
+    """The Command that asks Volcano's queue controller to close ``queue``
+    (a deleted Cluster's collection: Volcano deletes only a Closed Queue),
+    shaped as ``vcctl queue operate --action close`` makes it (in
+    ``default``, owned by the Queue); named after the Queue, so that an
+    attempt repeated before the controller took it asks once."""
+    meta = queue.get("metadata") or {}
+    target = {
+        "apiVersion": str(queue.get("apiVersion")),
+        "kind": "Queue",
+        "name": str(meta.get("name")),
+        "uid": str(meta.get("uid")),
+        "controller": True,
+    }
+    return {
+        "apiVersion": COMMAND_API_VERSION,
+        "kind": "Command",
+        "metadata": {
+            "name": short_name(f"{target['name']}-closequeue"),
+            "namespace": COMMAND_NAMESPACE,
+            "labels": managed_labels(),
+            "ownerReferences": [target],
+        },
+        "target": target,
+        "action": "CloseQueue",
     }
 
 

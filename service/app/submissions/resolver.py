@@ -19,10 +19,13 @@ from service.app.schemas import SecurityPolicy, WorkloadClass, dump
 from service.app.submissions.repository import named_by
 from service.app.submissions.values import Fleet, Target, Unsatisfiable
 from service.app.workloads import (
+    TopologyRequest,
     WorkloadObject,
+    WorkloadSpec,
     class_field,
     security_violations,
     total_requests,
+    volcano_island,
 )
 from service.engine import Snapshot
 from service.engine.feasibility import Verdict, never_fits_in
@@ -61,6 +64,7 @@ class Resolver:
         self._cqs: dict[str, Row[Any] | None] = {}
         self._classes: dict[str, Row[Any] | None] = {}
         self._rules: dict[str, _QueueRules] = {}
+        self._islands: dict[str, set[str]] = {}
 
     def _one(
         self, cache: dict[str, Row[Any] | None], kind: str, ns: str, name: str
@@ -119,6 +123,8 @@ class Resolver:
         rules = self._rules.get(cq_name)
         if rules is None:
             rules = self._rules[cq_name] = _QueueRules.of(cq.spec)
+        if (mode := volcano_island(spec.job)) is not None:
+            self._one_island(spec, mode, cq_name, cq.spec)
         if spec.workloadClass != rules.served:
             where = class_field(spec)
             if where is None:  # not chosen: the queue's
@@ -155,6 +161,46 @@ class Resolver:
                     [("spec.podSets", found.message)],
                 )
         return Target(cq_name, priority, requests)
+
+    def _island_levels(self, cq_name: str, cq_spec: Mapping[str, Any]) -> set[str]:
+        """The island levels (each topology's first) of the ClusterQueue's flavors."""
+        if cq_name not in self._islands:
+            flavors = [f["name"] for g in cq_spec.get("resourceGroups", []) for f in g["flavors"]]
+            rows = exists(self._conn, "ResourceFlavor", "", flavors, lock=False).values()
+            names = [str(r.spec["topologyName"]) for r in rows if r.spec.get("topologyName")]
+            topologies = exists(self._conn, "Topology", "", names, lock=False).values()
+            self._islands[cq_name] = {str(t.spec["levels"][0]["nodeLabel"]) for t in topologies}
+        return self._islands[cq_name]
+
+    def _one_island(
+        self, spec: WorkloadSpec, mode: str, cq_name: str, cq_spec: Mapping[str, Any]
+    ) -> None:
+        """A Volcano Job's ``networkTopology`` at tier 1: its whole gang in one
+        island, the level its ClusterQueue's flavors name as their island
+        (refused when they name none or several; a soft one is then dropped);
+        pod sets that ask for a topology themselves keep theirs."""
+        levels = self._island_levels(cq_name, cq_spec)
+        if len(levels) != 1 and mode == "preferred":
+            return  # best effort: nothing to prefer
+        if len(levels) != 1:
+            found = ", ".join(sorted(levels)) or "none"
+            raise Invalid(
+                f"ClusterQueue {cq_name}'s flavors name {len(levels)} island levels ({found}): "
+                "a Volcano Job's tier-1 network topology needs exactly one",
+                [(JOB_TOPOLOGY, f"no single island level in ClusterQueue {cq_name} ({found})")],
+            )
+        (level,) = levels
+        for pod_set in spec.podSets:
+            if pod_set.topologyRequest is None:
+                pod_set.topologyRequest = TopologyRequest.model_validate(
+                    {mode: level, "podSetGroupName": "gang"}
+                    if mode == "required"
+                    else {mode: level}
+                )
+
+
+#: Where a stored Volcano Job says which tier its gang keeps to.
+JOB_TOPOLOGY = "spec.job.spec.networkTopology"
 
 
 def verdict_of(

@@ -82,4 +82,6 @@ class Resource:
 
 
 Admission = Callable[[str, Resource, Obj, "Obj | None", Context], None]
-"""A mutating admission hook: operation, resource, new object, old object, context."""
+"""An admission hook: operation, resource, new object, old object, context. On
+``CREATE``/``UPDATE`` it may change the new object (mutating); on ``DELETE`` it gets
+the object as stored and may only refuse (validating)."""

@@ -380,6 +380,10 @@ class ApiCore:
         """Delete (or start deleting); returns the object and whether it is gone now."""
         old = self.get(resource, namespace, name)
         check_delete_preconditions(resource, old, preconditions or {})
+        # Validating webhooks see a DELETE with the object as it is (Volcano's
+        # queue webhook refuses to delete an open Queue).
+        for hook in self.admission:
+            hook("DELETE", resource, clone(old), old, ctx)
         policy = propagation or self._default_propagation(resource)
         finalizers = list(old["metadata"].get("finalizers") or ())
         if policy == "Foreground" and "foregroundDeletion" not in finalizers:

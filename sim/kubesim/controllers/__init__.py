@@ -25,7 +25,11 @@ from sim.kubesim.controllers.lws import LeaderWorkerSetController
 from sim.kubesim.controllers.nodes import Kubelet, Scheduler
 from sim.kubesim.controllers.ray import RayClusterController, RayJobController
 from sim.kubesim.controllers.training import MPIJobController, PyTorchJobController
-from sim.kubesim.controllers.volcano import VolcanoJobController, VolcanoScheduler
+from sim.kubesim.controllers.volcano import (
+    VolcanoJobController,
+    VolcanoQueueController,
+    VolcanoScheduler,
+)
 
 if TYPE_CHECKING:
     from sim.kubesim.cluster import SimCluster
@@ -50,7 +54,7 @@ def start_controllers(cluster: SimCluster, loop: asyncio.AbstractEventLoop) -> l
         RayJobController,
     )
     backend: tuple[type[Any], ...] = (
-        (VolcanoScheduler, VolcanoJobController)
+        (VolcanoScheduler, VolcanoJobController, VolcanoQueueController)
         if cluster.backend == "volcano"
         else (KueueController,)
     )

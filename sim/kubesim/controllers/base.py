@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from service.domain.quantity import QuantityError, canonical_amount
-from sim.kubesim.api import Context, Resource, now_rfc3339
+from sim.kubesim.api import Admission, Context, Resource, now_rfc3339
 from sim.kubesim.errors import ApiError
 from sim.kubesim.resources import ResourceType
 from sim.kubesim.store import Event, clone
@@ -66,6 +66,13 @@ class Reconciler:
         self.stopped = False
         self.events = EventRecorder(self)
         self.store.listeners.append(self._observe)
+        self._webhooks: list[Admission] = []
+
+    def serve_webhook(self, hook: Admission) -> None:
+        """Admit every write (and delete) through ``hook`` while this controller runs,
+        as its webhook would: registered with the API here, removed by :meth:`stop`."""
+        self.core.admission.append(hook)
+        self._webhooks.append(hook)
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -120,6 +127,10 @@ class Reconciler:
 
     def stop(self) -> None:
         self.stopped = True
+        for hook in self._webhooks:
+            if hook in self.core.admission:
+                self.core.admission.remove(hook)
+        self._webhooks.clear()
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()

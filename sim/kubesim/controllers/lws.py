@@ -74,12 +74,7 @@ class LeaderWorkerSetController(Reconciler):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.core.admission.append(label_pod)
-
-    def stop(self) -> None:
-        super().stop()
-        if label_pod in self.core.admission:
-            self.core.admission.remove(label_pod)
+        self.serve_webhook(label_pod)
 
     def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
         if resource_key == LWS:

@@ -70,15 +70,10 @@ class KueueController(JobReconciler, WorkloadEviction, AdmissionCycle):
         super().__init__(*args)
         self.workload_of: dict[str, tuple[str, str]] = {}
         self.topology: dict[str, dict[str, dict[str, str]]] = {}
-        self.core.admission.append(suspend_queued_jobs)
+        self.serve_webhook(suspend_queued_jobs)
         for workload in self.items(WORKLOADS):
             self._index(workload)
         self.enqueue(_CYCLE)
-
-    def stop(self) -> None:
-        super().stop()
-        if suspend_queued_jobs in self.core.admission:
-            self.core.admission.remove(suspend_queued_jobs)
 
     def keys_for(self, resource_key: str, event: Event) -> Iterable[Hashable]:
         if resource_key in JOB_KINDS:

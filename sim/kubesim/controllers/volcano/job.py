@@ -71,14 +71,9 @@ class VolcanoJobController(Reconciler):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.core.admission.append(self.admit)
+        self.serve_webhook(self.admit)
         for job in self.items(VCJOBS):
             self.enqueue(_key(job))
-
-    def stop(self) -> None:
-        super().stop()
-        if self.admit in self.core.admission:
-            self.core.admission.remove(self.admit)
 
     # -- the webhooks ------------------------------------------------------------------
 
