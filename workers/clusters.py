@@ -103,6 +103,9 @@ KINDS: dict[str, Kind] = {
         Kind("kubeflow.org/v2beta1", "MPIJob", "mpijobs", True),
         Kind("ray.io/v1", "RayJob", "rayjobs", True),
         Kind("ray.io/v1", "RayCluster", "rayclusters", True),
+        Kind("apps/v1", "Deployment", "deployments", True),
+        Kind("apps/v1", "StatefulSet", "statefulsets", True),
+        Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", True),
         Kind("coordination.k8s.io/v1", "Lease", "leases", True),  # workers/fence.py
         # A Volcano member's (workers/plan/volcano.py).
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
@@ -396,6 +399,27 @@ class Member:
                 if error.status != 404:
                     raise
                 return
+            raw.data  # noqa: B018  (read to the end: the connection goes back to the pool)
+            raw.release_conn()
+
+    def scale(self, ref: Ref, replicas: int) -> None:
+        """Set ``ref``'s replicas through its ``scale`` subresource (a merge
+        patch of the ``autoscaling/v1`` Scale): the object stays, its
+        running replicas untouched, only the count moves."""
+        k = KINDS[ref.kind]
+        with self._call(f"scale {ref} to {replicas}"):
+            raw: Any = self._custom.patch_namespaced_custom_object_scale(
+                k.group,
+                k.version,
+                ref.namespace,
+                k.plural,
+                ref.name,
+                {"spec": {"replicas": replicas}},
+                field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
             raw.data  # noqa: B018  (read to the end: the connection goes back to the pool)
             raw.release_conn()
 

@@ -8,7 +8,9 @@ Order matters and is the point of this module:
    never starts beside its victims;
 2. apply queue objects (Namespace, ResourceFlavors, ClusterQueue with the
    quota the centre admitted, LocalQueue) before the jobs that need them;
-3. dispatch new jobs;
+3. dispatch new jobs, and scale up a serving workload's member objects
+   whose admitted replicas grew (scaled down in step 1, their pods gone
+   before anything is dispatched, as a deleted job's);
 4. collect queue objects nothing uses;
 5. record: an evicted workload whose job is gone goes back to ``Pending``
    (``WorkloadRequeued``) so the cycle can admit it again; a cancelling one
@@ -22,6 +24,7 @@ read, so a concurrent change makes the commit fail and the next pass redo it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,12 +38,14 @@ from service.app.lifecycle import Status, Subject
 from service.app.resources import stream_name
 from service.app.uow import SqlUnitOfWork
 from workers.clusters import KINDS, Member, MemberError
-from workers.metering import Meter, admission_ids
+from workers.metering import Meter, admission_ids, ended
 from workers.plan import (
     ADMISSION_LABEL,
     GROUP_KIND,
     JOB_KINDS,
     MANAGED,
+    RUN_KINDS,
+    SERVING_JOB_KINDS,
     WORKLOAD_ANNOTATION,
     Actions,
     PlanMemo,
@@ -92,6 +97,8 @@ class Report:
     deleted: list[str] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)
     dispatched: list[str] = field(default_factory=list)
+    #: Serving member objects scaled in place: ``Kind ns/name -> n``.
+    scaled: list[str] = field(default_factory=list)
     collected: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
@@ -112,13 +119,34 @@ def _in_use(engine: Engine, cluster: str, backend: str = "kueue") -> tuple[str, 
     return (*listed(backend)[: -len(JOB_KINDS)], *job_kinds(specs))
 
 
+def _kinds(engine: Engine, row: ClusterRow, strays: bool) -> tuple[str, ...]:
+    """What a pass lists: the kinds in use, or (looking for strays) every
+    kind of ours. A cluster that was ever lost may hold jobs of gangs since
+    requeued, of any kind, that must be gone before anything new runs: all
+    are listed. The serving kinds only while a serving workload is here
+    (workers/plan/names.py)."""
+    used = _in_use(engine, row.name, row.backend)
+    if row.status.get("lost"):
+        return (*listed(row.backend), *SERVING_JOB_KINDS)
+    every = (*listed(row.backend), *(k for k in used if k in SERVING_JOB_KINDS))
+    return every if strays else used
+
+
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:
     """Every object of ours on the member cluster. One that another object
     controls is that owner's, not a job of ours: KubeRay copies a RayJob's
-    labels to the RayCluster it makes, which is no stray."""
+    labels to the RayCluster it makes, which is no stray. A serving kind
+    the workers' role may not list (403) holds none of ours: the role that
+    would have created them is the same."""
     out: list[dict[str, Any]] = []
     for kind in kinds:
-        out += [o for o in member.list_objects(kind, MANAGED) if not _controlled(o)]
+        try:
+            found = member.list_objects(kind, MANAGED)
+        except MemberError as error:
+            if kind not in SERVING_JOB_KINDS or error.status != 403:
+                raise
+            continue
+        out += [o for o in found if not _controlled(o)]
     return out
 
 
@@ -157,10 +185,7 @@ def reconcile(
         report.skipped = "lost"  # sync brings it back first
         return report
     member = connect(row)
-    # A cluster that was ever lost may hold jobs of gangs since requeued, of
-    # any kind, that must be gone before anything new runs: all are listed.
-    every = listed(row.backend)
-    kinds = every if strays or row.status.get("lost") else _in_use(engine, cluster, row.backend)
+    kinds = _kinds(engine, row, strays)
     # The member is read before the centre: a view older than the listing
     # would take a job that another pass dispatched meanwhile (for a gang
     # admitted after this view was read) for a stray, delete it, and the
@@ -173,11 +198,16 @@ def reconcile(
     actions = plan(view, actual, memo)
     meter = Meter(member, engine, clock, admission_ids(actual, rows))
     if strays:
-        meter.sweep(_admission_of(o) for o in actual if o.get("kind") in JOB_KINDS)
+        meter.sweep(_admission_of(o) for o in actual if o.get("kind") in RUN_KINDS)
+    if actions.scale_down and _shrink(member, actions, report, delete_wait):
+        return report
     if actions.draining:
         # What the pods ran is read before they go: recorded now if they
         # have all ended, else held until they have (workers/metering.py).
-        meter.before_stop(actions.draining)
+        # A serving object's pods are not held: what its replicas ran is
+        # the centre's, by their admission and release (docs/serving.md).
+        serving = _serving_labels(actual)
+        meter.before_stop([a for a in actions.draining if a not in serving])
         _delete(member, actions, report, actual)
         running = _holding(actual, actions.draining)
         if running:
@@ -187,7 +217,7 @@ def reconcile(
             jobs = [
                 Ref.of(o)
                 for o in actual
-                if o.get("kind") in JOB_KINDS and _admission_of(o) in running
+                if o.get("kind") in RUN_KINDS and _admission_of(o) in running
             ]
             gone = [r for r in jobs if r in actions.delete or _terminating(actual, r)]
             ids = sorted(a for a in running if a)  # a stray job may have none
@@ -211,14 +241,24 @@ def reconcile(
     elif actions.delete:  # no job to drain: a stray PodGroup of ours, which holds no pod
         _delete(member, actions, report, actual)
     by_key = {r.key: r for r in rows}
-    if actions.dispatch:
-        # A view read before a cycle preempted one of these must not start
-        # it beside its preemptor: dispatch only what is still as read.
-        current = unchanged(engine, [by_key[_workload_of(j)] for j in actions.dispatch])
-        actions.dispatch = [j for j in actions.dispatch if _workload_of(j) in current]
+    if actions.dispatch or actions.scale_up:
+        _still_as_read(engine, actions, actual, by_key)
     _carry_out(member, actions, report)
     _record(uow, actions, by_key, report, clock())
     return report
+
+
+def _still_as_read(
+    engine: Engine, actions: Actions, actual: list[dict[str, Any]], rows: Mapping[str, Any]
+) -> None:
+    """A view read before a cycle preempted one of these must not start it
+    beside its preemptor: dispatch (and scale up) only what is still as read."""
+    up = [rows[_workload_of(_of(actual, ref))] for ref, _ in actions.scale_up]
+    current = unchanged(engine, [*(rows[_workload_of(j)] for j in actions.dispatch), *up])
+    actions.dispatch = [j for j in actions.dispatch if _workload_of(j) in current]
+    actions.scale_up = [
+        (ref, n) for ref, n in actions.scale_up if _workload_of(_of(actual, ref)) in current
+    ]
 
 
 #: Admission ids in one label selector (its request line stays a few kB).
@@ -250,6 +290,46 @@ def _delete(member: Member, actions: Actions, report: Report, actual: list[dict[
     report.deleted += [str(ref) for ref in actions.delete]
 
 
+def _of(actual: list[dict[str, Any]], ref: Ref) -> dict[str, Any]:
+    return next(o for o in actual if Ref.of(o) == ref)
+
+
+def _serving_labels(actual: list[dict[str, Any]]) -> set[str]:
+    return {_admission_of(o) for o in actual if o.get("kind") in SERVING_JOB_KINDS}
+
+
+def _shrink(member: Member, actions: Actions, report: Report, timeout: float) -> bool:
+    """Scale down the serving objects whose admitted replicas fell, and wait
+    (up to ``timeout``) until each runs no more pods than its new count
+    allows: the replicas the centre released (preempted, scaled away) stop
+    before anything is dispatched, as a deleted job's pods do. Whether some
+    are still going (the pass ends there; the next one goes on)."""
+    for ref, replicas in actions.scale_down:
+        member.scale(ref, replicas)
+        report.scaled.append(f"{ref} -> {replicas}")
+    deadline = time.monotonic() + timeout
+    while True:
+        over = _over(member, actions.shrinking)
+        if not over or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if over:
+        report.waiting = [f"admission {a}: {n} pods over" for a, n in sorted(over.items())]
+        log.info("%s: waiting for %d scale-downs", member.name, len(over))
+    return bool(over)
+
+
+def _over(member: Member, allowed: Mapping[str, int]) -> dict[str, int]:
+    """Per admission label, how many more pods than ``allowed`` still run."""
+    chosen = ",".join(sorted(allowed))
+    pods = member.pods(f"{ADMISSION_LABEL} in ({chosen})")
+    live: dict[str, int] = {}
+    for pod in pods:
+        if not ended(pod):
+            live[_admission_of(pod)] = live.get(_admission_of(pod), 0) + 1
+    return {a: live[a] - n for a, n in allowed.items() if live.get(a, 0) > n}
+
+
 def _holding(actual: list[dict[str, Any]], draining: list[str]) -> list[str]:
     """The admissions among ``draining`` whose pods may still hold nodes:
     all but those whose job the member reports Succeeded (every pod of it
@@ -259,7 +339,7 @@ def _holding(actual: list[dict[str, Any]], draining: list[str]) -> list[str]:
     succeeded = {
         _admission_of(o)
         for o in actual
-        if o.get("kind") in JOB_KINDS and member_status(o, None)["phase"] == "Succeeded"
+        if o.get("kind") in RUN_KINDS and member_status(o, None)["phase"] == "Succeeded"
     }
     return [a for a in draining if not a or a not in succeeded]
 
@@ -308,6 +388,9 @@ def _carry_out(member: Member, actions: Actions, report: Report) -> None:
                 actions.dispatch,
             )
         )
+    for ref, replicas in actions.scale_up:
+        member.scale(ref, replicas)
+        report.scaled.append(f"{ref} -> {replicas}")
     failed: MemberError | None = None
     for obj, error in zip(actions.dispatch, outcomes, strict=True):
         if error is None:
@@ -337,11 +420,18 @@ def _record(
         _apply(uow, rows[key], lifecycle.requeue(Status(rows[key].status), now), now)
         report.requeued.append(key)
     for key, message in report.refused.items():
-        _refuse(uow, rows[key], message, now)
+        _refuse(uow, rows[key], message, now, report.cluster)
     for key in actions.cancelled:
-        # Its job is gone from the member: the usage it held closes now.
+        # Its job is gone from the member: the usage it held closes now (a
+        # serving workload's replicas here: each its own close).
         row = rows[key]
-        _apply(uow, row, lifecycle.cancelled(Subject.of(row), Status(row.status), now), now)
+        if isinstance(row.status.get(lifecycle.REPLICA_ADMISSIONS), list):
+            change = lifecycle.cancel_replicas(
+                Subject.of(row), Status(row.status), report.cluster, now
+            )
+        else:
+            change = lifecycle.cancelled(Subject.of(row), Status(row.status), now)
+        _apply(uow, row, change, now)
         report.cancelled.append(key)
 
 
@@ -355,9 +445,17 @@ def _apply(uow: SqlUnitOfWork, row: Any, change: lifecycle.Transition, now: date
     append(uow, stream, row.version, change.event, data, ACTOR, now, change.entries)
 
 
-def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime) -> None:
+def _refuse(uow: SqlUnitOfWork, row: Any, message: str, now: datetime, here: str) -> None:
     """Evicted and deactivated: its quota released, never admitted again
-    until someone fixes and reactivates it."""
+    until someone fixes and reactivates it. A serving workload's every
+    replica is released (the manifest its other objects run is the same)."""
+    if isinstance(row.status.get(lifecycle.REPLICA_ADMISSIONS), list):
+        words = f"cluster {here} refused the object: {message}"
+        refused = lifecycle.refuse_replicas(
+            Subject.of(row), Status(row.status), here, words, now, row.spec
+        )
+        _apply(uow, row, refused, now)
+        return
     cluster = Status(row.status).cluster
     change = lifecycle.evict(
         Subject.of(row),

@@ -6,6 +6,7 @@ work) — the same path as the admission cycle's writes."""
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -49,11 +50,17 @@ def wake(uow: SqlUnitOfWork) -> None:
 # admission (and would otherwise pile up in every pass). Their (uid,
 # version) stamps first, whole rows only for what a process has not read at
 # that version (RowCache).
+# A serving workload is here while any of its replicas is admitted here
+# (``replicaAdmissions``: workers/plan/serving.py), or while sync has a
+# count of its replicas available here to take back.
 _HERE = (
     "kind = 'Workload' AND NOT deleted AND ("
     "(status->'admission'->>'cluster' = :cluster "
     "AND status->>'state' IN ('Admitted', 'Running', 'Cancelling')) "
-    "OR (status->'eviction'->>'cluster' = :cluster AND status->>'state' = 'Evicted'))"
+    "OR (status->'eviction'->>'cluster' = :cluster AND status->>'state' = 'Evicted') "
+    "OR (status->'replicaAdmissions' @> CAST(:units AS jsonb) "
+    "AND status->>'state' IN ('Pending', 'Admitted', 'Running', 'Cancelling')) "
+    "OR (status->'availableByCluster'->>CAST(:cluster AS text) IS NOT NULL))"
 )
 _WORKLOAD_STAMPS = text(
     f"SELECT namespace, name, CAST(uid AS text), resource_version FROM resources WHERE {_HERE}"
@@ -154,7 +161,9 @@ class RowCache:
     def rows(self, conn: Connection, cluster: str) -> list[WorkloadRow]:
         stamps = {
             f"{ns}/{name}": (ns, name, (uid, int(version)))
-            for ns, name, uid, version in conn.execute(_WORKLOAD_STAMPS, {"cluster": cluster})
+            for ns, name, uid, version in conn.execute(
+                _WORKLOAD_STAMPS, {"cluster": cluster, "units": _units(cluster)}
+            )
         }
         with self._lock:
             known = dict(self._rows.get(cluster, {}))
@@ -177,6 +186,12 @@ class RowCache:
         with self._lock:
             self._rows[cluster] = {k: known[k] for k in fresh}
         return list(fresh.values())
+
+
+def _units(cluster: str) -> str:
+    """What a ``replicaAdmissions`` list holding a replica admitted to
+    ``cluster`` contains (jsonb containment, ``@>``)."""
+    return json.dumps([{"admission": {"cluster": cluster}}])
 
 
 #: This process's rows (a Celery pool process, the scheduler's fleet loop).

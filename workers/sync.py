@@ -41,6 +41,8 @@ from workers.plan import (
     CHECKPOINT_ANNOTATION,
     MANAGED,
     RUNS_HERE,
+    SERVING_JOB_KINDS,
+    UID_ANNOTATION,
     WORKLOAD_ANNOTATION,
     ClusterView,
     WorkloadView,
@@ -50,6 +52,7 @@ from workers.plan import (
     tier_one_islands,
     volcano_status,
 )
+from workers.plan.serving import admission_label, available, is_serving, parts
 from workers.reconcile import managed
 from workers.records import (
     ClusterRow,
@@ -297,8 +300,38 @@ def sync(
             pods_ready,
             volcano,
         )
+    for workload in rows:
+        _replicas(lambda what, write: changes.append((what, write)), cluster, workload, jobs, now)
     _write_all(unit_of_work, report, changes)
     return report
+
+
+def _replicas(
+    change: Change,
+    cluster: str,
+    row: WorkloadRow,
+    objects: Sequence[Mapping[str, Any]],
+    now: datetime,
+) -> None:
+    """A serving workload's replicas available on ``cluster``: summed over
+    its member objects of the placements admitted here now (an object of a
+    placement since left is going, and counts for nothing), each no more
+    than admitted there; a missing object (deleted under us: reconcile
+    makes it again) counts none."""
+    workload = WorkloadView(row.namespace, row.name, row.uid, row.spec, row.status)
+    if not is_serving(workload) and cluster not in (row.status.get("availableByCluster") or {}):
+        return
+    labels = {admission_label(workload, p.key): p.replicas for p in parts(workload, cluster)}
+    count = 0
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        label = str((meta.get("labels") or {}).get(ADMISSION_LABEL, ""))
+        mine = (meta.get("annotations") or {}).get(UID_ANNOTATION) == row.uid
+        if mine and label in labels and obj.get("kind") in SERVING_JOB_KINDS:
+            count += min(available(obj), labels[label])
+    transition = lifecycle.replicas_available(Status(row.status), cluster, count, now)
+    if transition is not None:
+        _change(change, row.key, row, transition, now)
 
 
 def asks_discovery(row: ClusterRow) -> bool:

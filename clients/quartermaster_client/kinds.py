@@ -86,7 +86,9 @@ APPLY_ORDER = (
 #: API groups whose kinds Quartermaster serves: its own, and Kueue's (``apply``
 #: translates them).
 GROUPS = ("quartermaster.dev", "kueue.x-k8s.io")
-#: API groups of the jobs a submission may carry; the server says which kinds.
+#: API groups of the jobs a submission may carry (training jobs, and the
+#: serving kinds: apps/v1 Deployment and StatefulSet, LeaderWorkerSet); the
+#: server says which kinds (a DaemonSet is its refusal, not ours).
 JOB_GROUPS = (
     "batch",
     "jobset.x-k8s.io",
@@ -94,6 +96,8 @@ JOB_GROUPS = (
     "ray.io",
     "trainer.kubeflow.org",
     "batch.volcano.sh",
+    "apps",
+    "leaderworkerset.x-k8s.io",
 )
 #: Kubeflow Trainer's runtimes, applied as Trainer writes them (its TrainJob is a job).
 RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")

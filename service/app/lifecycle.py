@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -56,7 +56,10 @@ DISPATCHED_EVENT, RUNNING_EVENT, FINISHED_EVENT = (
 )
 CANCELLED_EVENT, REQUEUED_EVENT = "WorkloadCancelled", "WorkloadRequeued"
 CHECKPOINTED_EVENT = "WorkloadCheckpointed"
+REPLICAS_AVAILABLE_EVENT = "WorkloadReplicasAvailable"
 SCALED_EVENT = "WorkloadScaled"
+#: A serving workload's per-replica admissions (docs/serving.md).
+REPLICA_ADMISSIONS = "replicaAdmissions"
 #: How much newer a checkpoint must be than the recorded one to be recorded.
 CHECKPOINT_EVERY = timedelta(minutes=1)
 SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
@@ -366,6 +369,31 @@ def run(status: Status, started_at: str, now: datetime) -> Transition:
     return Transition(RUNNING_EVENT, Status({**new, "conditions": conditions}))
 
 
+def replicas_available(
+    status: Status, cluster: str, available: int, now: datetime
+) -> Transition | None:
+    """A serving workload's replicas available on ``cluster`` (its member
+    objects' available replicas, a LeaderWorkerSet's ready groups, never
+    more than admitted there), recorded per cluster in
+    ``availableByCluster`` and summed in ``availableReplicas``. Admitted →
+    Running once every admitted replica (``replicaAdmissions``) is
+    available: its PodsReady. A serving workload never finishes by itself;
+    a count that falls (a member object lost, a replica restarting) is
+    recorded, the state kept. ``None`` when nothing changed."""
+    recorded = dict(status.raw.get("availableByCluster") or {})
+    counts = {**recorded, cluster: available} if available else dict(recorded)
+    if not available:
+        counts.pop(cluster, None)
+    total = sum(int(n) for n in counts.values())
+    new = Status({**status.raw, "availableByCluster": counts, "availableReplicas": total})
+    admitted = len(status.raw.get("replicaAdmissions") or ())
+    if status.state == ADMITTED and admitted and total >= admitted:
+        return run(new, rfc3339(now), now)
+    if counts == recorded and status.raw.get("availableReplicas", 0) == total:
+        return None
+    return Transition(REPLICAS_AVAILABLE_EVENT, new)
+
+
 def checkpoint(status: Status, at: datetime, now: datetime) -> Transition | None:
     """A running gang saved its work at ``at`` (its job's
     ``quartermaster.dev/last-checkpoint``): a preemption now destroys only
@@ -522,6 +550,39 @@ def evict(
     return Transition(EVICTED_EVENT, Status(new), _close(subject, status, body, now), new_spec)
 
 
+def refuse_replicas(
+    subject: Subject,
+    status: Status,
+    cluster: str,
+    message: str,
+    now: datetime,
+    spec: Mapping[str, Any],
+) -> Transition:
+    """A member refused a serving workload's object (invalid there, its kind
+    not installed): every replica released (each its own close, as
+    :func:`_released`), the workload Evicted from ``cluster`` and
+    deactivated, as a refused gang is (:func:`evict`): asking again will not
+    help until someone fixes and reactivates it."""
+    replicas = list(status.raw.get(REPLICA_ADMISSIONS) or ())
+    new, closes = _released(subject, status, replicas, "DispatchFailed", message, False, now)
+    conditions = new.get("conditions") or ()
+    for kind, value in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
+        conditions = set_condition(conditions, kind, value, "DispatchFailed", message, now)
+    new = {k: v for k, v in new.items() if k != "podsReady"}
+    new.update(
+        state=EVICTED,
+        conditions=conditions,
+        eviction={
+            "reason": "DispatchFailed",
+            "message": message,
+            "cluster": cluster,
+            "at": rfc3339(now),
+        },
+    )
+    entry, also = (closes[0], tuple(closes[1:])) if closes else (None, ())
+    return Transition(EVICTED_EVENT, Status(new), entry, {**spec, "active": False}, also)
+
+
 def scale(status: Status, spec: Mapping[str, Any], replicas: int, now: datetime) -> Transition:
     """A serving workload's ``spec.replicas`` (and its job's) set to
     ``replicas``: the number of replica gangs it asks admission for
@@ -577,6 +638,40 @@ def cancelled(subject: Subject, status: Status, now: datetime, message: str = ""
     return Transition(CANCELLED_EVENT, Status(new), _close(subject, status, body, now))
 
 
+def cancel_replicas(subject: Subject, status: Status, cluster: str, now: datetime) -> Transition:
+    """A cancelling serving workload's objects are gone from ``cluster``: its
+    replicas there close, each a ``cancelled`` finish of its own run (from
+    its admission); Cancelled once none is left anywhere, else still
+    Cancelling while another member removes its objects."""
+    here = [
+        r
+        for r in status.raw.get(REPLICA_ADMISSIONS) or ()
+        if (r.get("admission") or {}).get("cluster") == cluster
+    ]
+
+    def finished(replica: Mapping[str, Any]) -> ledger.Body:
+        admission = replica.get("admission") or {}
+        started = min(parse_time(replica.get("admittedAt")) or now, now)
+        consumed, gpu, cpu, memory = _consumed(amounts(admission), started, now)
+        return ledger.WorkloadFinished(
+            **subject.names(str(admission.get("clusterQueue"))),
+            cluster=cluster,
+            outcome="cancelled",
+            started_at=started,
+            finished_at=now,
+            consumed=consumed,
+            gpu_seconds=gpu,
+            cpu_seconds=cpu,
+            memory_gib_seconds=memory,
+        )
+
+    new, closes = _without(subject, status, here, finished, now)
+    if not new[REPLICA_ADMISSIONS]:
+        new.update(state=CANCELLED, finishedAt=rfc3339(now))
+    entry, also = (closes[0], tuple(closes[1:])) if closes else (None, ())
+    return Transition(CANCELLED_EVENT, Status(new), entry, also=also)
+
+
 def lose_cluster(
     subject: Subject,
     status: Status,
@@ -590,6 +685,8 @@ def lose_cluster(
     usage closed, and what it ran there estimated from ``seen``), a
     cancelling one is Cancelled, one evicted from it and waiting for its
     job's removal is requeued; ``None`` if it has nothing there."""
+    if isinstance(status.raw.get(REPLICA_ADMISSIONS), list):
+        return _lose_replicas(subject, status, cluster, reason, message, now)
     here = status.cluster == cluster and status.holds
     evicted_here = (
         status.state == EVICTED and (status.raw.get("eviction") or {}).get("cluster") == cluster
@@ -616,6 +713,85 @@ def lose_cluster(
         released=amounts(admission),
     )
     return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now), also=also)
+
+
+def _released(
+    subject: Subject,
+    status: Status,
+    released: Sequence[Mapping[str, Any]],
+    reason: str,
+    message: str,
+    requeued: bool,
+    now: datetime,
+) -> tuple[Obj, list[NewLedgerEntry]]:
+    """A serving workload's status without the replicas ``released`` (and
+    without its available count in the clusters left with none), and one
+    closing entry per replica (evicted: requeued or not), its id the
+    replica's admission's: a second release of the same replica writes
+    nothing again."""
+
+    def evicted(replica: Mapping[str, Any]) -> ledger.Body:
+        admission = replica.get("admission") or {}
+        return ledger.WorkloadEvicted(
+            **subject.names(str(admission.get("clusterQueue"))),
+            cluster=str(admission.get("cluster")),
+            reason=reason,
+            message=message,
+            requeued=requeued,
+            released=amounts(admission),
+        )
+
+    return _without(subject, status, released, evicted, now)
+
+
+def _without(
+    subject: Subject,
+    status: Status,
+    released: Sequence[Mapping[str, Any]],
+    body: Callable[[Mapping[str, Any]], ledger.Body],
+    now: datetime,
+) -> tuple[Obj, list[NewLedgerEntry]]:
+    closes = [
+        ledger.new_entry(body(r), closing_entry_id(subject.uid, r.get("admission") or {}), now)
+        for r in released
+    ]
+    kept = [r for r in status.raw.get(REPLICA_ADMISSIONS) or () if r not in released]
+    here = {str((r.get("admission") or {}).get("cluster")) for r in kept}
+    counts = {c: n for c, n in (status.raw.get("availableByCluster") or {}).items() if c in here}
+    new = {
+        **status.raw,
+        REPLICA_ADMISSIONS: kept,
+        "admittedReplicas": len(kept),
+        "availableByCluster": counts,
+        "availableReplicas": sum(int(n) for n in counts.values()),
+    }
+    return new, closes
+
+
+def _lose_replicas(
+    subject: Subject, status: Status, cluster: str, reason: str, message: str, now: datetime
+) -> Transition | None:
+    """``cluster`` is lost or deleted: a serving workload's replicas admitted
+    there are released, each its own close (its id the replica's
+    admission's), and wait again as pending replicas; the replicas
+    elsewhere keep running. Pending once none is left; a cancelling one
+    with none left is Cancelled. ``None`` if it has none there."""
+    replicas = list(status.raw.get(REPLICA_ADMISSIONS) or ())
+    lost = [r for r in replicas if (r.get("admission") or {}).get("cluster") == cluster]
+    if not lost or status.state in (FINISHED, CANCELLED, EVICTED):
+        return None
+    cancelling = status.state == CANCELLING
+    new, closes = _released(subject, status, lost, reason, message, not cancelling, now)
+    kept = new[REPLICA_ADMISSIONS]
+    new["conditions"] = set_condition(status.conditions, "Requeued", "True", reason, message, now)
+    event = REQUEUED_EVENT
+    if not kept and cancelling:
+        new.update(state=CANCELLED, finishedAt=rfc3339(now))
+        event = CANCELLED_EVENT
+    elif not kept:
+        new = {k: v for k, v in new.items() if k != "podsReady"}
+        new.update(state=PENDING, queuedAt=rfc3339(now))
+    return Transition(event, Status(new), closes[0], also=tuple(closes[1:]))
 
 
 # --- back to the queue ----------------------------------------------------------------------
@@ -645,6 +821,7 @@ __all__ = [
     "Transition",
     "admit",
     "amounts",
+    "cancel_replicas",
     "cancelled",
     "closing_entry_id",
     "dispatch",
@@ -654,6 +831,8 @@ __all__ = [
     "measured_run",
     "preempt",
     "ran_entry_id",
+    "refuse_replicas",
+    "replicas_available",
     "request_cancel",
     "requeue",
     "run",

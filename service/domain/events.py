@@ -140,6 +140,12 @@ WORKLOAD_DISPATCHED = declare(
     "WorkloadDispatched", WORKLOAD_STREAMS, _OBJECT, "its job is on the member cluster"
 )
 WORKLOAD_RUNNING = declare("WorkloadRunning", WORKLOAD_STREAMS, _OBJECT, "every pod ready")
+WORKLOAD_REPLICAS_AVAILABLE = declare(
+    "WorkloadReplicasAvailable",
+    WORKLOAD_STREAMS,
+    _OBJECT,
+    "a serving workload's replicas available on a member changed",
+)
 WORKLOAD_CHECKPOINTED = declare(
     "WorkloadCheckpointed", WORKLOAD_STREAMS, _OBJECT, "its job reported a newer checkpoint"
 )

@@ -549,6 +549,26 @@ def test_scale_a_serving_workload(qmctl: Run, tmp_path: Path, qm: Client) -> Non
     assert refused.returncode != 0 and "spec.replicas" in refused.stderr, refused.stderr
 
 
+def test_apply_submits_serving_manifests_as_workloads(qmctl: Run, tmp_path: Path) -> None:
+    web, vllm, kv = kinds.deployment(), kinds.vllm_lws(), kinds.statefulset()
+    for manifest in (web, vllm, kv):
+        manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "serve"
+    vllm["spec"]["replicas"] = 1  # within the queue's 8 GPUs a group
+    documents = "---\n".join([FLEET, SERVING, *(yaml.safe_dump(m) for m in (web, vllm, kv))])
+    applied = _lines(qmctl("apply", "-f", "-", stdin=documents).stdout)
+    assert applied[-3:] == [
+        "workload/llama-8b created in namespace team-a",
+        "workload/vllm created in namespace team-a",
+        "workload/kv-cache created in namespace team-a",
+    ]
+    picked = json.loads(qmctl("get", "wl", "vllm", "-o", "json").stdout)
+    assert picked["spec"]["job"]["kind"] == "LeaderWorkerSet"
+    assert picked["spec"]["workloadClass"] == "inference"
+    daemon = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"}}
+    refused = qmctl("apply", "-f", "-", stdin=yaml.safe_dump(daemon), code=None)
+    assert refused.returncode != 0 and "DaemonSet" in refused.stderr, refused.stderr
+
+
 COMMANDS = [
     ["apply"],
     ["get"],

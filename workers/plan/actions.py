@@ -10,10 +10,12 @@ from workers.plan.names import (
     ADMISSION_LABEL,
     BACKEND_QUEUE_KINDS,
     GROUP_KIND,
-    JOB_KINDS,
+    RUN_KINDS,
+    SERVING_JOB_KINDS,
     WORKLOAD_ANNOTATION,
 )
-from workers.plan.views import Actions, ClusterView, Ref
+from workers.plan.serving import pods_per_unit, units
+from workers.plan.views import Actions, ClusterView, Obj, Ref
 from workers.plan.volcano import emptied_queue, volcano_desired
 
 # -- plan ------------------------------------------------------------------------------------
@@ -50,7 +52,7 @@ def plan(
     ``memo``: as for :func:`desired`."""
     actions = Actions()
     refs = [Ref.of(o) for o in actual]
-    jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in JOB_KINDS]
+    jobs = [(r, o, _job_key(o)) for r, o in zip(refs, actual, strict=True) if r.kind in RUN_KINDS]
     present = {key for _, _, key in jobs}
     volcano = view.backend == "volcano"
     want = (volcano_desired if volcano else desired)(view, present, memo)
@@ -82,6 +84,11 @@ def plan(
             actions.dispatch.append(job)
             if key in want.groups:
                 actions.groups[str(Ref.of(job))] = want.groups[key]
+    for ref, obj, key in jobs:
+        if key in want.replicas and ref.kind in SERVING_JOB_KINDS:
+            _scale(actions, ref, obj, want.replicas[key])
+            if key in want.groups and volcano:
+                _regroup(actions, on_cluster, want.groups[key])
     unused = [ref for ref in refs if ref.kind in queue_kinds and ref not in want.queues]
     if volcano:
         # Volcano deletes only a Closed Queue (its webhook refuses the rest),
@@ -104,6 +111,31 @@ def plan(
             and workload.spec.get("active", True) is not False  # deactivated: stays Evicted
         ):
             actions.requeue.append(workload.key)
-        elif workload.state == "Cancelling" and workload.admission.get("cluster") == view.cluster:
+        elif workload.state == "Cancelling" and (
+            workload.admission.get("cluster") == view.cluster or units(workload, view.cluster)
+        ):
             actions.cancelled.append(workload.key)
     return actions
+
+
+def _scale(actions: Actions, ref: Ref, held: Mapping[str, Any], want: int) -> None:
+    """A serving member object the member holds, scaled in place to the
+    count the centre admitted there (never deleted and made again: its
+    running replicas stay)."""
+    if (held.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    have = (held.get("spec") or {}).get("replicas")
+    if have == want:
+        return
+    if isinstance(have, int) and want < have:
+        actions.scale_down.append((ref, want))
+        actions.shrinking[_job_key(held)[1]] = want * pods_per_unit(held)
+    else:
+        actions.scale_up.append((ref, want))
+
+
+def _regroup(actions: Actions, on_cluster: Mapping[Ref, Any], group: Obj) -> None:
+    """A serving object's PodGroup, applied again when what it holds changed
+    (its replicas scaled: ``minResources`` follows the centre's count)."""
+    if not _contains(on_cluster.get(Ref.of(group)), group):
+        actions.apply.append(group)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workers.plan.jobs import member_job, priority_of
@@ -34,6 +34,16 @@ from workers.plan.queues import (
     unambiguous,
     use_of,
 )
+from workers.plan.serving import (
+    UNITS_RUN,
+    admission_label,
+    is_serving,
+    member_object,
+    parts,
+    selectors,
+    unit_view,
+    units,
+)
 from workers.plan.views import ClusterView, Obj, Ref, WorkloadView
 
 
@@ -55,6 +65,8 @@ class _Kept:
     flavors: Mapping[str, Mapping[str, Any]]
     topologies: Mapping[str, Mapping[str, Any]]
     entries: Mapping[tuple[str, int], Admitted]
+    #: A serving workload's replicas here, each as a gang, by the same stamp.
+    replicas: Mapping[tuple[str, int], list[Admitted]] = field(default_factory=dict)
 
 
 class PlanMemo:
@@ -169,6 +181,9 @@ def desired(
     pass built every in-flight gang's job to dispatch a few). ``memo``: what
     the last pass over this cluster worked out, reused and renewed."""
     out = Desired()
+    #: Serving workloads whose member objects are planned (once each, in
+    #: the generation of the first of their replicas met).
+    served: set[str] = set()
     for central, admitted in sorted(admitted_here(view, out, memo).items()):
         spec = view.cluster_queues.get(central) or {}
         for generation, (entries, member) in enumerate(_generations(view, spec, admitted)):
@@ -179,7 +194,7 @@ def desired(
                 ref = Ref("ResourceFlavor", "", name)
                 if ref not in out.queues:
                     out.queues[ref] = member_flavor(view, name, placed)
-            _jobs(out, entries, cq, generation, held)
+            _jobs(out, entries, cq, generation, held, view, served)
     if view.cluster_uid:
         for obj in (*out.namespaces.values(), *out.queues.values(), *out.jobs.values()):
             obj["metadata"]["labels"][CLUSTER_UID_LABEL] = view.cluster_uid
@@ -210,8 +225,22 @@ def admitted_here(
     placements: Placements = {}
     kept = memo.kept(view) if memo is not None else _Kept({}, {}, {})
     entries: dict[tuple[str, int], Admitted] = {}
+    units_kept: dict[tuple[str, int], list[Admitted]] = {}
     priorities: set[int] = set()
     for workload in view.workloads:
+        if is_serving(workload):
+            stamp = (workload.uid, workload.version or 0)
+            replicas = kept.replicas.get(stamp) if workload.version is not None else None
+            if replicas is None:
+                replicas = _replicas(view, workload, placements)
+            if workload.version is not None:
+                units_kept[stamp] = replicas
+            for unit in replicas:
+                central = str(unit.workload.admission["clusterQueue"])
+                by_queue.setdefault(central, []).append(unit)
+            if replicas:
+                _note(out, workload, priorities, priority_class)
+            continue
         if workload.state not in RUNS_HERE or workload.admission.get("cluster") != view.cluster:
             continue
         central = str(workload.admission["clusterQueue"])
@@ -223,20 +252,63 @@ def admitted_here(
             entry = known if known is not None else _admitted(view, workload, placements)
             entries[stamp] = entry
         by_queue.setdefault(central, []).append(Admitted(workload, entry.uses, entry.selectors))
-        if workload.namespace not in out.namespaces:
-            out.namespaces[workload.namespace] = {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": workload.namespace, "labels": managed_labels()},
-            }
-        priority = priority_of(workload)
-        if priority not in priorities:
-            priorities.add(priority)
-            ref, obj = priority_class(priority)
-            out.queues[ref] = obj
+        _note(out, workload, priorities, priority_class)
     if memo is not None:
-        memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries))
+        memo.keep(view.cluster, _Kept(kept.flavors, kept.topologies, entries, units_kept))
     return by_queue
+
+
+def _replicas(view: ClusterView, workload: WorkloadView, placements: Placements) -> list[Admitted]:
+    """A serving workload's replicas admitted here, each as a gang of its
+    own (its uses raise the member queue's quota as a gang's do); none
+    once it stops (cancelled, evicted, finished)."""
+    if workload.state not in UNITS_RUN:
+        return []
+    return [
+        _admitted(view, unit_view(workload, entry), placements)
+        for entry in units(workload, view.cluster)
+        if (entry.get("admission") or {}).get("clusterQueue")
+    ]
+
+
+def _note(
+    out: Desired,
+    workload: WorkloadView,
+    priorities: set[int],
+    priority_class: Callable[[int], tuple[Ref, Obj]],
+) -> None:
+    """The Namespace and the priority class an admitted workload needs here."""
+    if workload.namespace not in out.namespaces:
+        out.namespaces[workload.namespace] = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": workload.namespace, "labels": managed_labels()},
+        }
+    priority = priority_of(workload)
+    if priority not in priorities:
+        priorities.add(priority)
+        ref, obj = priority_class(priority)
+        out.queues[ref] = obj
+
+
+def serving_objects(
+    out: Desired,
+    view: ClusterView,
+    workload: WorkloadView,
+    queue: str,
+    held: Set[tuple[str, str]],
+) -> None:
+    """The member objects of a serving workload here, one per placement of
+    its admitted replicas (workers/plan/serving.py), and their counts; one
+    the member holds is only counted, not built (a copy of its manifest
+    was most of a pass over many)."""
+    for part in parts(workload, view.cluster):
+        key = (workload.key, admission_label(workload, part.key))
+        out.replicas[key] = part.replicas
+        if key in held:
+            out.held.add(key)
+        else:
+            out.jobs[key] = member_object(part, queue, selectors(view, part))
 
 
 def _jobs(
@@ -245,9 +317,13 @@ def _jobs(
     cq: str,
     generation: int,
     held: Set[tuple[str, str]],
+    view: ClusterView | None = None,
+    served: set[str] | None = None,
 ) -> None:
     """The LocalQueues and the jobs of ``entries``, admitted through member
-    ClusterQueue ``cq``: jobs the member holds only noted."""
+    ClusterQueue ``cq``: jobs the member holds only noted. A serving
+    workload's replicas make its member objects, with their counts (what
+    scaling compares)."""
     #: A (namespace, central LocalQueue)'s member LocalQueue, once decided.
     queues: dict[tuple[str, str], str] = {}
     for entry in entries:
@@ -269,6 +345,11 @@ def _jobs(
                     "spec": {"clusterQueue": cq},
                 },
             )
+        if is_serving(workload):
+            if view is not None and served is not None and workload.key not in served:
+                served.add(workload.key)
+                serving_objects(out, view, workload, queue, held)
+            continue
         admission = admission_id(workload)
         if (workload.key, admission) in held:
             out.held.add((workload.key, admission))

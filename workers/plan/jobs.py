@@ -8,15 +8,15 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from service.domain.jobs import VOLCANO_JOB, job_kind, job_pod_templates
+from service.domain.jobs import SERVING_KINDS, VOLCANO_JOB, job_kind, job_pod_templates
 from workers.plan.names import (
     ADMISSION_ID_ANNOTATION,
     ADMISSION_LABEL,
     API_VERSIONS,
-    JOB_KINDS,
     PRIORITY_ANNOTATION,
     PRIORITY_LABEL,
     QUEUE_LABEL,
+    RUN_KINDS,
     SIM_ANNOTATIONS,
     UID_ANNOTATION,
     USAGE_FINALIZER,
@@ -39,10 +39,18 @@ def _pin(
     selector: Mapping[str, str],
     extra: Mapping[str, str],
     labels: Mapping[str, str],
+    *,
+    serving: bool = False,
 ) -> Obj:
     """A pod template pinned to its flavors' (and island's) node labels, its
     pods labelled with the workload and admission they belong to, and held
-    by our finalizer until what they ran is read (workers/metering.py)."""
+    by our finalizer until what they ran is read (workers/metering.py).
+
+    ``serving``: a Deployment's, StatefulSet's or LeaderWorkerSet's, whose
+    pods restart in place (their API refuses any ``restartPolicy`` but
+    ``Always``) and go one by one as the object scales down: no finalizer
+    (no one would lift it: their replicas' runs are the centre's, by
+    admission and release, docs/serving.md) and no ``Never``."""
     # Copies of what changes only (metadata, its labels and annotations, the
     # spec's top level); the rest (containers, volumes) is shared with the
     # workload's spec, which nothing writes to: a deep copy of every
@@ -50,13 +58,14 @@ def _pin(
     out = dict(template)
     meta = out["metadata"] = dict(out.get("metadata") or {})
     meta["labels"] = {**(meta.get("labels") or {}), **labels}
-    meta["finalizers"] = sorted({*(meta.get("finalizers") or ()), USAGE_FINALIZER})
+    if not serving:
+        meta["finalizers"] = sorted({*(meta.get("finalizers") or ()), USAGE_FINALIZER})
     annotations = meta["annotations"] = dict(meta.get("annotations") or {})
     for key, value in extra.items():
         annotations.setdefault(key, value)
     spec = out["spec"] = dict(out.get("spec") or {})
     spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **selector}
-    spec.setdefault("restartPolicy", "Never")
+    spec.setdefault("restartPolicy", "Always" if serving else "Never")
     return out
 
 
@@ -88,11 +97,11 @@ def job_kinds(specs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
         source = spec.get("job")
         if isinstance(source, Mapping) and job_kind(source) == VOLCANO_JOB:
             used.add("JobSet")
-        elif isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+        elif isinstance(source, Mapping) and source.get("kind") in RUN_KINDS:
             used.add(str(source["kind"]))
         elif len(list(spec.get("podSets") or ())) != 1:
             used.add("JobSet")
-    return tuple(k for k in JOB_KINDS if k in used)
+    return tuple(k for k in RUN_KINDS if k in used)
 
 
 def member_job(
@@ -134,15 +143,17 @@ def member_job(
             for name, template in _templates(dict(source))
         }
         return volcano_jobset(source, meta, pinned)
-    if isinstance(source, Mapping) and source.get("kind") in JOB_KINDS:
+    if isinstance(source, Mapping) and source.get("kind") in RUN_KINDS:
         job = copy.deepcopy(dict(source))
         original = job.get("metadata") or {}
         meta["labels"] = {**(original.get("labels") or {}), **meta["labels"]}
         meta["annotations"] = {**(original.get("annotations") or {}), **meta["annotations"]}
         job["metadata"] = meta
         job.pop("status", None)
+        serving = job.get("kind") in SERVING_KINDS  # a StatefulSet admitted as one gang
         for name, template in _templates(job):
-            template.update(_pin(template, selectors.get(name, first), sim, pods))
+            pinned = _pin(template, selectors.get(name, first), sim, pods, serving=serving)
+            template.update(pinned)
         return job
     pod_sets = list(workload.spec.get("podSets") or ())
     if len(pod_sets) == 1:

@@ -30,9 +30,17 @@ UID_ANNOTATION = "quartermaster.dev/workload-uid"
 PRIORITY_ANNOTATION = "quartermaster.dev/priority"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SIM_ANNOTATIONS = ("quartermaster.dev/sim-duration", "quartermaster.dev/sim-exit")
-#: What the workers apply to members; a workload of another kind is never
-#: admitted (service/app/admission/snapshot.py holds it pending).
-JOB_KINDS = MEMBER_JOB_KINDS
+#: The serving kinds, run as one member object per placement of their
+#: admitted replicas (workers/plan/serving.py), scaled in place. Listed on
+#: a member only while a serving workload is there (job_kinds): a member
+#: whose role grants no apps/v1 or LeaderWorkerSets is never asked for them.
+SERVING_JOB_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
+#: The jobs the workers apply to members and list on every pass; a workload
+#: of another kind is never admitted (service/app/admission/snapshot.py
+#: holds it pending), but for the serving kinds.
+JOB_KINDS = tuple(k for k in MEMBER_JOB_KINDS if k not in SERVING_JOB_KINDS)
+#: Every kind of member object that runs a workload of ours.
+RUN_KINDS = (*JOB_KINDS, *SERVING_JOB_KINDS)
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Deletion order (applied in reverse).
 QUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass")
@@ -58,6 +66,9 @@ API_VERSIONS = {
     "WorkloadPriorityClass": "kueue.x-k8s.io/v1beta2",
     "Job": "batch/v1",
     "JobSet": "jobset.x-k8s.io/v1alpha2",
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
     "Queue": "scheduling.volcano.sh/v1beta1",
     "PodGroup": "scheduling.volcano.sh/v1beta1",
     "PriorityClass": "scheduling.k8s.io/v1",

@@ -36,6 +36,9 @@ class Desired:
     held: set[tuple[str, str]] = field(default_factory=set)
     #: A Volcano member's PodGroup of each job in ``jobs``, by the same key.
     groups: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    #: The replica count of each serving object wanted, built or held
+    #: (what a held one is scaled to).
+    replicas: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 #: One central flavor on the member, pinned to one island or not: ``(flavor, island)``.

@@ -11,8 +11,10 @@ runs ahead of the centre. Its name and admission label come from the
 placement, not the count, so scaling changes ``spec.replicas`` of the object
 in place (:func:`scale_to`) and the running replicas are not touched.
 
-Pure, like the rest of ``workers.plan``; the reconciler does not call it yet
-(the centre does not write ``replicaAdmissions`` yet: issue 22).
+Pure, like the rest of ``workers.plan``: :func:`workers.plan.desired.desired`
+(and its Volcano twin) call it for every workload whose status carries
+``replicaAdmissions``; the reconciler creates, scales and deletes what it
+plans (workers/reconcile.py).
 """
 
 from __future__ import annotations
@@ -41,10 +43,93 @@ from workers.plan.names import (
 from workers.plan.queues import use_of
 from workers.plan.views import ClusterView, Ref, WorkloadView
 
-__all__ = ["REPLICA_ADMISSIONS", "Part", "member_object", "parts", "scale_to", "selectors"]
+__all__ = [
+    "REPLICA_ADMISSIONS",
+    "UNITS_RUN",
+    "Part",
+    "admission_label",
+    "available",
+    "is_serving",
+    "member_object",
+    "object_name",
+    "parts",
+    "placement",
+    "pods_per_unit",
+    "scale_to",
+    "selectors",
+    "unit_view",
+    "units",
+]
 
 Obj = dict[str, Any]
 REPLICA_ADMISSIONS = "replicaAdmissions"
+#: The states in which a serving workload's admitted replicas run: the
+#: count admitted is what runs, whatever the rest of it waits for.
+UNITS_RUN = frozenset({"Pending", "Admitted", "Running"})
+
+
+def is_serving(workload: WorkloadView) -> bool:
+    """Whether the centre admits ``workload`` replica by replica (its status
+    lists ``replicaAdmissions``, empty or not) rather than as one gang."""
+    return isinstance(workload.status.get(REPLICA_ADMISSIONS), list)
+
+
+def units(workload: WorkloadView, cluster: str) -> list[Mapping[str, Any]]:
+    """The ``replicaAdmissions`` entries of ``workload`` admitted to ``cluster``."""
+    return [
+        entry
+        for entry in workload.status.get(REPLICA_ADMISSIONS) or ()
+        if (entry.get("admission") or {}).get("cluster") == cluster
+    ]
+
+
+def unit_view(workload: WorkloadView, entry: Mapping[str, Any]) -> WorkloadView:
+    """One admitted replica as the planner sees a gang: the workload with
+    ``status.admission`` that replica's (its uses make the member queue's
+    quota, as a gang's do)."""
+    status = {**workload.status, "admission": entry.get("admission") or {}}
+    return WorkloadView(
+        workload.namespace,
+        workload.name,
+        workload.uid,
+        workload.spec,
+        status,
+        workload.annotations,
+    )
+
+
+def admission_label(workload: WorkloadView, key: str) -> str:
+    """The ``quartermaster.dev/admission`` label of the member object of the
+    placement ``key``: the same whatever the count, so scaling finds it."""
+    return f"{workload.uid[:8]}-{key}"
+
+
+def object_name(workload: WorkloadView, key: str) -> str:
+    """The member object of the placement ``key`` (and its PodGroup's, on a
+    Volcano member)."""
+    return short_name(f"{job_name(workload)}-{key}")
+
+
+def pods_per_unit(obj: Mapping[str, Any]) -> int:
+    """How many pods one replica runs: a LeaderWorkerSet group's ``size``, else one."""
+    if obj.get("kind") != "LeaderWorkerSet":
+        return 1
+    template = ((obj.get("spec") or {}).get("leaderWorkerTemplate")) or {}
+    size = template.get("size", 1)
+    return size if isinstance(size, int) and size > 0 else 1
+
+
+def available(obj: Mapping[str, Any]) -> int:
+    """The replicas a member object serves with: a Deployment's or
+    StatefulSet's ``availableReplicas``, a LeaderWorkerSet's ready groups
+    (``readyReplicas``: leader and every worker ready), never more than
+    it asks for (a scale-down's pods still going are not counted)."""
+    status = obj.get("status") or {}
+    field = "readyReplicas" if obj.get("kind") == "LeaderWorkerSet" else "availableReplicas"
+    count = status.get(field) or 0
+    wanted = (obj.get("spec") or {}).get("replicas")
+    count = count if isinstance(count, int) else 0
+    return min(count, wanted) if isinstance(wanted, int) else count
 
 
 class Part:
@@ -61,7 +146,7 @@ class Part:
         self.replicas = 0
 
 
-def _placement(admission: Mapping[str, Any]) -> str:
+def placement(admission: Mapping[str, Any]) -> str:
     """What replicas of one member object share: queue, cluster, and per
     pod set its flavors and islands (not its nodes, nor its time)."""
     shape = {
@@ -87,7 +172,7 @@ def parts(workload: WorkloadView, cluster: str) -> list[Part]:
         admission = entry.get("admission") or {}
         if admission.get("cluster") != cluster:
             continue
-        key = _placement(admission)
+        key = placement(admission)
         part = found.get(key)
         if part is None:
             part = found[key] = Part(workload, key, admission)
@@ -122,7 +207,7 @@ def member_object(part: Part, queue: str, selectors: Mapping[str, Mapping[str, s
         raise ValueError(f"{workload.key} carries no serving manifest")
     manifest = copy.deepcopy(dict(source))
     original = manifest.get("metadata") or {}
-    admission = f"{workload.uid[:8]}-{part.key}"
+    admission = admission_label(workload, part.key)
     labels = managed_labels(
         **{
             WORKLOAD_LABEL: workload_label(workload.namespace, workload.name),
@@ -132,7 +217,7 @@ def member_object(part: Part, queue: str, selectors: Mapping[str, Mapping[str, s
         }
     )
     manifest["metadata"] = {
-        "name": short_name(f"{job_name(workload)}-{part.key}"),
+        "name": object_name(workload, part.key),
         "namespace": workload.namespace,
         "labels": {**(original.get("labels") or {}), **labels},
         "annotations": {
@@ -146,7 +231,7 @@ def member_object(part: Part, queue: str, selectors: Mapping[str, Mapping[str, s
     first = next(iter(selectors.values()), {})
     pods = {k: labels[k] for k in (WORKLOAD_LABEL, ADMISSION_LABEL)}
     for name, template in _templates(manifest):
-        template.update(_pin(template, selectors.get(name, first), {}, pods))
+        template.update(_pin(template, selectors.get(name, first), {}, pods, serving=True))
     return manifest
 
 

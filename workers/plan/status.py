@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from workers.plan.names import SERVING_JOB_KINDS
+from workers.plan.serving import available
+
 Obj = dict[str, Any]
 
 
@@ -64,7 +67,18 @@ def member_status(job: Mapping[str, Any], workload: Mapping[str, Any] | None) ->
     ready = _true(w_conditions, "PodsReady")
     if ready is not None:
         return {"phase": "Running", "at": ready.get("lastTransitionTime"), "reason": "PodsReady"}
+    if _serving_ready(job):
+        return {"phase": "Running", "at": None, "reason": "Available"}
     return {"phase": "Pending", "at": None, "reason": ""}
+
+
+def _serving_ready(job: Mapping[str, Any]) -> bool:
+    """A serving object run as one gang (a StatefulSet admitted whole) is
+    running once all its replicas are available; it never ends of itself."""
+    if job.get("kind") not in SERVING_JOB_KINDS:
+        return False
+    wanted = (job.get("spec") or {}).get("replicas", 1)
+    return isinstance(wanted, int) and wanted > 0 and available(job) >= wanted
 
 
 def _job_end(job: Mapping[str, Any]) -> Obj | None:

@@ -90,6 +90,14 @@ class Actions:
     #: job's ``str(Ref)``): applied just before it.
     groups: dict[str, Obj] = field(default_factory=dict)
     collect: list[Ref] = field(default_factory=list)
+    #: Serving member objects whose replica count the centre lowered, with
+    #: the new count: scaled in place before anything is dispatched.
+    scale_down: list[tuple[Ref, int]] = field(default_factory=list)
+    #: ... and raised: scaled with the dispatch, once the queues hold them.
+    scale_up: list[tuple[Ref, int]] = field(default_factory=list)
+    #: The pods each scaled-down object may keep (by admission label): what
+    #: it ran beyond that must be gone before anything new is dispatched.
+    shrinking: dict[str, int] = field(default_factory=dict)
     #: Workloads evicted from this cluster whose job is gone: back to Pending.
     requeue: list[str] = field(default_factory=list)
     #: Workloads cancelled while here whose job is gone: Cancelled.
@@ -103,6 +111,8 @@ class Actions:
                 self.apply,
                 self.dispatch,
                 self.collect,
+                self.scale_down,
+                self.scale_up,
                 self.requeue,
                 self.cancelled,
             )

@@ -50,6 +50,16 @@ from workers.plan.names import (
     workload_label,
 )
 from workers.plan.queues import Desired
+from workers.plan.serving import (
+    admission_label,
+    is_serving,
+    member_object,
+    object_name,
+    parts,
+    placement,
+    pods_per_unit,
+    selectors,
+)
 from workers.plan.views import ClusterView, Obj, Ref, WorkloadView
 
 #: The network topology of a gang placed in one island: inside one tier-1
@@ -214,6 +224,10 @@ def _island(workload: WorkloadView) -> str | None:
     return next(iter(islands)) if asked and len(islands) == 1 else None
 
 
+def _placement_of(entry: Admitted) -> str:
+    return placement(entry.workload.admission)
+
+
 def _pods(workload: WorkloadView) -> int:
     return sum(int(a.get("count") or 0) for a in workload.admission.get("podSetAssignments") or ())
 
@@ -298,10 +312,18 @@ def volcano_job(view: ClusterView, entry: Admitted, group: str, admission: str) 
     scheduled by ``volcano`` as members of ``group``; without Kueue's queue
     and priority labels, which nothing reads there."""
     job = member_job(entry.workload, "", entry.selectors, admission)
+    _by_volcano(view, job, entry.workload, group)
+    return job
+
+
+def _by_volcano(view: ClusterView, job: Obj, workload: WorkloadView, group: str) -> None:
+    """``job``'s pods scheduled by ``volcano`` as members of ``group``,
+    pinned by hostname where ``workload``'s admitted island is a tier-1
+    HyperNode; without Kueue's queue and priority labels."""
     labels = job["metadata"]["labels"]
     for key in (QUEUE_LABEL, PRIORITY_LABEL):
         labels.pop(key, None)
-    pins = _hyper_pins(view, entry.workload) if view.hyper_islands else {}
+    pins = _hyper_pins(view, workload) if view.hyper_islands else {}
     keys = _island_keys(view) if pins else set()
     found, _ = job_pod_templates(job)
     # One template and one pin: the same pod set, whatever the template is called.
@@ -316,7 +338,41 @@ def volcano_job(view: ClusterView, entry: Admitted, group: str, admission: str) 
         nodes = pins.get(template.name) or only
         if nodes:
             _pin_to_nodes(pod["spec"], keys, nodes)
-    return job
+
+
+def _serving(
+    out: Desired,
+    view: ClusterView,
+    workload: WorkloadView,
+    queue: str,
+    entries: Sequence[Admitted],
+    held: Set[tuple[str, str]],
+) -> None:
+    """A serving workload's member objects on a Volcano member, each with a
+    PodGroup of its own: ``minMember`` one replica's pods (a replica, a
+    LeaderWorkerSet group, starts whole; the rest join one by one as the
+    object scales), ``minResources`` what the centre reserved for the
+    replicas admitted to that placement (``entries``: every replica of
+    the workload here, by the placement it shares)."""
+    for part in parts(workload, view.cluster):
+        key = (workload.key, admission_label(workload, part.key))
+        placed = [e for e in entries if _placement_of(e) == part.key]
+        if not placed:
+            continue
+        name = object_name(workload, part.key)
+        group = pod_group(placed[0], queue, key[1])
+        group["metadata"]["name"] = name
+        group["spec"]["minMember"] = pods_per_unit(workload.spec.get("job") or {})
+        usage = _usage(placed)
+        group["spec"]["minResources"] = {r: format_amount(r, a) for r, a in sorted(usage.items())}
+        out.groups[key] = group
+        out.replicas[key] = part.replicas
+        if key in held:
+            out.held.add(key)
+            continue
+        obj = member_object(part, "", selectors(view, part))
+        _by_volcano(view, obj, placed[0].workload, name)
+        out.jobs[key] = obj
 
 
 def volcano_desired(
@@ -329,7 +385,11 @@ def volcano_desired(
         name = queue_name(central)
         spec = view.cluster_queues.get(central) or {}
         out.queues[Ref("Queue", "", name)] = member_queue(name, spec, entries)
+        replicas: dict[str, list[Admitted]] = {}
         for entry in entries:
+            if is_serving(entry.workload):
+                replicas.setdefault(entry.workload.key, []).append(entry)
+                continue
             admission = admission_id(entry.workload)
             key = (entry.workload.key, admission)
             if key in held:
@@ -338,6 +398,8 @@ def volcano_desired(
             group = pod_group(entry, name, admission)
             out.groups[key] = group
             out.jobs[key] = volcano_job(view, entry, group["metadata"]["name"], admission)
+        for placed in replicas.values():
+            _serving(out, view, placed[0].workload, name, placed, held)
     if view.cluster_uid:
         for obj in (
             *out.namespaces.values(),
