@@ -1,0 +1,286 @@
+"""A serving workload admitted replica by replica by the real cycle, over
+real Postgres and through the API (issue 22, docs/serving.md): each unit
+its own admission in ``status.replicaAdmissions``, its own event and
+ledger entry; a scale up admits the new units only; a scale down releases
+the highest at once, closing their usage with the GPU-seconds they ran; a
+training reclaim never takes the workload below ``minReplicas``."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from service.app.admission import AdmissionCycle
+from service.app.uow import SqlUnitOfWork
+from service.ledger.accounting import allocations, open_usage
+from service.ledger.postgres import PostgresLedgerReader
+from tests.api.conftest import Api
+from tests.floor import test_workload_kinds as kinds
+from tests.workers.conftest import set_cluster_status
+
+GPU = "nvidia.com/gpu"
+PATCH = {"Content-Type": "application/json"}
+
+
+def _no_guard(uow: SqlUnitOfWork) -> None:
+    return None
+
+
+def _cycle(api: Api) -> Any:
+    return AdmissionCycle(api.services.engine, api.services.unit_of_work).run(_no_guard)
+
+
+def _queue(name: str, gpus: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", GPU],
+                    "flavors": [
+                        {
+                            "name": "h100",
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": 512},
+                                {"name": "memory", "nominalQuota": "4Ti"},
+                                {"name": GPU, "nominalQuota": gpus},
+                            ],
+                        }
+                    ],
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def _fleet(api: Api, islands: int) -> None:
+    """Flavor h100 and member ``c1``: ``islands`` islands of one 8-GPU node."""
+    flavor = {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"sku": "h100"}}}
+    cluster = {
+        "metadata": {"name": "c1"},
+        "spec": {"server": "https://c1.example:6443", "credentials": {"token": "t"}},
+    }
+    for path, body in (("/v1/resourceflavors", flavor), ("/v1/clusters", cluster)):
+        assert api.admin.post(path, json=body).status_code == 201
+    nodes = [
+        {
+            "name": f"c1-n{i}",
+            "flavor": "h100",
+            "island": f"c1-i{i}",
+            "labels": {"sku": "h100", "kubernetes.io/hostname": f"c1-n{i}"},
+            "allocatable": {"cpu": "96", "memory": "1Ti", GPU: 8},
+        }
+        for i in range(islands)
+    ]
+    set_cluster_status(api.services, "c1", {"state": "Ready", "inventory": {"nodes": nodes}})
+
+
+def _local_queue(api: Api, namespace: str, name: str, cluster_queue: str) -> None:
+    body = {"metadata": {"name": name}, "spec": {"clusterQueue": cluster_queue}}
+    response = api.admin.post(f"/v1/namespaces/{namespace}/localqueues", json=body)
+    assert response.status_code == 201, response.text
+
+
+def _deployment(name: str, replicas: int, gpus: int, **annotations: str) -> dict[str, Any]:
+    manifest = kinds.deployment()
+    manifest["metadata"].update(name=name, annotations=dict(annotations))
+    manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "serve"
+    manifest["spec"]["replicas"] = replicas
+    manifest["spec"]["template"] = kinds.pod(gpus=gpus, cpu="4", memory="16Gi")
+    return manifest
+
+
+def _submit(api: Api, manifest: dict[str, Any], namespace: str = "serve") -> None:
+    created = api.admin.post(f"/v1/namespaces/{namespace}/workloads", json=manifest)
+    assert created.status_code == 201, created.text
+
+
+def _status(api: Api, name: str, namespace: str = "serve") -> dict[str, Any]:
+    got = api.admin.get(f"/v1/namespaces/{namespace}/workloads/{name}")
+    assert got.status_code == 200, got.text
+    return dict(got.json()["status"])
+
+
+def _scale(api: Api, name: str, replicas: int) -> dict[str, Any]:
+    path = f"/v1/namespaces/serve/workloads/{name}/scale"
+    response = api.admin.patch(path, json={"spec": {"replicas": replicas}}, headers=PATCH)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _entries(api: Api, kind: str, workload: str) -> list[dict[str, Any]]:
+    with api.services.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT body FROM ledger_entries WHERE kind = :kind "
+                "AND body->>'workload' = :workload ORDER BY seq"
+            ),
+            {"kind": kind, "workload": workload},
+        ).scalars()
+        return [dict(r) for r in rows]
+
+
+def _events(api: Api, name: str) -> list[dict[str, Any]]:
+    listed = api.admin.get("/v1/events", params={"limit": 1000}).json()["items"]
+    return [e for e in listed if e["data"].get("name") == name]
+
+
+def _replicas(status: dict[str, Any]) -> list[int]:
+    return [u["replica"] for u in status.get("replicaAdmissions") or ()]
+
+
+def _serving_queue(api: Api, gpus: int) -> None:
+    """Member c1 (one 8-GPU node), ClusterQueue cq-serve of ``gpus`` GPUs."""
+    _fleet(api, islands=1)
+    queue = _queue("cq-serve", gpus, workloadClass="inference")
+    assert api.admin.post("/v1/clusterqueues", json=queue).status_code == 201
+    _local_queue(api, "serve", "serve", "cq-serve")
+
+
+def test_a_deployment_of_three_replicas_gets_three_unit_admissions(api: Api) -> None:
+    _serving_queue(api, 5)
+    _submit(api, _deployment("web", 3, gpus=1))
+    assert _cycle(api).writes.admitted == 3
+    web = _status(api, "web")
+    assert web["state"] == "Admitted"
+    assert (_replicas(web), web["admittedReplicas"]) == ([0, 1, 2], 3)
+    for unit in web["replicaAdmissions"]:
+        assert unit["admission"]["cluster"] == "c1"
+        assert unit["admission"]["clusterQueue"] == "cq-serve"
+        assert unit["admittedAt"] == unit["admission"]["admittedAt"]
+        assert unit["admission"]["id"]
+        (assignment,) = unit["admission"]["podSetAssignments"]
+        assert (assignment["count"], assignment["resourceUsage"][GPU]) == (1, "1")
+    assert "admission" not in web
+    assert [e["replica"] for e in _entries(api, "workload.admitted", "web")] == [0, 1, 2]
+    admitted = [e for e in _events(api, "web") if e["type"] == "WorkloadAdmitted"]
+    assert [e["data"]["replica"] for e in admitted] == [0, 1, 2]
+    scale = api.admin.get("/v1/namespaces/serve/workloads/web/scale").json()
+    assert scale["status"] == {"replicas": 3}
+    # Nothing changed: the next cycle writes nothing.
+    assert _cycle(api).writes.appends == []
+
+
+def _web_of_five(api: Api) -> str:
+    """web admitted with 3 units, then scaled up to 5: its first three
+    units' admissions as JSON, before the scale."""
+    _serving_queue(api, 5)
+    _submit(api, _deployment("web", 3, gpus=1))
+    _cycle(api)
+    first_three = json.dumps(_status(api, "web")["replicaAdmissions"], sort_keys=True)
+    _scale(api, "web", 5)
+    assert _cycle(api).writes.admitted == 2
+    return first_three
+
+
+def test_a_scale_up_admits_the_new_units_and_leaves_the_others_as_they_were(api: Api) -> None:
+    first_three = _web_of_five(api)
+    web = _status(api, "web")
+    assert _replicas(web) == [0, 1, 2, 3, 4]
+    assert json.dumps(web["replicaAdmissions"][:3], sort_keys=True) == first_three
+    assert [e["replica"] for e in _entries(api, "workload.admitted", "web")] == [0, 1, 2, 3, 4]
+
+
+def test_a_scale_down_releases_the_highest_units_at_once(api: Api) -> None:
+    first_three = _web_of_five(api)
+    # The queue is full (5 GPUs): another workload of it waits.
+    _submit(api, _deployment("other", 2, gpus=1))
+    _cycle(api)
+    other = _status(api, "other")
+    assert other["state"] == "Pending" and not other.get("replicaAdmissions")
+    explained = api.admin.get("/v1/namespaces/serve/workloads/other/explain").json()
+    assert explained["replicas"]["waiting"] == 2, explained
+    assert explained["replicas"]["reason"] == other["pendingReasonCode"], explained
+
+    units = _status(api, "web")["replicaAdmissions"]
+    released = {u["replica"]: u for u in units if u["replica"] >= 3}
+    assert _scale(api, "web", 3)["status"] == {"replicas": 3}
+    web = _status(api, "web")
+    assert json.dumps(web["replicaAdmissions"], sort_keys=True) == first_three
+    finished = _entries(api, "workload.finished", "web")
+    assert [e["replica"] for e in finished] == [4, 3]
+    for entry in finished:
+        start = datetime.fromisoformat(entry["started_at"])
+        end = datetime.fromisoformat(entry["finished_at"])
+        admitted_at = released[entry["replica"]]["admittedAt"].replace("Z", "+00:00")
+        assert start == datetime.fromisoformat(admitted_at)
+        assert entry["gpu_seconds"] == (end - start).total_seconds() * 1  # one GPU each
+        assert entry["consumed"]["h100"][GPU] == entry["gpu_seconds"]
+    _usage_closed_as_run(api, finished)
+    scaled = [e for e in _events(api, "web") if e["type"] in ("WorkloadScaled", "WorkloadFinished")]
+    assert [(e["type"], e["data"].get("replica")) for e in scaled][-3:] == [
+        ("WorkloadScaled", None),
+        ("WorkloadFinished", 4),
+        ("WorkloadFinished", 3),
+    ]
+    # The quota they held is free at once: the waiting workload is admitted next cycle.
+    assert _cycle(api).writes.admitted == 2
+    assert _replicas(_status(api, "other")) == [0, 1]
+    assert json.dumps(_status(api, "web")["replicaAdmissions"], sort_keys=True) == first_three
+
+
+def _usage_closed_as_run(api: Api, finished: list[dict[str, Any]]) -> None:
+    """The ledger's held usage of each released unit closed at its release,
+    over the span its entry's GPU-seconds count; the others still open."""
+    ledger = list(PostgresLedgerReader(api.services.engine).entries())
+    still = sorted(k for k in open_usage(ledger) if k.startswith("serve/web"))
+    assert still == ["serve/web#0", "serve/web#1", "serve/web#2"]
+    held = {a.workload: (a, end) for a, end in allocations(ledger)}
+    for entry in finished:
+        allocation, ended = held[f"serve/web#{entry['replica']}"]
+        assert ended is not None
+        seconds = (ended - allocation.start_us) / 1e6
+        # The status's times are whole seconds, the ledger's are not.
+        assert abs(seconds - entry["gpu_seconds"]) < 1.0
+
+
+def test_a_training_reclaim_never_takes_a_serving_workload_below_min_replicas(api: Api) -> None:
+    """serve borrows all of train's 32 GPUs for four 8-GPU replicas of web
+    (minReplicas 2); starved training gangs reclaim, through the real cycle,
+    two replicas (the newest), never a third."""
+    _fleet(api, islands=4)
+    assert (
+        api.admin.post("/v1/cohorts", json={"metadata": {"name": "fleet"}, "spec": {}}).status_code
+        == 201
+    )
+    train = _queue(
+        "train",
+        32,
+        cohortName="fleet",
+        preemption={"withinClusterQueue": "Never", "reclaimWithinCohort": "Any"},
+    )
+    serve = _queue("serve", 0, cohortName="fleet", workloadClass="inference")
+    for body in (train, serve):
+        assert api.admin.post("/v1/clusterqueues", json=body).status_code == 201, body
+    _local_queue(api, "serve", "serve", "serve")
+    _local_queue(api, "team-a", "train", "train")
+    _submit(api, _deployment("web", 4, gpus=8, **{"quartermaster.dev/min-replicas": "2"}))
+    assert _cycle(api).writes.admitted == 4
+    assert _status(api, "web")["admittedReplicas"] == 4
+    for i in range(4):
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"t{i}", "labels": {"kueue.x-k8s.io/queue-name": "train"}},
+            "spec": {"template": kinds.pod(gpus=8)},
+        }
+        _submit(api, job, namespace="team-a")
+    for _ in range(4):
+        _cycle(api)
+        assert _status(api, "web")["admittedReplicas"] >= 2
+    web = _status(api, "web")
+    assert _replicas(web) == [0, 1]
+    assert web["state"] == "Admitted"
+    preempted = _entries(api, "workload.preempted", "web")
+    assert [e["replica"] for e in preempted] == [3, 2]
+    assert {e["reason"] for e in preempted} == {"InCohortReclamation"}
+    assert all(e["preemptor"].startswith("team-a/t") for e in preempted)
+    states = [_status(api, f"t{i}", "team-a")["state"] for i in range(4)]
+    assert states.count("Admitted") == 2, states
+    explained = api.admin.get("/v1/namespaces/serve/workloads/web/explain").json()
+    assert explained["replicas"]["admitted"] == 2 and explained["replicas"]["waiting"] == 2
