@@ -827,6 +827,8 @@ def lose_cluster(
     usage closed, and what it ran there estimated from ``seen``), a
     cancelling one is Cancelled, one evicted from it and waiting for its
     job's removal is requeued; ``None`` if it has nothing there."""
+    if status.units:
+        return _lose_units(subject, status, cluster, reason, message, now)
     here = status.cluster == cluster and status.holds
     evicted_here = (
         status.state == EVICTED and (status.raw.get("eviction") or {}).get("cluster") == cluster
@@ -854,6 +856,46 @@ def lose_cluster(
         released=amounts(admission),
     )
     return Transition(REQUEUED_EVENT, Status(new), _close(subject, status, body, now), also=also)
+
+
+def _lose_units(
+    subject: Subject, status: Status, cluster: str, reason: str, message: str, now: datetime
+) -> Transition | None:
+    """A serving workload's units on the lost ``cluster``: each pending again
+    at once, its usage closed by a ``workload.evicted`` naming its replica
+    (no estimate of what it ran: units carry no start time of their own
+    yet); its units elsewhere untouched. A cancelling workload left with
+    none is Cancelled. ``None`` if none of its units is there."""
+    if not status.holds_units:
+        return None
+    lost = [u for u in status.units if (u.get("admission") or {}).get("cluster") == cluster]
+    if not lost:
+        return None
+    left = [u for u in status.units if u not in lost]
+    if status.state == CANCELLING and not left:
+        return cancelled(subject, status, now, message)
+    entries = []
+    for unit in lost:
+        admission = unit["admission"]
+        body = ledger.WorkloadEvicted(
+            **subject.names(str(admission.get("clusterQueue"))),
+            replica=int(unit["replica"]),
+            cluster=cluster,
+            reason=reason,
+            message=message,
+            requeued=True,
+            released=amounts(admission),
+        )
+        entries.append(ledger.new_entry(body, closing_entry_id(subject.uid, admission), now))
+    new = _with_units(status.raw, left)
+    if not left and status.state in (ADMITTED, RUNNING):
+        new.pop("podsReady", None)
+        new.update(
+            state=PENDING,
+            queuedAt=rfc3339(now),
+            conditions=set_condition(status.conditions, "Requeued", "True", reason, message, now),
+        )
+    return Transition(REQUEUED_EVENT, Status(new), entries[0], also=tuple(entries[1:]))
 
 
 # --- back to the queue ----------------------------------------------------------------------

@@ -8,15 +8,20 @@ training reclaim never takes the workload below ``minReplicas``."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 import sqlalchemy as sa
 
+from service.app import lifecycle
 from service.app.admission import AdmissionCycle
 from service.app.uow import SqlUnitOfWork
-from service.ledger.accounting import allocations, open_usage
+from service.domain.times import rfc3339
+from service.ledger.accounting import allocations, double_closes, open_usage
+from service.ledger.memory import InMemoryLedger
 from service.ledger.postgres import PostgresLedgerReader
+from service.projections import ProjectionRunner, Resources
 from tests.api.conftest import Api
 from tests.floor import test_workload_kinds as kinds
 from tests.workers.conftest import set_cluster_status
@@ -284,3 +289,109 @@ def test_a_training_reclaim_never_takes_a_serving_workload_below_min_replicas(ap
     assert states.count("Admitted") == 2, states
     explained = api.admin.get("/v1/namespaces/serve/workloads/web/explain").json()
     assert explained["replicas"]["admitted"] == 2 and explained["replicas"]["waiting"] == 2
+
+
+def test_the_read_models_rebuilt_from_the_log_equal_the_live_ones(api: Api) -> None:
+    """Units' events (several on one stream in one cycle, a scale down's
+    after its own) replay to the rows the writers left (invariant 5)."""
+    _web_of_five(api)
+    _submit(api, _deployment("other", 2, gpus=1))
+    _cycle(api)
+    _scale(api, "web", 2)
+    _cycle(api)
+    query = sa.text(
+        "SELECT kind, namespace, name, resource_version, spec, status FROM resources "
+        "WHERE kind = 'Workload' ORDER BY namespace, name"
+    )
+    with api.services.engine.connect() as conn:
+        live = conn.execute(query).all()
+    ProjectionRunner(api.services.engine, [Resources()]).rebuild("resources")
+    with api.services.engine.connect() as conn:
+        assert conn.execute(query).all() == live
+    assert [len(r.status["replicaAdmissions"]) for r in live] == [2, 2]
+
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+SUBJECT = lifecycle.Subject("serve", "web", str(uuid4()), "serve")
+
+
+def _unit_admission(cluster: str) -> dict[str, Any]:
+    return {
+        "clusterQueue": "cq-serve",
+        "cluster": cluster,
+        "island": None,
+        "podSetAssignments": [
+            {
+                "name": "main",
+                "count": 1,
+                "flavors": {GPU: "h100"},
+                "resourceUsage": {GPU: "1"},
+                "placement": [],
+                "islands": [],
+            }
+        ],
+        "borrowed": {},
+        "preempted": [],
+        "admittedAt": rfc3339(NOW),
+    }
+
+
+def test_every_way_a_unit_stops_holding_closes_it_once() -> None:
+    """Six units admitted one by one; each way one stops holding (preempted,
+    evicted, scaled down, its cluster lost, its workload cancelled) writes
+    one closing entry naming its replica: the ledger's open usage ends empty,
+    with no double close, and the units elsewhere stay untouched."""
+    status = lifecycle.Status({"state": "Pending"})
+    changes: list[lifecycle.Transition] = []
+
+    def step(change: lifecycle.Transition | None) -> lifecycle.Status:
+        assert change is not None
+        changes.append(change)
+        return change.status
+
+    for replica in range(6):
+        cluster = "c2" if replica == 2 else "c1"
+        status = step(
+            lifecycle.admit_unit(
+                SUBJECT,
+                status,
+                replica,
+                _unit_admission(cluster),
+                borrowed={},
+                with_preemption=False,
+                now=NOW,
+            )
+        )
+    assert (status.state, status.raw["admittedReplicas"]) == ("Admitted", 6)
+    status = step(
+        lifecycle.preempt_unit(
+            SUBJECT,
+            status,
+            0,
+            reason="InCohortReclamation",
+            message="m",
+            preemptor="team-a/t",
+            preemptor_cluster_queue="train",
+            cohort_path=["fleet"],
+            now=NOW,
+        )
+    )
+    status = step(
+        lifecycle.evict_unit(SUBJECT, status, 1, reason="PodsReadyTimeout", message="m", now=NOW)
+    )
+    for change in lifecycle.release_replicas(SUBJECT, status, 4, NOW + timedelta(seconds=30)):
+        status = step(change)
+    assert [u["replica"] for u in status.units] == [2, 3]
+    status = step(lifecycle.lose_cluster(SUBJECT, status, "c2", "ClusterLost", "m", NOW))
+    assert ([u["replica"] for u in status.units], status.state) == ([3], "Admitted")
+    assert lifecycle.lose_cluster(SUBJECT, status, "c2", "ClusterLost", "m", NOW) is None
+    status = step(lifecycle.request_cancel(status, "u", NOW))
+    status = step(lifecycle.cancelled(SUBJECT, status, NOW + timedelta(seconds=60)))
+    assert status.state == "Cancelled"
+    book = InMemoryLedger()
+    stored = book.append([e for change in changes for e in change.entries])
+    closes = [e for e in stored if e.kind != "workload.admitted"]
+    assert sorted(e.body["replica"] for e in closes) == [0, 1, 2, 3, 4, 5]
+    assert open_usage(stored) == {} and double_closes(stored) == []
+    (finished,) = [e for e in closes if e.body["replica"] == 5]
+    assert finished.body["gpu_seconds"] == 30.0  # one GPU from its admission to its release
