@@ -16,6 +16,11 @@ holds: the ledger's open usage equals what the members run. What the pods
 measured by the worker when it removes the job, or estimated here when a
 cluster is lost (:func:`lose_cluster`).
 
+A serving workload run as units has the same transitions per unit
+(``admit_unit``, ``preempt_unit``, ``evict_unit``, ``release_replicas``,
+and ``lose_cluster`` / ``cancelled`` for all of its units there): each
+closes its own unit's admission, named by that admission's id.
+
 Shapes are those documented in ``service/app/admission/__init__.py``. No I/O here:
 callers (the admission cycle, submissions, reconcile, sync, cluster
 collection) append ``event`` with ``status`` and record ``entries``.

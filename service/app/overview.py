@@ -382,6 +382,8 @@ class TimelineEvent:
     actor: str
     status: Mapping[str, Any]
     spec: Mapping[str, Any]
+    #: Of a serving workload's unit: the replica the event is about.
+    replica: int | None = None
 
 
 def timeline(
@@ -400,6 +402,7 @@ def timeline(
             e.metadata.actor,
             dict(e.data.get("status") or {}),
             dict(e.data.get("spec") or {}),
+            e.data.get("replica"),
         )
         for e in events
     ]

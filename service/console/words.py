@@ -102,10 +102,30 @@ def _finished(status: Mapping[str, Any]) -> str:
     return f"Finished: {outcome}" + (f" ({message})" if message else "")
 
 
+#: A serving unit's events, by type (docs/serving.md).
+_UNIT_WORDS = {
+    "WorkloadPreempted": "preempted, its quota released (the ledger names the preemptor)",
+    "WorkloadEvicted": "evicted, its quota released",
+    "WorkloadFinished": "released by a scale down",
+}
+
+
+def _unit(event: TimelineEvent, replica: int, reader: Principal) -> str:
+    """One serving unit's event: its admission, or how it stopped holding."""
+    if event.type == "WorkloadAdmitted":
+        units = event.status.get("replicaAdmissions") or ()
+        unit = next((u for u in units if u.get("replica") == replica), {})
+        admitted = _admitted({"admission": unit.get("admission") or {}}, reader)
+        return f"Replica {replica}: {admitted}"
+    return f"Replica {replica} {_UNIT_WORDS.get(event.type, event.type)}"
+
+
 def moment(event: TimelineEvent, reader: Principal) -> Moment:
     status, kind = event.status, event.type
     words: str
-    if kind == "WorkloadSubmitted":
+    if event.replica is not None:
+        words = _unit(event, event.replica, reader)
+    elif kind == "WorkloadSubmitted":
         words = f"Submitted to LocalQueue {event.spec.get('queueName')}"
     elif kind == "WorkloadPending":
         code = str(status.get("pendingReasonCode") or "")
