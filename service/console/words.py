@@ -114,7 +114,7 @@ def _unit(event: TimelineEvent, replica: int, reader: Principal) -> str:
     """One serving unit's event: its admission, or how it stopped holding."""
     if event.type == "WorkloadAdmitted":
         units = event.status.get("replicaAdmissions") or ()
-        unit = next((u for u in units if u.get("replica") == replica), {})
+        unit: Mapping[str, Any] = next((u for u in units if u.get("replica") == replica), {})
         admitted = _admitted({"admission": unit.get("admission") or {}}, reader)
         return f"Replica {replica}: {admitted}"
     return f"Replica {replica} {_UNIT_WORDS.get(event.type, event.type)}"
