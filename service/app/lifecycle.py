@@ -155,7 +155,8 @@ class Transition:
     #: Written with ``entry``: the estimate of what ran, for a lost member's gang.
     also: tuple[NewLedgerEntry, ...] = ()
     #: Of a serving workload's unit: the replica the transition is about
-    #: (its event's data carries it as ``replica``).
+    #: (its event's data names it in ``replicas``, with the others of its
+    #: workload that changed alike in the same write).
     replica: int | None = None
 
     @property

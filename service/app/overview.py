@@ -382,8 +382,8 @@ class TimelineEvent:
     actor: str
     status: Mapping[str, Any]
     spec: Mapping[str, Any]
-    #: Of a serving workload's unit: the replica the event is about.
-    replica: int | None = None
+    #: Of a serving workload's units: the replicas the event is about.
+    replicas: tuple[int, ...] = ()
 
 
 def timeline(
@@ -402,7 +402,7 @@ def timeline(
             e.metadata.actor,
             dict(e.data.get("status") or {}),
             dict(e.data.get("spec") or {}),
-            e.data.get("replica"),
+            tuple(e.data.get("replicas") or ()),
         )
         for e in events
     ]

@@ -102,29 +102,37 @@ def _finished(status: Mapping[str, Any]) -> str:
     return f"Finished: {outcome}" + (f" ({message})" if message else "")
 
 
-#: A serving unit's events, by type (docs/serving.md).
+#: A serving workload's units' events, by type (docs/serving.md).
 _UNIT_WORDS = {
-    "WorkloadPreempted": "preempted, its quota released (the ledger names the preemptor)",
-    "WorkloadEvicted": "evicted, its quota released",
+    "WorkloadPreempted": "preempted, their quota released (the ledger names the preemptor)",
+    "WorkloadEvicted": "evicted, their quota released",
     "WorkloadFinished": "released by a scale down",
 }
 
 
-def _unit(event: TimelineEvent, replica: int, reader: Principal) -> str:
-    """One serving unit's event: its admission, or how it stopped holding."""
+def _units(event: TimelineEvent, reader: Principal) -> str:
+    """An event of a serving workload's units: where they were admitted, or
+    how they stopped holding."""
+    which = ", ".join(str(r) for r in event.replicas)
+    which = f"Replica {which}" if len(event.replicas) == 1 else f"Replicas {which}"
     if event.type == "WorkloadAdmitted":
         units = event.status.get("replicaAdmissions") or ()
-        unit: Mapping[str, Any] = next((u for u in units if u.get("replica") == replica), {})
-        admitted = _admitted({"admission": unit.get("admission") or {}}, reader)
-        return f"Replica {replica}: {admitted}"
-    return f"Replica {replica} {_UNIT_WORDS.get(event.type, event.type)}"
+        places = sorted(
+            {
+                _admitted({"admission": u.get("admission") or {}}, reader)
+                for u in units
+                if u.get("replica") in event.replicas
+            }
+        )
+        return f"{which}: {'; '.join(places)}"
+    return f"{which} {_UNIT_WORDS.get(event.type, event.type)}"
 
 
 def moment(event: TimelineEvent, reader: Principal) -> Moment:
     status, kind = event.status, event.type
     words: str
-    if event.replica is not None:
-        words = _unit(event, event.replica, reader)
+    if event.replicas:
+        words = _units(event, reader)
     elif kind == "WorkloadSubmitted":
         words = f"Submitted to LocalQueue {event.spec.get('queueName')}"
     elif kind == "WorkloadPending":

@@ -125,19 +125,19 @@ WORKLOAD_ADMITTED = declare(
     "WorkloadAdmitted",
     WORKLOAD_STREAMS,
     _OBJECT,
-    "admitted: cluster, island, flavors (of a serving unit: with its replica)",
+    "admitted: cluster, island, flavors (or serving units: their replicas)",
 )
 WORKLOAD_PREEMPTED = declare(
     "WorkloadPreempted",
     WORKLOAD_STREAMS,
     _OBJECT,
-    "preempted whole, or one serving unit (its replica); quota released",
+    "preempted whole, or serving units (their replicas); quota released",
 )
 WORKLOAD_EVICTED = declare(
     "WorkloadEvicted",
     WORKLOAD_STREAMS,
     _OBJECT,
-    "evicted whole, or one serving unit (its replica); quota released",
+    "evicted whole, or serving units (their replicas); quota released",
 )
 WORKLOAD_SCALED = declare(
     "WorkloadScaled", WORKLOAD_STREAMS, _OBJECT, "a serving workload's replicas changed"
@@ -156,7 +156,7 @@ WORKLOAD_FINISHED = declare(
     "WorkloadFinished",
     WORKLOAD_STREAMS,
     _OBJECT,
-    "succeeded or failed on its member; or a serving unit released by a scale down",
+    "succeeded or failed on its member; or serving units released by a scale down",
 )
 
 # -- member clusters (sync and the fleet loop) -----------------------------------------------

@@ -167,8 +167,9 @@ def test_a_deployment_of_three_replicas_gets_three_unit_admissions(api: Api) -> 
         assert (assignment["count"], assignment["resourceUsage"][GPU]) == (1, "1")
     assert "admission" not in web
     assert [e["replica"] for e in _entries(api, "workload.admitted", "web")] == [0, 1, 2]
+    # One event for the units admitted in one cycle, naming them.
     admitted = [e for e in _events(api, "web") if e["type"] == "WorkloadAdmitted"]
-    assert [e["data"]["replica"] for e in admitted] == [0, 1, 2]
+    assert [e["data"]["replicas"] for e in admitted] == [[0, 1, 2]]
     scale = api.admin.get("/v1/namespaces/serve/workloads/web/scale").json()
     assert scale["status"] == {"replicas": 3}
     # Nothing changed: the next cycle writes nothing, read afresh or from its caches.
@@ -196,6 +197,8 @@ def test_a_scale_up_admits_the_new_units_and_leaves_the_others_as_they_were(api:
     assert _replicas(web) == [0, 1, 2, 3, 4]
     assert json.dumps(web["replicaAdmissions"][:3], sort_keys=True) == first_three
     assert [e["replica"] for e in _entries(api, "workload.admitted", "web")] == [0, 1, 2, 3, 4]
+    admitted = [e for e in _events(api, "web") if e["type"] == "WorkloadAdmitted"]
+    assert [e["data"]["replicas"] for e in admitted] == [[0, 1, 2], [3, 4]]
 
 
 def test_a_scale_down_releases_the_highest_units_at_once(api: Api) -> None:
@@ -225,10 +228,9 @@ def test_a_scale_down_releases_the_highest_units_at_once(api: Api) -> None:
         assert entry["consumed"]["h100"][GPU] == entry["gpu_seconds"]
     _usage_closed_as_run(api, finished)
     scaled = [e for e in _events(api, "web") if e["type"] in ("WorkloadScaled", "WorkloadFinished")]
-    assert [(e["type"], e["data"].get("replica")) for e in scaled][-3:] == [
+    assert [(e["type"], e["data"].get("replicas")) for e in scaled][-2:] == [
         ("WorkloadScaled", None),
-        ("WorkloadFinished", 4),
-        ("WorkloadFinished", 3),
+        ("WorkloadFinished", [4, 3]),
     ]
     # The quota they held is free at once: the waiting workload is admitted next cycle.
     assert _cycle(api).writes.admitted == 2
@@ -292,6 +294,8 @@ def test_a_training_reclaim_never_takes_a_serving_workload_below_min_replicas(ap
     assert [e["replica"] for e in preempted] == [3, 2]
     assert {e["reason"] for e in preempted} == {"InCohortReclamation"}
     assert all(e["preemptor"].startswith("team-a/t") for e in preempted)
+    events = [e for e in _events(api, "web") if e["type"] == "WorkloadPreempted"]
+    assert [r for e in events for r in e["data"]["replicas"]] == [3, 2]
     states = [_status(api, f"t{i}", "team-a")["state"] for i in range(4)]
     assert states.count("Admitted") == 2, states
     explained = api.admin.get("/v1/namespaces/serve/workloads/web/explain").json()

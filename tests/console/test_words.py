@@ -51,14 +51,16 @@ def test_a_held_kind_waits_in_words() -> None:
     assert held.words == "Pending: its kind cannot run on member clusters yet"
 
 
-def test_a_serving_units_events_name_its_replica() -> None:
-    unit = {"replica": 1, "admission": {"cluster": "c1", "preempted": ["team-b/x"]}}
-    admitted = TimelineEvent(
-        1, "WorkloadAdmitted", START, "system:admission", {"replicaAdmissions": [unit]}, {}, 1
-    )
-    released = TimelineEvent(2, "WorkloadFinished", START, "alice", {"state": "Admitted"}, {}, 1)
+def test_a_serving_units_events_name_their_replicas() -> None:
+    units = [
+        {"replica": r, "admission": {"cluster": "c1", "preempted": ["team-b/x"] if r else []}}
+        for r in (0, 1)
+    ]
+    status = {"replicaAdmissions": units}
+    admitted = TimelineEvent(1, "WorkloadAdmitted", START, "system:admission", status, {}, (1,))
+    released = TimelineEvent(2, "WorkloadFinished", START, "alice", {}, {}, (1, 0))
     words = [m.words for m in timeline([admitted, released], READER)]
     assert words == [
         "Replica 1: Admitted to cluster c1; preempting a workload of another namespace",
-        "Replica 1 released by a scale down",
+        "Replicas 1, 0 released by a scale down",
     ]

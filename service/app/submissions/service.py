@@ -392,8 +392,9 @@ class SubmissionService:
 
     def _scaled(self, uow: SqlUnitOfWork, row: Any, replicas: int, meta: EventMetadata) -> Obj:
         """The scale's events into ``uow``: ``WorkloadScaled``, then on a scale
-        down one ``WorkloadFinished`` per unit released (highest index first,
-        each closing its usage in the ledger), all one append; the row as
+        down a ``WorkloadFinished`` naming the units released (``replicas``,
+        highest index first; each its own closing ledger entry), all one
+        append; the row as
         they leave it; a reconcile of the members whose units go, and a wake
         of the admission cycle (freed quota, or new units to admit)."""
         now = meta.occurred_at
@@ -401,12 +402,13 @@ class SubmissionService:
         subject = lifecycle.Subject.of(row)
         released = lifecycle.release_replicas(subject, change.status, replicas, now)
         base = {**_state(row, {}), "spec": change.spec, "generation": row.generation + 1}
-        events, data = [], base
-        for step in (change, *released):
-            data = {**base, "status": step.status.to_json()}
-            if step.replica is not None:
-                data["replica"] = step.replica
-            events.append(NewEvent(uuid4(), step.event, data, meta))
+        data = {**base, "status": change.status.to_json()}
+        events = [NewEvent(uuid4(), change.event, data, meta)]
+        if released:
+            # One event for the units released, naming them (see admission.writes).
+            gone = [step.replica for step in released]
+            data = {**base, "status": released[-1].status.to_json(), "replicas": gone}
+            events.append(NewEvent(uuid4(), released[-1].event, data, meta))
         stream = stream_name("Workload", row.namespace, row.name)
         uow.events.append(stream, row.resource_version, events)
         new = resource_row(data, row.resource_version + len(events), now)
@@ -415,9 +417,9 @@ class SubmissionService:
             uow.record([e for step in released for e in step.entries])
             # Where the released units ran: their member objects shrink now.
             units = lifecycle.Status(row.status).units
-            gone = {str(u["admission"]["cluster"]) for u in units if u["replica"] >= replicas}
+            where = {str(u["admission"]["cluster"]) for u in units if u["replica"] >= replicas}
             uow.publish(
-                [OutboxMessage(uuid4(), RECONCILE_CLUSTER, {"cluster": c}) for c in sorted(gone)]
+                [OutboxMessage(uuid4(), RECONCILE_CLUSTER, {"cluster": c}) for c in sorted(where)]
             )
         key = f"{row.namespace}/{row.name}"
         uow.publish([OutboxMessage(uuid4(), ADMISSION_WAKE, {"scaled": key})])
