@@ -74,8 +74,9 @@ def cycle_writes(loaded: Loaded, result: CycleResult, now: datetime) -> CycleWri
     """The writes that apply ``result``. Victims and evictions first, then
     admissions, then changed pending reasons (those of workloads held out of
     the snapshot too); at most one event per one-gang workload (the engine
-    never both evicts and admits one in a cycle), one per unit of a serving
-    workload, and its lowest waiting unit's reason after them."""
+    never both evicts and admits one in a cycle); for a serving workload one
+    per kind of change to its units (:func:`_write`), then its lowest
+    waiting unit's reason."""
     out = CycleWrites()
     rows = loaded.workloads
     touched: set[str] = set()
