@@ -412,3 +412,29 @@ def test_every_way_a_unit_stops_holding_closes_it_once() -> None:
     assert open_usage(stored) == {} and double_closes(stored) == []
     (finished,) = [e for e in closes if e.body["replica"] == 5]
     assert finished.body["gpu_seconds"] == 30.0  # one GPU from its admission to its release
+
+
+def test_a_serving_workload_is_admitted_while_one_unit_is() -> None:
+    status = lifecycle.Status({"state": "Pending", "pendingReason": "w", "pendingReasonCode": "P"})
+    for replica in (0, 1):
+        status = lifecycle.admit_unit(
+            SUBJECT,
+            status,
+            replica,
+            _unit_admission("c1"),
+            borrowed={},
+            with_preemption=False,
+            now=NOW,
+        ).status
+    assert status.state == "Admitted" and "pendingReason" not in status.raw
+    running = lifecycle.Status({**status.raw, "state": "Running"})
+    one_left = lifecycle.evict_unit(SUBJECT, running, 1, reason="Stopped", message="m", now=NOW)
+    assert (one_left.status.state, one_left.status.raw["admittedReplicas"]) == ("Running", 1)
+    none_left = lifecycle.evict_unit(
+        SUBJECT, one_left.status, 0, reason="Stopped", message="m", now=NOW
+    )
+    assert none_left.status.state == "Pending"
+    assert none_left.status.raw["replicaAdmissions"] == []
+    reserved = [c for c in none_left.status.conditions if c["type"] == "QuotaReserved"]
+    assert [c["status"] for c in reserved] == ["False"]
+    assert none_left.entry is not None and none_left.entry.body["replica"] == 0
