@@ -575,7 +575,8 @@ def scale(status: Status, spec: Mapping[str, Any], replicas: int, now: datetime)
 #
 # Each replica of a serving workload is admitted as its own gang (a unit):
 # its admission is an entry of ``replicaAdmissions`` on the workload's one
-# row, with an event and a ledger entry of its own naming its ``replica``.
+# row, with a ledger entry of its own naming its ``replica`` (its event
+# names it in ``replicas``, with its workload's others changed alike).
 # The workload is Admitted while one unit is; a unit released goes back to
 # pending (it is a missing index again) at once, its usage closed.
 
