@@ -8,10 +8,12 @@ training reclaim never takes the workload below ``minReplicas``."""
 from __future__ import annotations
 
 import json
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
+import pytest
 import sqlalchemy as sa
 
 from service.app import lifecycle
@@ -438,3 +440,44 @@ def test_a_serving_workload_is_admitted_while_one_unit_is() -> None:
     reserved = [c for c in none_left.status.conditions if c["type"] == "QuotaReserved"]
     assert [c["status"] for c in reserved] == ["False"]
     assert none_left.entry is not None and none_left.entry.body["replica"] == 0
+
+
+def _invariants(api: Api, names: tuple[str, ...], quota: int) -> None:
+    """Units at most once each, below spec.replicas, within quota; the
+    ledger's open usage is exactly the units the rows hold, never closed twice."""
+    held: set[str] = set()
+    gpus = 0
+    for name in names:
+        obj = api.admin.get(f"/v1/namespaces/serve/workloads/{name}").json()
+        status, asked = obj["status"], obj["spec"].get("replicas", 1)
+        replicas = _replicas(status)
+        assert replicas == sorted(set(replicas)) and all(r < asked for r in replicas), obj
+        assert status.get("admittedReplicas", 0) == len(replicas)
+        assert status["state"] == ("Admitted" if replicas else "Pending"), status
+        held |= {f"serve/{name}#{r}" for r in replicas}
+        gpus += len(replicas)  # one GPU each
+    assert gpus <= quota
+    ledger = list(PostgresLedgerReader(api.services.engine).entries())
+    assert set(open_usage(ledger)) == held
+    assert double_closes(ledger) == []
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_scales_and_cycles_in_any_order_keep_units_and_ledger_in_step(api: Api, seed: int) -> None:
+    rng = random.Random(seed)
+    _serving_queue(api, 5)
+    _submit(api, _deployment("web", 3, gpus=1))
+    _submit(api, _deployment("other", 2, gpus=1))
+    cycle = AdmissionCycle(api.services.engine, api.services.unit_of_work)
+    for _ in range(12):
+        if rng.random() < 0.5:
+            _cycle(api, cycle)
+        else:
+            _scale(api, rng.choice(["web", "other"]), rng.randint(1, 6))
+        _invariants(api, ("web", "other"), 5)
+    _cycle(api, cycle)
+    _invariants(api, ("web", "other"), 5)
+    # The run went through scale downs that released units, and admissions after them.
+    kinds = [e.kind for e in PostgresLedgerReader(api.services.engine).entries()]
+    assert "workload.finished" in kinds, kinds
+    assert "workload.admitted" in kinds[kinds.index("workload.finished") :], kinds
