@@ -481,3 +481,57 @@ def test_scales_and_cycles_in_any_order_keep_units_and_ledger_in_step(api: Api, 
     kinds = [e.kind for e in PostgresLedgerReader(api.services.engine).entries()]
     assert "workload.finished" in kinds, kinds
     assert "workload.admitted" in kinds[kinds.index("workload.finished") :], kinds
+
+
+def test_a_leaderworkerset_is_admitted_group_by_group_each_in_one_island(api: Api) -> None:
+    """LWS's vLLM example: two groups of a leader and a worker (8 GPUs
+    each), a unit per group, its pod sets in one fabric island."""
+    topology = {
+        "metadata": {"name": "fabric"},
+        "spec": {"levels": [{"nodeLabel": kinds.ISLAND}, {"nodeLabel": "kubernetes.io/hostname"}]},
+    }
+    flavor = {
+        "metadata": {"name": "h100"},
+        "spec": {"nodeLabels": {"sku": "h100"}, "topologyName": "fabric"},
+    }
+    cluster = {
+        "metadata": {"name": "c1"},
+        "spec": {"server": "https://c1.example:6443", "credentials": {"token": "t"}},
+    }
+    queue = _queue("cq-serve", 32, workloadClass="inference")
+    for path, body in (
+        ("/v1/topologies", topology),
+        ("/v1/resourceflavors", flavor),
+        ("/v1/clusters", cluster),
+        ("/v1/clusterqueues", queue),
+    ):
+        assert api.admin.post(path, json=body).status_code == 201, path
+    _local_queue(api, "serve", "serve", "cq-serve")
+    nodes = [
+        {
+            "name": f"c1-i{i}-n{n}",
+            "flavor": "h100",
+            "island": f"c1-i{i}",
+            "labels": {
+                "sku": "h100",
+                kinds.ISLAND: f"c1-i{i}",
+                "kubernetes.io/hostname": f"c1-i{i}-n{n}",
+            },
+            "allocatable": {"cpu": "96", "memory": "1Ti", GPU: 8},
+        }
+        for i in range(2)
+        for n in range(2)
+    ]
+    set_cluster_status(api.services, "c1", {"state": "Ready", "inventory": {"nodes": nodes}})
+    lws = kinds.vllm_lws()
+    lws["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "serve"
+    _submit(api, lws)
+    assert _cycle(api).writes.admitted == 2
+    vllm = _status(api, "vllm")
+    assert _replicas(vllm) == [0, 1]
+    for unit in vllm["replicaAdmissions"]:
+        assignments = unit["admission"]["podSetAssignments"]
+        assert [(a["name"], a["count"]) for a in assignments] == [("leader", 1), ("worker", 1)]
+        (island,) = {i for a in assignments for i in a["islands"]}
+        assert unit["admission"]["island"] == island
+    assert [e["replica"] for e in _entries(api, "workload.admitted", "vllm")] == [0, 1]
