@@ -22,6 +22,7 @@ from service.app.errors import AppError
 from service.app.kinds import KINDS, Kind
 from service.app.resources import stream_name, to_object
 from service.app.submissions import ItemResult, Obj, Submission
+from service.app.submissions.service import scale_object
 from service.projections.resources import resource_row
 from service.projections.schema import api_tokens
 
@@ -71,6 +72,18 @@ def resource(kind: Kind, namespace: str, name: Any) -> Recover:
             return None
         at = datetime.fromisoformat(row.metadata["occurred_at"])
         return to_object(kind, resource_row(row.data, row.version, at))
+
+    return recover
+
+
+def scale(namespace: str, name: str) -> Recover:
+    """A scale: the workload's ``Scale`` as the last event it wrote left it
+    (a scale down writes its released units' events after its own)."""
+    workload = resource(WORKLOADS, namespace, name)
+
+    def recover(conn: Connection, xmins: Sequence[int]) -> Obj | None:
+        obj = workload(conn, xmins)
+        return None if obj is None else scale_object(obj)
 
     return recover
 

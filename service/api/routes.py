@@ -470,10 +470,13 @@ def workload_router() -> APIRouter:
         deps: Deps,
         if_match: IfMatch = None,
     ) -> Any:
-        """Set a serving workload's replicas: ``{"spec": {"replicas": n}}``."""
+        """Set a serving workload's replicas: ``{"spec": {"replicas": n}}``. A
+        commit cut short is settled as a cancel's is (``settled``)."""
         require(actor.principal, WORKLOADS.write, namespace)  # before the body is read
         body = await read_body(request, deps.settings.max_body_bytes)
-        return await run(deps.submissions.scale, actor, namespace, name, body, if_match)
+        recover = recovery.scale(namespace, name)
+        args = (actor, namespace, name, body, if_match)
+        return await settled(request, recover, _rendered, deps.submissions.scale, *args)
 
     @router.get(base + "/{name}/explain")
     async def explain(

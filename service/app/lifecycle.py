@@ -16,6 +16,11 @@ holds: the ledger's open usage equals what the members run. What the pods
 measured by the worker when it removes the job, or estimated here when a
 cluster is lost (:func:`lose_cluster`).
 
+A serving workload run as units has the same transitions per unit
+(``admit_unit``, ``preempt_unit``, ``evict_unit``, ``release_replicas``,
+and ``lose_cluster`` / ``cancelled`` for all of its units there): each
+closes its own unit's admission, named by that admission's id.
+
 Shapes are those documented in ``service/app/admission/__init__.py``. No I/O here:
 callers (the admission cycle, submissions, reconcile, sync, cluster
 collection) append ``event`` with ``status`` and record ``entries``.
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -66,6 +71,9 @@ SUBMITTED_EVENT, PENDING_EVENT = "WorkloadSubmitted", "WorkloadPending"
 GPU_SUFFIX = "gpu"
 #: What a pending status may tell beside its reason (see :func:`pend`).
 PENDING_DETAIL_KEYS = ("pendingCause", "pendingFragmentation")
+#: A serving workload's admitted units: ``[{replica, admission, admittedAt}]``
+#: (``admission`` shaped as ``status.admission``), and their number.
+REPLICA_ADMISSIONS, ADMITTED_REPLICAS = "replicaAdmissions", "admittedReplicas"
 #: Names the closing entries of admissions stored before admissions had an id.
 _LEGACY = UUID("6f0c5f3e-6a43-4c1b-9a57-3b1f1e2f7a10")
 
@@ -97,6 +105,19 @@ class Status:
     @property
     def conditions(self) -> Sequence[Mapping[str, Any]]:
         return self.raw.get("conditions") or ()
+
+    @property
+    def holds_units(self) -> bool:
+        """Whether a serving workload's units hold quota and capacity."""
+        return self.state in HOLDS_QUOTA and bool(self.raw.get(REPLICA_ADMISSIONS))
+
+    @property
+    def units(self) -> list[Mapping[str, Any]]:
+        """``replicaAdmissions``: a serving workload's admitted units, by replica."""
+        return list(self.raw.get(REPLICA_ADMISSIONS) or ())
+
+    def unit(self, replica: int) -> Mapping[str, Any] | None:
+        return next((u for u in self.units if u.get("replica") == replica), None)
 
     def without(self, *keys: str) -> Obj:
         return {k: v for k, v in self.raw.items() if k not in keys}
@@ -136,6 +157,10 @@ class Transition:
     spec: Mapping[str, Any] | None = None
     #: Written with ``entry``: the estimate of what ran, for a lost member's gang.
     also: tuple[NewLedgerEntry, ...] = ()
+    #: Of a serving workload's unit: the replica the transition is about
+    #: (its event's data names it in ``replicas``, with the others of its
+    #: workload that changed alike in the same write).
+    replica: int | None = None
 
     @property
     def entries(self) -> list[NewLedgerEntry]:
@@ -320,9 +345,11 @@ def admit(
     borrowed: Mapping[str, Mapping[str, int]],
     with_preemption: bool,
     now: datetime,
+    replica: int | None = None,
 ) -> Transition:
     """Pending → Admitted. ``admission`` is the status shape; its ``id`` is
-    given here (the admitted entry's), naming this admission's close."""
+    given here (the admitted entry's), naming this admission's close.
+    ``replica``: the unit's, named in the entry (:func:`admit_unit`)."""
     entry_id = uuid4()
     admission = {**admission, "id": str(entry_id)}
     cluster, cluster_queue = str(admission["cluster"]), str(admission["clusterQueue"])
@@ -348,6 +375,7 @@ def admit(
         reserved=amounts(admission),
         borrowed={f: dict(r) for f, r in borrowed.items()},
         reason="AdmittedWithPreemption" if with_preemption else "QuotaReserved",
+        replica=replica,
     )
     return Transition(ADMITTED_EVENT, Status(new), ledger.new_entry(body, entry_id, now))
 
@@ -450,6 +478,7 @@ def finish(
     consumed, gpu, cpu, memory = _consumed(amounts(admission), started, finished_at)
     body = ledger.WorkloadFinished(
         **subject.names(str(admission.get("clusterQueue") or status.raw.get("clusterQueue"))),
+        replica=None,
         cluster=cluster,
         outcome=outcome,
         started_at=started,
@@ -480,9 +509,11 @@ def preempt(
     now: datetime,
     work_destroyed: float | None = None,
     budgeted: bool = False,
+    replica: int | None = None,
 ) -> Transition:
     """Admitted or Running → Evicted by a preemptor: quota released now; the
-    reconciler deletes the job and then requeues it (:func:`requeue`)."""
+    reconciler deletes the job and then requeues it (:func:`requeue`).
+    ``replica``: the unit's, named in the entry (:func:`preempt_unit`)."""
     admission = status.admission
     new = _stopped(status, "Preempted", message, now)
     new.update(
@@ -506,6 +537,7 @@ def preempt(
         released=amounts(admission),
         work_destroyed_gpu_seconds=None if work_destroyed is None else round(work_destroyed, 3),
         budgeted=budgeted,
+        replica=replica,
     )
     return Transition(PREEMPTED_EVENT, Status(new), _close(subject, status, body, now))
 
@@ -520,6 +552,7 @@ def evict(
     spec: Mapping[str, Any] | None = None,
     requeue_state: Mapping[str, Any] | None = None,
     deactivate: bool = False,
+    replica: int | None = None,
 ) -> Transition:
     """Admitted or Running → Evicted: pods-ready timeout (with its backoff
     ``requeue_state``), a stopped queue, the member's eviction, its refusal
@@ -546,6 +579,7 @@ def evict(
         message=message,
         requeued=not deactivate,
         released=amounts(admission),
+        replica=replica,
     )
     return Transition(EVICTED_EVENT, Status(new), _close(subject, status, body, now), new_spec)
 
@@ -593,7 +627,213 @@ def scale(status: Status, spec: Mapping[str, Any], replicas: int, now: datetime)
     if isinstance(job, Mapping):
         new_spec["job"] = {**job, "spec": {**(job.get("spec") or {}), "replicas": replicas}}
     new = {**status.raw, "scaledAt": rfc3339(now)}
+    if status.units and set(range(replicas)) <= {u["replica"] for u in status.units}:
+        new = {k: v for k, v in new.items() if k not in _PENDING_KEYS}  # no unit waits now
     return Transition(SCALED_EVENT, Status(new), spec=new_spec)
+
+
+# --- a serving workload's units (docs/serving.md) -------------------------------------------
+#
+# Each replica of a serving workload is admitted as its own gang (a unit):
+# its admission is an entry of ``replicaAdmissions`` on the workload's one
+# row, with a ledger entry of its own naming its ``replica`` (its event
+# names it in ``replicas``, with its workload's others changed alike).
+# The workload is Admitted while one unit is; a unit released goes back to
+# pending (it is a missing index again) at once, its usage closed.
+
+
+def _with_units(raw: Mapping[str, Any], units: Sequence[Mapping[str, Any]]) -> Obj:
+    """``raw`` with ``units`` as its replica admissions, by replica."""
+    ordered = sorted(units, key=lambda u: int(u["replica"]))
+    return {**raw, REPLICA_ADMISSIONS: ordered, ADMITTED_REPLICAS: len(ordered)}
+
+
+def _as_one_gang(status: Status, unit: Mapping[str, Any]) -> Status:
+    """A unit's admission seen as a one-gang workload's status, for the
+    one-gang transitions to close (its closing id derives from its own
+    admission id)."""
+    raw = {k: v for k, v in status.raw.items() if k not in (REPLICA_ADMISSIONS, ADMITTED_REPLICAS)}
+    started = {"startedAt": unit["startedAt"]} if unit.get("startedAt") else {}
+    return Status({**raw, **started, "state": ADMITTED, "admission": unit["admission"]})
+
+
+def _unit_of(status: Status, replica: int) -> Mapping[str, Any]:
+    unit = status.unit(replica)
+    if unit is None:
+        raise ValueError(f"replica {replica} holds no admission")
+    return unit
+
+
+def admit_unit(
+    subject: Subject,
+    status: Status,
+    replica: int,
+    admission: Mapping[str, Any],
+    *,
+    borrowed: Mapping[str, Mapping[str, int]],
+    with_preemption: bool,
+    now: datetime,
+) -> Transition:
+    """One unit admitted: its ``{replica, admission, admittedAt}`` joins
+    ``replicaAdmissions`` (the admission with its id, as :func:`admit` gives
+    it); the workload is Admitted (a Running one stays Running)."""
+    whole = admit(
+        subject,
+        status,
+        admission,
+        borrowed=borrowed,
+        with_preemption=with_preemption,
+        now=now,
+        replica=replica,
+    )
+    new = dict(whole.status.raw)
+    given = new.pop("admission")
+    unit = {"replica": replica, "admission": given, "admittedAt": given.get("admittedAt")}
+    others = [u for u in status.units if u.get("replica") != replica]
+    new = _with_units(new, [*others, unit])
+    if status.state == RUNNING:
+        new["state"] = RUNNING
+    return dataclasses.replace(whole, status=Status(new), replica=replica)
+
+
+def _without_unit(status: Status, replica: int, reason: str, message: str, now: datetime) -> Obj:
+    """``status`` less ``replica``'s unit; Pending when it was the last one."""
+    left = [u for u in status.units if u.get("replica") != replica]
+    new = _with_units(status.raw, left)
+    if not left and status.state in (ADMITTED, RUNNING):
+        conditions = status.conditions
+        for kind in ("QuotaReserved", "Admitted"):
+            conditions = set_condition(conditions, kind, "False", reason, message, now)
+        new.update(state=PENDING, conditions=conditions)
+        new.pop("podsReady", None)
+    return new
+
+
+def preempt_unit(
+    subject: Subject,
+    status: Status,
+    replica: int,
+    *,
+    reason: Literal[
+        "InClusterQueue",
+        "InCohortReclamation",
+        "InCohortFairSharing",
+        "InCohortReclaimWhileBorrowing",
+        "Consolidation",
+    ],
+    message: str,
+    preemptor: str,
+    preemptor_cluster_queue: str,
+    cohort_path: list[str],
+    now: datetime,
+    work_destroyed: float | None = None,
+    budgeted: bool = False,
+) -> Transition:
+    """One unit preempted: out of ``replicaAdmissions`` and pending again,
+    its quota released now (the entry names reason and preemptor)."""
+    whole = preempt(
+        subject,
+        _as_one_gang(status, _unit_of(status, replica)),
+        reason=reason,
+        message=message,
+        preemptor=preemptor,
+        preemptor_cluster_queue=preemptor_cluster_queue,
+        cohort_path=cohort_path,
+        now=now,
+        work_destroyed=work_destroyed,
+        budgeted=budgeted,
+        replica=replica,
+    )
+    new = _without_unit(status, replica, "Preempted", message, now)
+    return Transition(PREEMPTED_EVENT, Status(new), whole.entry, replica=replica)
+
+
+def evict_unit(
+    subject: Subject, status: Status, replica: int, *, reason: str, message: str, now: datetime
+) -> Transition:
+    """One unit evicted (pods-ready timeout, a stopped queue): out of
+    ``replicaAdmissions`` and pending again, its quota released now. A
+    unit has no backoff of its own, and is never deactivated alone."""
+    whole = evict(
+        subject,
+        _as_one_gang(status, _unit_of(status, replica)),
+        reason=reason,
+        message=message,
+        now=now,
+        replica=replica,
+    )
+    new = _without_unit(status, replica, reason, message, now)
+    return Transition(EVICTED_EVENT, Status(new), whole.entry, replica=replica)
+
+
+def _unit_finished(subject: Subject, unit: Mapping[str, Any], now: datetime) -> NewLedgerEntry:
+    """The ``cancelled`` finish that closes a unit's usage (a scale down, its
+    workload cancelled): its GPU-seconds are the unit's run, from when its
+    pods were ready (its ``startedAt``, when sync recorded one) or else its
+    admission, to now: the span the ledger's held usage closes."""
+    replica, admission = int(unit["replica"]), unit["admission"]
+    started = parse_time(unit.get("startedAt")) or parse_time(unit.get("admittedAt"))
+    started = min(started or now, now)
+    consumed, gpu, cpu, memory = _consumed(amounts(admission), started, now)
+    body = ledger.WorkloadFinished(
+        **subject.names(str(admission.get("clusterQueue"))),
+        cluster=str(admission.get("cluster")),
+        outcome="cancelled",
+        started_at=started,
+        finished_at=now,
+        consumed=consumed,
+        gpu_seconds=gpu,
+        cpu_seconds=cpu,
+        memory_gib_seconds=memory,
+        replica=replica,
+    )
+    return ledger.new_entry(body, closing_entry_id(subject.uid, admission), now)
+
+
+def _release_unit(
+    subject: Subject, status: Status, unit: Mapping[str, Any], now: datetime
+) -> Transition:
+    """A unit released by a scale down: out of ``replicaAdmissions``, its
+    usage closed (:func:`_unit_finished`)."""
+    replica = int(unit["replica"])
+    message = f"Replica {replica} released by a scale down"
+    new = _without_unit(status, replica, "ScaledDown", message, now)
+    entry = _unit_finished(subject, unit, now)
+    return Transition(FINISHED_EVENT, Status(new), entry, replica=replica)
+
+
+def release_replicas(
+    subject: Subject, status: Status, replicas: int, now: datetime
+) -> list[Transition]:
+    """A scale down to ``replicas``: each unit of a higher index released at
+    once, highest first, each its own ``WorkloadFinished`` and closing entry
+    (quota and capacity freed for the next cycle). None to release: []."""
+    changes: list[Transition] = []
+    for unit in sorted(status.units, key=lambda u: -int(u["replica"])):
+        if int(unit["replica"]) < replicas:
+            break
+        change = _release_unit(subject, status, unit, now)
+        changes.append(change)
+        status = change.status
+    return changes
+
+
+def unit_clusters(status: Status) -> set[str]:
+    """The member clusters where a serving workload's units are admitted."""
+    return {str(u["admission"]["cluster"]) for u in status.units if u.get("admission")}
+
+
+def pend_units(status: Status, reason: str, message: str, now: datetime) -> Transition:
+    """An admitted serving workload some of whose units wait: why (its
+    lowest waiting unit's reason) without the pending workload's
+    ``QuotaReserved=False`` condition, for it holds quota."""
+    new = {
+        **status.without(*PENDING_DETAIL_KEYS),
+        "pendingReason": message,
+        "pendingReasonCode": reason,
+        "pendingReasonAt": rfc3339(now),
+    }
+    return Transition(PENDING_EVENT, Status(new))
 
 
 def request_cancel(status: Status, by: str, now: datetime) -> Transition:
@@ -621,6 +861,7 @@ def cancelled(subject: Subject, status: Status, now: datetime, message: str = ""
     consumed, gpu, cpu, memory = _consumed(amounts(admission), started, now)
     body = ledger.WorkloadFinished(
         **subject.names(str(admission.get("clusterQueue") or status.raw.get("clusterQueue"))),
+        replica=None,
         cluster=str(admission.get("cluster")),
         outcome="cancelled",
         started_at=started,
@@ -635,13 +876,16 @@ def cancelled(subject: Subject, status: Status, now: datetime, message: str = ""
         new["conditions"] = set_condition(
             status.conditions, "Finished", "True", "Cancelled", message, now
         )
-    return Transition(CANCELLED_EVENT, Status(new), _close(subject, status, body, now))
+    # A serving workload's units each close their own usage.
+    held = status.units if status.holds_units else []
+    units = tuple(_unit_finished(subject, u, now) for u in held)
+    return Transition(CANCELLED_EVENT, Status(new), _close(subject, status, body, now), also=units)
 
 
 def cancel_replicas(subject: Subject, status: Status, cluster: str, now: datetime) -> Transition:
     """A cancelling serving workload's objects are gone from ``cluster``: its
-    replicas there close, each a ``cancelled`` finish of its own run (from
-    its admission); Cancelled once none is left anywhere, else still
+    replicas there close, each a ``cancelled`` finish of its own run
+    (:func:`_unit_finished`); Cancelled once none is left anywhere, else still
     Cancelling while another member removes its objects."""
     here = [
         r
@@ -649,23 +893,8 @@ def cancel_replicas(subject: Subject, status: Status, cluster: str, now: datetim
         if (r.get("admission") or {}).get("cluster") == cluster
     ]
 
-    def finished(replica: Mapping[str, Any]) -> ledger.Body:
-        admission = replica.get("admission") or {}
-        started = min(parse_time(replica.get("admittedAt")) or now, now)
-        consumed, gpu, cpu, memory = _consumed(amounts(admission), started, now)
-        return ledger.WorkloadFinished(
-            **subject.names(str(admission.get("clusterQueue"))),
-            cluster=cluster,
-            outcome="cancelled",
-            started_at=started,
-            finished_at=now,
-            consumed=consumed,
-            gpu_seconds=gpu,
-            cpu_seconds=cpu,
-            memory_gib_seconds=memory,
-        )
-
-    new, closes = _without(subject, status, here, finished, now)
+    new = _without(status, here)
+    closes = [_unit_finished(subject, r, now) for r in here]
     if not new[REPLICA_ADMISSIONS]:
         new.update(state=CANCELLED, finishedAt=rfc3339(now))
     entry, also = (closes[0], tuple(closes[1:])) if closes else (None, ())
@@ -685,7 +914,7 @@ def lose_cluster(
     usage closed, and what it ran there estimated from ``seen``), a
     cancelling one is Cancelled, one evicted from it and waiting for its
     job's removal is requeued; ``None`` if it has nothing there."""
-    if isinstance(status.raw.get(REPLICA_ADMISSIONS), list):
+    if status.units:
         return _lose_replicas(subject, status, cluster, reason, message, now)
     here = status.cluster == cluster and status.holds
     evicted_here = (
@@ -706,6 +935,7 @@ def lose_cluster(
     admission = status.admission
     body = ledger.WorkloadEvicted(
         **subject.names(str(admission.get("clusterQueue"))),
+        replica=None,
         cluster=cluster,
         reason=reason,
         message=message,
@@ -730,31 +960,25 @@ def _released(
     replica's admission's: a second release of the same replica writes
     nothing again."""
 
-    def evicted(replica: Mapping[str, Any]) -> ledger.Body:
+    def evicted(replica: Mapping[str, Any]) -> NewLedgerEntry:
         admission = replica.get("admission") or {}
-        return ledger.WorkloadEvicted(
+        body = ledger.WorkloadEvicted(
             **subject.names(str(admission.get("clusterQueue"))),
+            replica=int(replica["replica"]),
             cluster=str(admission.get("cluster")),
             reason=reason,
             message=message,
             requeued=requeued,
             released=amounts(admission),
         )
+        return ledger.new_entry(body, closing_entry_id(subject.uid, admission), now)
 
-    return _without(subject, status, released, evicted, now)
+    return _without(status, released), [evicted(r) for r in released]
 
 
-def _without(
-    subject: Subject,
-    status: Status,
-    released: Sequence[Mapping[str, Any]],
-    body: Callable[[Mapping[str, Any]], ledger.Body],
-    now: datetime,
-) -> tuple[Obj, list[NewLedgerEntry]]:
-    closes = [
-        ledger.new_entry(body(r), closing_entry_id(subject.uid, r.get("admission") or {}), now)
-        for r in released
-    ]
+def _without(status: Status, released: Sequence[Mapping[str, Any]]) -> Obj:
+    """A serving workload's status without the replicas ``released``, and
+    without its available count in the clusters left with none."""
     kept = [r for r in status.raw.get(REPLICA_ADMISSIONS) or () if r not in released]
     here = {str((r.get("admission") or {}).get("cluster")) for r in kept}
     counts = {c: n for c, n in (status.raw.get("availableByCluster") or {}).items() if c in here}
@@ -765,7 +989,7 @@ def _without(
         "availableByCluster": counts,
         "availableReplicas": sum(int(n) for n in counts.values()),
     }
-    return new, closes
+    return new
 
 
 def _lose_replicas(
@@ -820,21 +1044,27 @@ __all__ = [
     "Subject",
     "Transition",
     "admit",
+    "admit_unit",
     "amounts",
     "cancel_replicas",
     "cancelled",
     "closing_entry_id",
     "dispatch",
     "evict",
+    "evict_unit",
     "finish",
     "lose_cluster",
     "measured_run",
+    "pend_units",
     "preempt",
+    "preempt_unit",
     "ran_entry_id",
     "refuse_replicas",
+    "release_replicas",
     "replicas_available",
     "request_cancel",
     "requeue",
     "run",
     "set_condition",
+    "unit_clusters",
 ]

@@ -382,6 +382,8 @@ class TimelineEvent:
     actor: str
     status: Mapping[str, Any]
     spec: Mapping[str, Any]
+    #: Of a serving workload's units: the replicas the event is about.
+    replicas: tuple[int, ...] = ()
 
 
 def timeline(
@@ -400,6 +402,7 @@ def timeline(
             e.metadata.actor,
             dict(e.data.get("status") or {}),
             dict(e.data.get("spec") or {}),
+            tuple(e.data.get("replicas") or ()),
         )
         for e in events
     ]

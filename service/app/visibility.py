@@ -51,6 +51,10 @@ def _named(status: Mapping[str, Any]) -> list[str]:
     admission = status.get("admission")
     eviction = status.get("eviction")
     keys = list(admission.get("preempted") or ()) if isinstance(admission, Mapping) else []
+    for unit in status.get("replicaAdmissions") or ():  # a serving workload's units
+        unit_admission = unit.get("admission") if isinstance(unit, Mapping) else None
+        if isinstance(unit_admission, Mapping):
+            keys += list(unit_admission.get("preempted") or ())
     if isinstance(eviction, Mapping) and eviction.get("preemptor"):
         keys.append(eviction["preemptor"])
     return [k for k in keys if isinstance(k, str) and "/" in k]

@@ -102,10 +102,38 @@ def _finished(status: Mapping[str, Any]) -> str:
     return f"Finished: {outcome}" + (f" ({message})" if message else "")
 
 
+#: A serving workload's units' events, by type (docs/serving.md).
+_UNIT_WORDS = {
+    "WorkloadPreempted": "preempted, their quota released (the ledger names the preemptor)",
+    "WorkloadEvicted": "evicted, their quota released",
+    "WorkloadFinished": "released by a scale down",
+}
+
+
+def _units(event: TimelineEvent, reader: Principal) -> str:
+    """An event of a serving workload's units: where they were admitted, or
+    how they stopped holding."""
+    which = ", ".join(str(r) for r in event.replicas)
+    which = f"Replica {which}" if len(event.replicas) == 1 else f"Replicas {which}"
+    if event.type == "WorkloadAdmitted":
+        units = event.status.get("replicaAdmissions") or ()
+        places = sorted(
+            {
+                _admitted({"admission": u.get("admission") or {}}, reader)
+                for u in units
+                if u.get("replica") in event.replicas
+            }
+        )
+        return f"{which}: {'; '.join(places)}"
+    return f"{which} {_UNIT_WORDS.get(event.type, event.type)}"
+
+
 def moment(event: TimelineEvent, reader: Principal) -> Moment:
     status, kind = event.status, event.type
     words: str
-    if kind == "WorkloadSubmitted":
+    if event.replicas:
+        words = _units(event, reader)
+    elif kind == "WorkloadSubmitted":
         words = f"Submitted to LocalQueue {event.spec.get('queueName')}"
     elif kind == "WorkloadPending":
         code = str(status.get("pendingReasonCode") or "")

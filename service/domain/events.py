@@ -122,13 +122,22 @@ WORKLOAD_PENDING = declare(
     "WorkloadPending", WORKLOAD_STREAMS, _OBJECT, "the admission cycle's reason it waits"
 )
 WORKLOAD_ADMITTED = declare(
-    "WorkloadAdmitted", WORKLOAD_STREAMS, _OBJECT, "admitted: cluster, island, flavors"
+    "WorkloadAdmitted",
+    WORKLOAD_STREAMS,
+    _OBJECT,
+    "admitted: cluster, island, flavors (or serving units: their replicas)",
 )
 WORKLOAD_PREEMPTED = declare(
-    "WorkloadPreempted", WORKLOAD_STREAMS, _OBJECT, "preempted whole; quota released"
+    "WorkloadPreempted",
+    WORKLOAD_STREAMS,
+    _OBJECT,
+    "preempted whole, or serving units (their replicas); quota released",
 )
 WORKLOAD_EVICTED = declare(
-    "WorkloadEvicted", WORKLOAD_STREAMS, _OBJECT, "evicted whole; quota released"
+    "WorkloadEvicted",
+    WORKLOAD_STREAMS,
+    _OBJECT,
+    "evicted whole, or serving units (their replicas); quota released",
 )
 WORKLOAD_SCALED = declare(
     "WorkloadScaled", WORKLOAD_STREAMS, _OBJECT, "a serving workload's replicas changed"
@@ -150,7 +159,10 @@ WORKLOAD_CHECKPOINTED = declare(
     "WorkloadCheckpointed", WORKLOAD_STREAMS, _OBJECT, "its job reported a newer checkpoint"
 )
 WORKLOAD_FINISHED = declare(
-    "WorkloadFinished", WORKLOAD_STREAMS, _OBJECT, "succeeded or failed on its member"
+    "WorkloadFinished",
+    WORKLOAD_STREAMS,
+    _OBJECT,
+    "succeeded or failed on its member; or serving units released by a scale down",
 )
 
 # -- member clusters (sync and the fleet loop) -----------------------------------------------

@@ -34,6 +34,7 @@ __all__ = [
     "job_pod_templates",
     "job_replicas",
     "kind_not_runnable",
+    "runs_as_units",
     "trainjob_jobset",
 ]
 
@@ -323,12 +324,23 @@ def job_replicas(manifest: Mapping[str, Any]) -> int:
     return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 1
 
 
+def runs_as_units(workload_spec: Mapping[str, Any]) -> bool:
+    """Whether a workload is served replica by replica: its job is a serving
+    kind (a StatefulSet not asked to be one gang), each replica admitted as
+    a unit of its own (docs/serving.md)."""
+    job = _mapping(workload_spec.get("job"))
+    return job.get("kind") in SERVING_KINDS and not _is_gang(job)
+
+
 def kind_not_runnable(workload_spec: Mapping[str, Any]) -> str | None:
     """The kind of a workload's job when the workers cannot apply it to a
-    member yet (its workload is held pending, never admitted), else None."""
+    member yet (its workload is held pending, never admitted), else None. A
+    serving workload run as units is admitted unit by unit."""
     job = _mapping(workload_spec.get("job"))
     kind = job_kind(job)
     if kind is None or kind not in _READERS or kind in MEMBER_JOB_KINDS or kind in RUN_AS:
+        return None
+    if runs_as_units(workload_spec):
         return None
     return kind
 

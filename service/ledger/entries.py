@@ -27,6 +27,8 @@ from pydantic import (
     NonNegativeFloat,
     NonNegativeInt,
     PositiveInt,
+    SerializerFunctionWrapHandler,
+    model_serializer,
     model_validator,
 )
 
@@ -51,6 +53,24 @@ class WorkloadBody(Body):
     cluster_queue: str
 
 
+class UnitBody(WorkloadBody):
+    """An entry of one admission, which for a serving workload admitted
+    replica by replica is one unit's (docs/serving.md): ``replica`` names
+    it. Absent from the stored body when ``None``, so that a one-gang
+    workload's entries read as they did before the field existed."""
+
+    replica: NonNegativeInt | None = Field(
+        default=None, description="Of a serving workload's unit: its replica index."
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_absent_replica(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if dumped.get("replica") is None:
+            dumped.pop("replica", None)
+        return dumped
+
+
 class WorkloadSubmitted(WorkloadBody):
     KIND: ClassVar[str] = "workload.submitted"
     actor: str
@@ -61,7 +81,7 @@ class WorkloadSubmitted(WorkloadBody):
     )
 
 
-class WorkloadAdmitted(WorkloadBody):
+class WorkloadAdmitted(UnitBody):
     KIND: ClassVar[str] = "workload.admitted"
     cluster: str
     flavors: dict[str, str] = Field(description="Resource → the flavor it was assigned.")
@@ -71,7 +91,7 @@ class WorkloadAdmitted(WorkloadBody):
     reason: str
 
 
-class WorkloadPreempted(WorkloadBody):
+class WorkloadPreempted(UnitBody):
     KIND: ClassVar[str] = "workload.preempted"
     cluster: str
     reason: Literal[
@@ -101,7 +121,7 @@ class WorkloadPreempted(WorkloadBody):
     )
 
 
-class WorkloadEvicted(WorkloadBody):
+class WorkloadEvicted(UnitBody):
     KIND: ClassVar[str] = "workload.evicted"
     cluster: str
     reason: str = Field(description="Kueue eviction reason, e.g. PodsReadyTimeout, ClusterLost.")
@@ -110,7 +130,7 @@ class WorkloadEvicted(WorkloadBody):
     released: Amounts
 
 
-class WorkloadFinished(WorkloadBody):
+class WorkloadFinished(UnitBody):
     KIND: ClassVar[str] = "workload.finished"
     cluster: str
     outcome: Literal["succeeded", "failed", "cancelled"]
@@ -141,7 +161,7 @@ class PodRun(BaseModel):
         return self
 
 
-class WorkloadRan(WorkloadBody):
+class WorkloadRan(UnitBody):
     """What one admission's pods ran on their member, start to end, as the
     member reports it (``measured: member``); or, for a member the centre
     lost, an estimate up to the last time it was seen running

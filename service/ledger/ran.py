@@ -31,7 +31,11 @@ def micros(moment: datetime) -> int:
 
 
 def workload_key(body: Mapping[str, Any]) -> str:
-    return f"{body['namespace']}/{body['workload']}"
+    """Who holds an allocation: ``namespace/workload``, and ``#replica`` for
+    a serving workload's unit (each unit is an allocation of its own)."""
+    replica = body.get("replica")
+    unit = "" if replica is None else f"#{replica}"
+    return f"{body['namespace']}/{body['workload']}{unit}"
 
 
 def _instant(value: Any) -> int:

@@ -1,5 +1,5 @@
 """Every acknowledged write whose COMMIT was cut short (issue 18, finding 6,
-beyond submissions): admin creates, replaces, patches and deletes, cancel,
+beyond submissions): admin creates, replaces, patches and deletes, cancel, scale,
 tokens issued and revoked, bulk submissions and checkpoints signed on
 demand. Never "nothing was changed" when it may have been: what committed
 is answered as such, an unknown outcome is said (503 ``outcome-unknown``),
@@ -35,6 +35,7 @@ from tests.api.commit_faults import (
 )
 from tests.api.conftest import ADMIN_TOKEN, serve, setup_quota, workload
 from tests.api.tcp_proxy import TcpProxy, tcp_proxy
+from tests.floor import test_workload_kinds as kinds
 from tests.waiting import wait_for
 from tests.workers.stack import PrivatePostgres
 
@@ -143,6 +144,26 @@ def cancel_workload(client: httpx.Client, tag: str) -> Write:
     return Write(lambda c, h: c.post(f"{base}/w/cancel", headers=h), 200, check)
 
 
+def scale_workload(client: httpx.Client, tag: str) -> Write:
+    """A serving workload's scale subresource: the answer is its Scale."""
+    setup_quota(client, namespace=f"ns-{tag}", cq=f"cq-{tag}", workloadClass="inference")
+    base = f"/v1/namespaces/ns-{tag}/workloads"
+    manifest = kinds.deployment()
+    manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "train"
+    assert client.post(base, json=manifest).status_code == 201
+    path = f"{base}/{manifest['metadata']['name']}/scale"
+    patch = {"Content-Type": "application/json"}
+
+    def check(c: httpx.Client, answer: httpx.Response) -> None:
+        assert (answer.json()["kind"], answer.json()["spec"]) == ("Scale", {"replicas": 5})
+        assert answer.json() == c.get(path).json()
+
+    def send(c: httpx.Client, h: dict[str, str]) -> httpx.Response:
+        return c.patch(path, json={"spec": {"replicas": 5}}, headers={**patch, **h})
+
+    return Write(send, 200, check)
+
+
 def issue_token(client: httpx.Client, tag: str) -> Write:
     """Only the secret's hash is stored: the original answer, secret and
     all, must still be given."""
@@ -242,6 +263,7 @@ WRITES = [
     patch_local_queue,
     delete_cohort,
     cancel_workload,
+    scale_workload,
     issue_token,
     revoke_token,
     bulk_submit,

@@ -31,7 +31,7 @@ def _scale(api: Api, name: str, body: Any) -> Any:
 def test_scaling_a_deployment_up_and_down_sets_its_replicas(api: Api) -> None:
     name = _submit(api, kinds.deployment())
     scale = api.admin.get(f"/v1/namespaces/serve/workloads/{name}/scale").json()
-    # Held (KindNotRunnable) until members run Deployments: nothing admitted yet.
+    # No admission cycle has run: nothing admitted yet.
     assert (scale["kind"], scale["spec"], scale["status"]) == (
         "Scale",
         {"replicas": 3},

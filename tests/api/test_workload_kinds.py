@@ -1,9 +1,10 @@
 """Every kind a GPU team submits, through the API over real Postgres (issue
 22): each accepted at ``POST /v1/namespaces/{ns}/workloads`` with its pod
 sets, replicas and class; a broken one refused as problem+json naming the
-field; a serving kind to a training queue refused; and a kind the workers
-cannot apply to members yet held pending by the admission cycle with a
-reason naming it, never admitted."""
+field; a serving kind to a training queue refused; a serving workload run
+replica by replica judged by the engine unit by unit (docs/serving.md);
+and a kind the workers cannot apply to members yet held pending by the
+admission cycle with a reason naming it, never admitted."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from service.app.admission import AdmissionCycle
 from service.app.uow import SqlUnitOfWork
-from service.domain.jobs import MEMBER_JOB_KINDS
+from service.domain.jobs import MEMBER_JOB_KINDS, runs_as_units
 from tests.api.conftest import Api, setup_quota
 from tests.api.test_resources import _fields, _problem
 from tests.floor import test_workload_kinds as kinds
@@ -49,7 +50,8 @@ def _no_guard(uow: SqlUnitOfWork) -> None:
 @pytest.mark.parametrize("kind", list(SUBMITTED))
 def test_each_kind_is_accepted_and_waits_until_members_can_run_it(api: Api, kind: str) -> None:
     """Held with ``KindNotRunnable`` while the workers cannot apply the kind; once they
-    can (``MEMBER_JOB_KINDS``), judged by the engine like any gang."""
+    can (``MEMBER_JOB_KINDS``), judged by the engine like any gang, as is each
+    unit of a serving workload run replica by replica (a gang StatefulSet is held)."""
     _queues(api)
     namespace, manifest = SUBMITTED[kind]
     sent = _queued(manifest())
@@ -68,8 +70,9 @@ def test_each_kind_is_accepted_and_waits_until_members_can_run_it(api: Api, kind
     status = api.admin.get(f"/v1/namespaces/{namespace}/workloads/{name}").json()["status"]
     assert status["state"] == "Pending"
     assert "admission" not in status  # no member cluster here
-    if kind in MEMBER_JOB_KINDS:
+    if kind in MEMBER_JOB_KINDS or runs_as_units(spec):
         assert status["pendingReasonCode"] not in (None, "KindNotRunnable")
+        assert not status.get("replicaAdmissions")  # no member cluster here
         return
     assert status["pendingReasonCode"] == "KindNotRunnable"
     assert kind in status["pendingReason"]
@@ -81,7 +84,7 @@ def test_each_kind_is_accepted_and_waits_until_members_can_run_it(api: Api, kind
 def test_a_runnable_kind_beside_them_is_still_admitted_as_before(api: Api) -> None:
     """Held kinds leave the snapshot; the cycle goes on with the rest."""
     _queues(api)
-    held = api.admin.post("/v1/namespaces/serve/workloads", json=_queued(kinds.deployment()))
+    held = api.admin.post("/v1/namespaces/serve/workloads", json=_queued(kinds.gang_statefulset()))
     assert held.status_code == 201, held.text
     job = {
         "apiVersion": "batch/v1",

@@ -1,6 +1,7 @@
 """The timeline's plain words for a run that saves its work: each checkpoint
-named with its time, a row of them shown as the latest, and a held kind's
-reason in words rather than its code."""
+named with its time, a row of them shown as the latest, a held kind's
+reason in words rather than its code, and a serving unit's events by its
+replica."""
 
 from __future__ import annotations
 
@@ -48,3 +49,18 @@ def test_a_held_kind_waits_in_words() -> None:
     assert reason_words("KindNotRunnable") == "its kind cannot run on member clusters yet"
     (held,) = timeline([_event(1, "WorkloadPending", pendingReasonCode="KindNotRunnable")], READER)
     assert held.words == "Pending: its kind cannot run on member clusters yet"
+
+
+def test_a_serving_units_events_name_their_replicas() -> None:
+    units = [
+        {"replica": r, "admission": {"cluster": "c1", "preempted": ["team-b/x"] if r else []}}
+        for r in (0, 1)
+    ]
+    status = {"replicaAdmissions": units}
+    admitted = TimelineEvent(1, "WorkloadAdmitted", START, "system:admission", status, {}, (1,))
+    released = TimelineEvent(2, "WorkloadFinished", START, "alice", {}, {}, (1, 0))
+    words = [m.words for m in timeline([admitted, released], READER)]
+    assert words == [
+        "Replica 1: Admitted to cluster c1; preempting a workload of another namespace",
+        "Replicas 1, 0 released by a scale down",
+    ]

@@ -16,7 +16,6 @@ from typing import Any
 from uuid import uuid4
 
 import kubernetes
-import pytest
 import sqlalchemy as sa
 
 from service.app.admission import workloads_by_key
@@ -526,7 +525,6 @@ def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(
         _until(one_pass, lambda: not _deployments(c1), "the stale Deployment removed", _deployments)
 
 
-@pytest.mark.skip(reason="needs the centre's replica units")
 def test_a_deployment_submitted_over_the_api_runs_and_scales_in_place(
     engine: sa.Engine, database_url: str, broker: str, tmp_path: Path
 ) -> None:

@@ -24,6 +24,11 @@ Shapes it reads and writes (the sync and reconcile workers meet them):
   podSetAssignments: [{name, count, flavors: {resource: flavor},
   resourceUsage: {resource: quantity}, placement: [{node, count}], islands}],
   borrowed: {flavor: {resource: quantity}}, preempted: [ns/name], admittedAt}``.
+  A serving workload run as units (``service.domain.jobs.runs_as_units``)
+  has no ``status.admission`` but ``replicaAdmissions``: ``[{replica,
+  admission, admittedAt}]`` by replica, ``admission`` shaped as above, and
+  ``admittedReplicas`` its length; it is Admitted while one unit is, and
+  its lowest waiting unit's reason is written on it (docs/serving.md).
   A pending workload carries ``pendingReason`` (words), ``pendingReasonCode``
   (Kueue's reason), ``pendingReasonAt`` (when they were written: the same
   reason in other words is rewritten at most every 30 s) and a

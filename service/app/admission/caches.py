@@ -16,8 +16,10 @@ from typing import Any
 
 from service.app.admission.convert import (
     CONFIG_VALUES,
+    Units,
     admission_from_status,
     timestamp,
+    units_of,
     workload_from_row,
 )
 from service.app.admission.repository import (
@@ -29,6 +31,7 @@ from service.app.admission.repository import (
     workloads_by_key,
 )
 from service.app.lifecycle import HOLDS_QUOTA, PENDING
+from service.domain.jobs import runs_as_units
 from service.domain.times import parse_time
 from service.domain.workload import AdmittedWorkload, Workload
 
@@ -43,11 +46,16 @@ class CachedWorkload:
     row: WorkloadRow
     workload: Workload
     admitted: AdmittedWorkload | None
+    #: A serving workload run as units (docs/serving.md): its admitted units
+    #: (``status.replicaAdmissions``) and its missing ones, by index.
+    units: Units | None = None
 
 
 def cached_workload(row: WorkloadRow, workload: Workload | None = None) -> CachedWorkload:
     """``workload``: the row's domain value, if the caller knows it."""
     workload = workload or workload_from_row(row)
+    if runs_as_units(row.spec):
+        return CachedWorkload(row, workload, None, units_of(row, workload))
     raw = row.status.get("admission")
     admitted = None
     if row.status.get("state", PENDING) in HOLDS_QUOTA and raw:

@@ -6,8 +6,10 @@ judges a stored spec with ``workload_from_row``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +32,7 @@ from service.domain.quantity import canonical_amount, format_amount
 from service.domain.times import rfc3339
 from service.domain.workload import (
     Admission,
+    AdmittedWorkload,
     PodSet,
     PodSetAssignment,
     RequeueState,
@@ -130,6 +133,53 @@ def admission_from_status(raw: Mapping[str, Any]) -> Admission:
             for p in raw.get("podSetAssignments") or ()
         ),
     )
+
+
+@dataclass(frozen=True)
+class Units:
+    """A serving workload's units as the engine sees them (docs/serving.md)."""
+
+    admitted: tuple[AdmittedWorkload, ...]
+    #: The indexes below ``spec.replicas`` with no admission, in index order:
+    #: each its own gang, queued at its workload's queue time.
+    pending: tuple[Workload, ...]
+
+
+#: Workload states whose missing units wait for admission.
+_WAITING = frozenset({"Pending", "Admitted", "Running"})
+#: Workload states whose units hold quota and capacity (lifecycle.HOLDS_QUOTA).
+_HOLDING = frozenset({"Admitted", "Running", "Cancelling"})
+
+
+def units_of(row: WorkloadRow, workload: Workload) -> Units:
+    """The admitted units (``status.replicaAdmissions``) and the missing ones
+    of serving workload ``row``, whose domain value (the workload as one
+    replica) is ``workload``."""
+    state = row.status.get("state", "Pending")
+    admitted: list[AdmittedWorkload] = []
+    taken: set[int] = set()
+    if state in _HOLDING:
+        for entry in row.status.get("replicaAdmissions") or ():
+            replica = int(entry["replica"])
+            raw = entry["admission"]
+            taken.add(replica)
+            admitted.append(
+                AdmittedWorkload(
+                    workload=dataclasses.replace(workload, replica=replica),
+                    admission=admission_from_status(raw),
+                    admitted_at=timestamp(
+                        entry.get("admittedAt") or raw.get("admittedAt"), workload.creation_time
+                    ),
+                    pods_ready=entry.get("podsReady"),
+                )
+            )
+    pending: tuple[Workload, ...] = ()
+    if state in _WAITING:
+        replicas = int(row.spec.get("replicas") or 1)
+        pending = tuple(
+            dataclasses.replace(workload, replica=i) for i in range(replicas) if i not in taken
+        )
+    return Units(tuple(admitted), pending)
 
 
 def admission_to_status(decision: AdmissionDecision, admitted_at: datetime) -> Obj:

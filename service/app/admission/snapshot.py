@@ -84,7 +84,11 @@ def load(
     held: dict[str, PendingReason] = {}
     for entry in entries:
         workloads[entry.row.key] = entry.row
-        if entry.admitted is not None:
+        if entry.units is not None:
+            # A serving workload: its units, the admitted and the missing ones.
+            admitted += entry.units.admitted
+            pending += entry.units.pending
+        elif entry.admitted is not None:
             admitted.append(entry.admitted)
         elif entry.row.status.get("state", PENDING) == PENDING:
             kind = kind_not_runnable(entry.row.spec)

@@ -25,6 +25,7 @@ from service.app.submissions.repository import (
 from service.app.submissions.resolver import verdict_of
 from service.app.submissions.values import Obj
 from service.app.workloads import WorkloadSpec, total_requests
+from service.domain.jobs import runs_as_units
 from service.domain.quantity import format_amount
 from service.engine import Snapshot
 from service.engine.feasibility import Verdict
@@ -76,7 +77,23 @@ def explain(
         answer.update(_waiting(status, verdict, position, total, ahead, reader))
     if status.get("admission"):
         answer["admission"] = status["admission"]
+    if runs_as_units(spec):
+        answer["replicas"] = _replicas(status, spec, reader)
     return answer
+
+
+def _replicas(status: Obj, spec: Obj, reader: Principal) -> Obj:
+    """A serving workload's units (docs/serving.md): asked, admitted, and
+    what the waiting ones wait for (its lowest waiting unit's reason, which
+    the cycle records on the workload, Admitted or not)."""
+    asked = int(spec.get("replicas") or 1)
+    admitted = len(status.get("replicaAdmissions") or ())
+    out: Obj = {"asked": asked, "admitted": admitted, "waiting": max(0, asked - admitted)}
+    if out["waiting"] and status.get("state") in ("Pending", "Admitted", "Running"):
+        recorded = _unnamed(status.get("pendingReason"), reader)
+        out["reason"] = status.get("pendingReasonCode") or "Pending"
+        out["waitingFor"] = recorded or "the next admission cycle: no decision made yet"
+    return out
 
 
 def _ahead(conn: Connection, order: QueueOrder, reader: Principal) -> Obj:

@@ -48,10 +48,16 @@ from service.app.workloads import (
     parse_submission,
     scale_problems,
 )
-from service.domain.events import RECONCILE_CLUSTER
+from service.domain.events import ADMISSION_WAKE, RECONCILE_CLUSTER
 from service.domain.jobs import TRAINJOB_ANNOTATION, trainjob_jobset
 from service.engine import Snapshot
-from service.eventstore.port import ANY_VERSION, ConcurrencyConflict, NewEvent, OutboxMessage
+from service.eventstore.port import (
+    ANY_VERSION,
+    ConcurrencyConflict,
+    EventMetadata,
+    NewEvent,
+    OutboxMessage,
+)
 from service.ledger import entries as ledger
 from service.projections.resources import resource_row, upsert_resources
 
@@ -343,9 +349,13 @@ class SubmissionService:
             new = resource_row(data, row.resource_version + 1, meta.occurred_at)
             upsert_resources(conn, [new])
             cluster = (status.get("admission") or {}).get("cluster")
-            if change.status.state == lifecycle.CANCELLING and cluster:
-                # Remove its job now rather than at the next resync.
-                uow.publish([OutboxMessage(uuid4(), RECONCILE_CLUSTER, {"cluster": str(cluster)})])
+            clusters = lifecycle.unit_clusters(change.status) | (
+                {str(cluster)} if cluster else set()
+            )
+            if change.status.state == lifecycle.CANCELLING:
+                # Remove its job (a serving workload's units) now rather than at the next resync.
+                messages = [{"cluster": c} for c in sorted(clusters)]
+                uow.publish([OutboxMessage(uuid4(), RECONCILE_CLUSTER, m) for m in messages])
             uow.commit()
         return to_object(WORKLOADS, new)
 
@@ -376,23 +386,44 @@ class SubmissionService:
             if row.spec.get("replicas", 1) == replicas:
                 return scale_object(to_object(WORKLOADS, row))
             meta = actor.metadata()
-            change = lifecycle.scale(
-                lifecycle.Status(row.status), row.spec, replicas, meta.occurred_at
-            )
-            data = {
-                **_state(row, change.status.to_json()),
-                "spec": change.spec,
-                "generation": row.generation + 1,
-            }
-            uow.events.append(
-                stream_name("Workload", namespace, name),
-                row.resource_version,
-                [NewEvent(uuid4(), change.event, data, meta)],
-            )
-            new = resource_row(data, row.resource_version + 1, meta.occurred_at)
-            upsert_resources(conn, [new])
+            new = self._scaled(uow, row, replicas, meta)
             uow.commit()
         return scale_object(to_object(WORKLOADS, new))
+
+    def _scaled(self, uow: SqlUnitOfWork, row: Any, replicas: int, meta: EventMetadata) -> Obj:
+        """The scale's events into ``uow``: ``WorkloadScaled``, then on a scale
+        down a ``WorkloadFinished`` naming the units released (``replicas``,
+        highest index first; each its own closing ledger entry), all one
+        append; the row as
+        they leave it; a reconcile of the members whose units go, and a wake
+        of the admission cycle (freed quota, or new units to admit)."""
+        now = meta.occurred_at
+        change = lifecycle.scale(lifecycle.Status(row.status), row.spec, replicas, now)
+        subject = lifecycle.Subject.of(row)
+        released = lifecycle.release_replicas(subject, change.status, replicas, now)
+        base = {**_state(row, {}), "spec": change.spec, "generation": row.generation + 1}
+        data = {**base, "status": change.status.to_json()}
+        events = [NewEvent(uuid4(), change.event, data, meta)]
+        if released:
+            # One event for the units released, naming them (see admission.writes).
+            gone = [step.replica for step in released]
+            data = {**base, "status": released[-1].status.to_json(), "replicas": gone}
+            events.append(NewEvent(uuid4(), released[-1].event, data, meta))
+        stream = stream_name("Workload", row.namespace, row.name)
+        uow.events.append(stream, row.resource_version, events)
+        new = resource_row(data, row.resource_version + len(events), now)
+        upsert_resources(uow.connection, [new])
+        if released:
+            uow.record([e for step in released for e in step.entries])
+            # Where the released units ran: their member objects shrink now.
+            units = lifecycle.Status(row.status).units
+            where = {str(u["admission"]["cluster"]) for u in units if u["replica"] >= replicas}
+            uow.publish(
+                [OutboxMessage(uuid4(), RECONCILE_CLUSTER, {"cluster": c}) for c in sorted(where)]
+            )
+        key = f"{row.namespace}/{row.name}"
+        uow.publish([OutboxMessage(uuid4(), ADMISSION_WAKE, {"scaled": key})])
+        return new
 
     # -- explain -------------------------------------------------------------------------
 
