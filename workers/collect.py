@@ -4,7 +4,8 @@ The delete request only records ``ResourceDeleted`` (the API refuses it
 while gangs are admitted, running or cancelling there); the deleted row
 keeps the Cluster's spec and its credentials, encrypted, as they were. The
 fleet loop (the admission leader) then sweeps the member with them: our
-jobs (their pods and member Workloads follow by owner), then LocalQueues,
+jobs and serving objects (their pods and member Workloads follow by
+owner), then LocalQueues,
 ClusterQueues, ResourceFlavors and WorkloadPriorityClasses — every object
 that carries our managed label and this registration's uid (or no uid:
 written before the label existed), never one another registration of the
@@ -45,9 +46,10 @@ from workers.metering import Meter
 from workers.plan import (
     CLUSTER_UID_LABEL,
     GROUP_KIND,
-    JOB_KINDS,
     MANAGED,
     QUEUE_KINDS,
+    RUN_KINDS,
+    SERVING_JOB_KINDS,
     VOLCANO_QUEUE_KINDS,
     WORKLOAD_ANNOTATION,
     Ref,
@@ -63,11 +65,12 @@ ACTOR = "system:collect"
 COLLECTING, COLLECTED, FAILED = CLUSTER_COLLECTING, CLUSTER_COLLECTED, CLUSTER_COLLECTION_FAILED
 FINAL = COLLECTION_ENDED
 REASON = "ClusterDeleted"
-#: What we remove, in this order: jobs first, then the queues they used.
-SWEPT = (*JOB_KINDS, *QUEUE_KINDS)
+#: What we remove, in this order: jobs and serving objects first, then the
+#: queues they used.
+SWEPT = (*RUN_KINDS, *QUEUE_KINDS)
 #: The same on a Volcano member: jobs, their PodGroups, then Queues and
 #: PriorityClasses.
-VOLCANO_SWEPT = (*JOB_KINDS, GROUP_KIND, *VOLCANO_QUEUE_KINDS)
+VOLCANO_SWEPT = (*RUN_KINDS, GROUP_KIND, *VOLCANO_QUEUE_KINDS)
 _SHOWN = 50
 
 Connect = Callable[[ClusterRow], Member]
@@ -141,7 +144,7 @@ def sweep(
     removed: list[str] = []
     swept = VOLCANO_SWEPT if backend == "volcano" else SWEPT
     for kind in swept:
-        for obj in member.list_objects(kind, MANAGED):
+        for obj in _listed(member, kind):
             if not _ours(obj, uid) or (obj.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             if backend == "volcano" and kind == "Queue" and not _closed(obj):
@@ -150,9 +153,21 @@ def sweep(
             member.delete(Ref.of(obj))
             removed.append(str(Ref.of(obj)))
     left: list[Mapping[str, Any]] = [
-        o for kind in swept for o in member.list_objects(kind, MANAGED) if _ours(o, uid)
+        o for kind in swept for o in _listed(member, kind) if _ours(o, uid)
     ]
     return removed, left
+
+
+def _listed(member: Member, kind: str) -> list[dict[str, Any]]:
+    """Our objects of ``kind`` there. A serving kind an older member role
+    does not grant (403) holds none of ours: the role that would have
+    created them is the same (as workers/reconcile.py reads it)."""
+    try:
+        return member.list_objects(kind, MANAGED)
+    except MemberError as error:
+        if kind in SERVING_JOB_KINDS and error.status == 403:
+            return []
+        raise
 
 
 def _error(error: Exception) -> str:
@@ -194,7 +209,7 @@ def collect(
     if report.state != "Failed":
         # A gang goes back to the queue once its job is gone (or, giving up,
         # when nothing more can be learnt of it): never beside its old job.
-        busy = {_workload(o) for o in left if o.get("kind") in JOB_KINDS}
+        busy = {_workload(o) for o in left if o.get("kind") in RUN_KINDS}
         rows = [w for w in rows if report.error is None and w.key not in busy]
     collection: dict[str, Any] = {
         "state": report.state,

@@ -41,7 +41,7 @@ from kubernetes.client.exceptions import ApiException
 
 from service.domain.times import parse_time
 from workers.clusters import APPLY, KINDS, Member, MemberError, Ref
-from workers.plan import JOB_KINDS, MANAGED, MANAGED_LABEL
+from workers.plan import MANAGED, MANAGED_LABEL, RUN_KINDS, SERVING_JOB_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -329,10 +329,12 @@ class FenceAgent:
     # -- acting ----------------------------------------------------------------------
 
     def stop_jobs(self) -> int:
-        """Delete every job of ours, one collection request per kind and
-        namespace (background: the garbage collector takes the pods)."""
+        """Delete every job and serving object of ours (a serving replica is
+        a gang too, requeued elsewhere with the rest), one collection request
+        per kind and namespace (background: the garbage collector takes the
+        pods)."""
         deleted = 0
-        for kind in JOB_KINDS:
+        for kind in RUN_KINDS:
             k = KINDS.get(kind)
             if k is None:
                 continue
@@ -348,6 +350,8 @@ class FenceAgent:
             except ApiException as error:
                 if error.status == 404:
                     continue  # not served here
+                if error.status == 403 and kind in SERVING_JOB_KINDS:
+                    continue  # an agent installed before serving: none of ours run here
                 raise
             items = json.loads(raw.data).get("items") or []
             namespaces = sorted({str(i["metadata"]["namespace"]) for i in items})

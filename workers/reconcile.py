@@ -123,13 +123,11 @@ def _kinds(engine: Engine, row: ClusterRow, strays: bool) -> tuple[str, ...]:
     """What a pass lists: the kinds in use, or (looking for strays) every
     kind of ours. A cluster that was ever lost may hold jobs of gangs since
     requeued, of any kind, that must be gone before anything new runs: all
-    are listed. The serving kinds only while a serving workload is here
-    (workers/plan/names.py)."""
-    used = _in_use(engine, row.name, row.backend)
-    if row.status.get("lost"):
+    are listed, the serving kinds with them (an older member role that does
+    not grant them answers 403, and then holds none of ours: ``managed``)."""
+    if strays or row.status.get("lost"):
         return (*listed(row.backend), *SERVING_JOB_KINDS)
-    every = (*listed(row.backend), *(k for k in used if k in SERVING_JOB_KINDS))
-    return every if strays else used
+    return _in_use(engine, row.name, row.backend)
 
 
 def managed(member: Member, kinds: tuple[str, ...] = _LISTED) -> list[dict[str, Any]]:

@@ -131,9 +131,14 @@ def dependents(conn: Connection, kind: Kind, namespace: str, name: str) -> list[
             resources.c.kind == "Workload", contains({"priorityClassName": name}), _ACTIVE_WORKLOAD
         )
     if kind.kind == "Cluster":
+        # A gang admitted there, or a serving workload with a replica there.
+        here = {"admission": {"cluster": name}}
         return users(
             resources.c.kind == "Workload",
-            resources.c.status.contains({"admission": {"cluster": name}}),
+            or_(
+                resources.c.status.contains(here),
+                resources.c.status.contains({"replicaAdmissions": [here]}),
+            ),
             _ACTIVE_WORKLOAD,
         )
     return []

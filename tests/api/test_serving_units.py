@@ -535,3 +535,19 @@ def test_a_leaderworkerset_is_admitted_group_by_group_each_in_one_island(api: Ap
         (island,) = {i for a in assignments for i in a["islands"]}
         assert unit["admission"]["island"] == island
     assert [e["replica"] for e in _entries(api, "workload.admitted", "vllm")] == [0, 1]
+
+
+def test_a_cluster_holding_a_serving_replica_is_not_deleted(api: Api) -> None:
+    """A serving workload's replicas name their cluster in replicaAdmissions,
+    not in status.admission: the Cluster is still in use while one is there."""
+    _serving_queue(api, 5)
+    _submit(api, _deployment("web", 1, gpus=1))
+    assert _cycle(api).writes.admitted == 1
+    refused = api.admin.delete("/v1/clusters/c1")
+    assert refused.status_code == 409, refused.text
+    assert "serve/web" in refused.json()["detail"]
+    # Cancelled, its replica is still there until the member has removed it.
+    cancel = api.admin.post("/v1/namespaces/serve/workloads/web/cancel")
+    assert cancel.status_code == 200, cancel.text
+    assert _status(api, "web")["state"] == "Cancelling"
+    assert api.admin.delete("/v1/clusters/c1").status_code == 409

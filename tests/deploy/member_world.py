@@ -33,7 +33,7 @@ from sim.kubesim.testing import RunningCluster
 from tests.harness import reset_database
 from tests.waiting import wait_for
 from tests.workers.conftest import ADMIN, celery_worker, worker_settings, workload_status
-from tests.workers.members import members, scheduling, settings, setup_central
+from tests.workers.members import ISLAND, members, scheduling, settings, setup_central
 from tests.workers.stack import pod_template
 from workers.celery_app import make_celery
 from workers.fence import CENTRE_LEASE, NAMESPACE
@@ -56,6 +56,14 @@ JOB_KINDS = {
     "RayJob": ("ray.io/v1", "rayjobs"),
     "RayCluster": ("ray.io/v1", "rayclusters"),
 }
+#: The serving kinds the workers run, one object per placement (docs/serving.md).
+SERVING_KINDS = {
+    "Deployment": ("apps/v1", "deployments"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
+}
+#: Every kind of ours that runs pods on the member.
+RUN_KINDS = {**JOB_KINDS, **SERVING_KINDS}
 QUEUE_KINDS = {
     "ResourceFlavor": "resourceflavors",
     "ClusterQueue": "clusterqueues",
@@ -178,6 +186,39 @@ def gang(
     }
 
 
+def _serving_pod(app: str, **annotations: str) -> dict[str, Any]:
+    """One GPU, serving until deleted (no simulated end), labelled ``app``."""
+    template = pod_template({"cpu": "1", "memory": "1Gi", GPU: 1})
+    template["spec"].pop("restartPolicy")  # a serving pod restarts: Always, the default
+    template["metadata"] = {"labels": {"app": app}, "annotations": annotations}
+    return template
+
+
+def serving(kind: str, name: str, replicas: int = 1) -> dict[str, Any]:
+    """A serving workload of ``replicas`` one-GPU replicas (a LeaderWorkerSet's
+    groups of a leader and a worker, in one island) in the inference queue."""
+    if kind == "LeaderWorkerSet":
+        worker = _serving_pod(name, **{"kueue.x-k8s.io/podset-required-topology": ISLAND})
+        spec: dict[str, Any] = {
+            "replicas": replicas,
+            "leaderWorkerTemplate": {"size": 2, "workerTemplate": worker},
+        }
+    else:
+        spec = {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": _serving_pod(name),
+        }
+        if kind == "StatefulSet":
+            spec["serviceName"] = name
+    return {
+        "apiVersion": SERVING_KINDS[kind][0],
+        "kind": kind,
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "serve"}},
+        "spec": spec,
+    }
+
+
 def _ray_cluster(head: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
     return {
         "headGroupSpec": {"rayStartParams": {}, "template": head},
@@ -204,7 +245,18 @@ def stray(kind: str, name: str, namespace: str = "team-a") -> dict[str, Any]:
         },
     }
     job = {"parallelism": 1, "completions": 1, "template": template}
+    served = {
+        "metadata": {"labels": {"app": name}},
+        "spec": {"containers": template["spec"]["containers"]},
+    }
+    replicas = {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": served}
     specs: dict[str, Any] = {
+        "Deployment": replicas,
+        "StatefulSet": {**replicas, "serviceName": name},
+        "LeaderWorkerSet": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {"size": 1, "workerTemplate": served},
+        },
         "Job": job,
         "JobSet": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]},
         "PyTorchJob": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template}}},
@@ -218,7 +270,7 @@ def stray(kind: str, name: str, namespace: str = "team-a") -> dict[str, Any]:
         },
     }
     return {
-        "apiVersion": JOB_KINDS[kind][0],
+        "apiVersion": RUN_KINDS[kind][0],
         "kind": kind,
         "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_LABEL: "true"}},
         "spec": specs[kind],
@@ -327,7 +379,7 @@ class World:
 
         def read() -> list[str]:
             found = []
-            kinds = [(v, k) for k, (v, _) in JOB_KINDS.items()] + [(KUEUE, k) for k in QUEUE_KINDS]
+            kinds = [(v, k) for k, (v, _) in RUN_KINDS.items()] + [(KUEUE, k) for k in QUEUE_KINDS]
             for api_version, kind in kinds:
                 rtype = self.member.cluster.core.for_kind(api_version, kind).rtype
                 for obj in self.member.cluster.store.items(rtype):
@@ -342,7 +394,7 @@ class World:
         wanted = f"{key[0]}/{key[1]}"
 
         def read() -> str | None:
-            for kind, (api_version, _) in JOB_KINDS.items():
+            for kind, (api_version, _) in RUN_KINDS.items():
                 rtype = self.member.cluster.core.for_kind(api_version, kind).rtype
                 for obj in self.member.cluster.store.items(rtype):
                     annotations = obj["metadata"].get("annotations") or {}
@@ -352,8 +404,17 @@ class World:
 
         return self.member.run(read)
 
+    def replicas_here(self, key: tuple[str, str]) -> int | None:
+        """``spec.replicas`` of the serving object a workload runs as here."""
+        found = self.job_of(key)
+        if found is None:
+            return None
+        kind, _, name = found.partition(" ")
+        obj = self.get(kind, name, key[0])
+        return None if obj is None else int(obj["spec"].get("replicas", 1))
+
     def get(self, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
-        api_version = JOB_KINDS[kind][0] if kind in JOB_KINDS else KUEUE
+        api_version = RUN_KINDS[kind][0] if kind in RUN_KINDS else KUEUE
         if kind == "Lease":
             api_version = "coordination.k8s.io/v1"
         elif kind == "Namespace":
@@ -367,7 +428,7 @@ class World:
         """Create ``obj`` on the member as its administrator (and its
         namespace, if the member has none of that name yet)."""
         group, _, version = str(obj["apiVersion"]).rpartition("/")
-        plural = JOB_KINDS[str(obj["kind"])][1]
+        plural = RUN_KINDS[str(obj["kind"])][1]
         namespace = obj["metadata"]["namespace"]
         with self.admin() as api:
             if self.get("Namespace", namespace) is None:
@@ -428,6 +489,20 @@ def setup(world_services: Services, member: RunningCluster) -> None:
     )
     world_services.resources.create(
         ADMIN, "workloadpriorityclasses", "", {"metadata": {"name": "urgent"}, "value": 1000}
+    )
+    # The inference queue ``serve`` in team-a: the serving kinds' class.
+    queue = world_services.resources.get(ADMIN.principal, "clusterqueues", "", "cq")
+    world_services.resources.create(
+        ADMIN,
+        "clusterqueues",
+        "",
+        {"metadata": {"name": "cq-serve"}, "spec": {**queue["spec"], "workloadClass": "inference"}},
+    )
+    world_services.resources.create(
+        ADMIN,
+        "localqueues",
+        "team-a",
+        {"metadata": {"name": "serve"}, "spec": {"clusterQueue": "cq-serve"}},
     )
     namespace = next(o for o in rendered() if o["kind"] == "Namespace")
     with member.api_client() as api:

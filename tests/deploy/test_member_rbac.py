@@ -25,10 +25,13 @@ from tests.deploy.member_world import (
     ACCOUNT,
     JOB_KINDS,
     QUEUE_KINDS,
+    RUN_KINDS,
+    SERVING_KINDS,
     WORKERS,
     World,
     gang,
     rendered,
+    serving,
     stray,
     workers_rules,
     world,
@@ -126,8 +129,23 @@ def test_the_workers_run_the_whole_road_with_exactly_the_rules_of_deploy_member(
     wait_for(lambda: w.state(preemptor) == "Running", 120, "the preemptor running again")
     for key in [preemptor, *victims]:
         w.services.submissions.cancel(ADMIN, *key)
+    w.settle()
+    # Serving: one replica of every serving kind runs, scales up and down in
+    # place (the scale subresource), and is cancelled.
+    served = [w.submit(serving(kind, f"serve-{kind.lower()}")) for kind in SERVING_KINDS]
+    wait_for(lambda: {w.state(k) for k in served} == {"Running"}, 90, "every serving kind Running")
+    for replicas in (2, 1):
+        for key in served:
+            w.services.submissions.scale(ADMIN, *key, {"spec": {"replicas": replicas}})
+        wait_for(
+            lambda r=replicas: all(w.replicas_here(k) == r for k in served),
+            90,
+            f"every serving kind at {replicas} on the member",
+        )
+    for key in served:
+        w.services.submissions.cancel(ADMIN, *key)
     # Garbage collection of leftover jobs: one stray of every kind.
-    for kind in JOB_KINDS:
+    for kind in RUN_KINDS:
         w.create(stray(kind, f"stray-{kind.lower()}"))
     w.settle()
     # A watch is audited when it ends: end the open ones (as the API server
@@ -177,6 +195,7 @@ class Case:
 
 def _case(group: str, resource: str, verb: str) -> Case:
     job = {plural: kind for kind, (_, plural) in JOB_KINDS.items()}
+    serving = {plural: kind for kind, (_, plural) in SERVING_KINDS.items()}
     queue = {plural: kind for kind, plural in QUEUE_KINDS.items()}
     fixed: dict[tuple[str, str], tuple[str, str]] = {
         ("nodes", "list"): ("sync lists the Nodes", "none"),
@@ -202,6 +221,19 @@ def _case(group: str, resource: str, verb: str) -> Case:
             "delete": ("reconcile removes the unused", "finish:Job"),
         }[verb]
         operation, trigger = f"{what[0]} {queue[resource]}", what[1]
+    elif resource.removesuffix("/scale") in serving and resource.endswith("/scale"):
+        kind = serving[resource.removesuffix("/scale")]
+        operation, trigger = f"reconcile scales a {kind} in place", f"scale:{kind}"
+    elif resource in serving:
+        kind = serving[resource]
+        operation, trigger = {
+            "list": (f"reconcile lists the {kind}s", "none"),
+            "create": (f"dispatch creates a {kind}", f"dispatch:{kind}"),
+            "patch": (f"dispatch applies a {kind}", f"dispatch:{kind}"),
+            "deletecollection": (f"a cancelled {kind} is removed by label", f"cancel:{kind}"),
+            "delete": (f"a stray {kind} is removed by name", f"stray:{kind}"),
+            "get": (f"reconcile waits for a removed {kind} to be gone", f"stray:{kind}"),
+        }[verb]
     elif resource in job:
         kind = job[resource]
         # A RayCluster never finishes of itself: it is removed once cancelled.
@@ -259,12 +291,18 @@ def _trigger(w: World, case: Case) -> Callable[[], bool]:
         if case.verb == "delete":
             return lambda: w.get(kind, name, "team-a") is not None
         return lambda: True  # removed, but the pass that waits for it failed
-    if what == "cancel":
-        running = w.submit(gang(kind, w.name(kind.lower()), "100000s"))
+    if what in ("cancel", "scale"):
+        name = w.name(kind.lower())
+        body = serving(kind, name) if kind in SERVING_KINDS else gang(kind, name, "100000s")
+        running = w.submit(body)
         wait_for(lambda: w.state(running) == "Running", 60, f"{running} Running")
+        if what == "scale":
+            w.services.submissions.scale(ADMIN, *running, {"spec": {"replicas": 2}})
+            return lambda: w.replicas_here(running) == 1
         w.services.submissions.cancel(ADMIN, *running)
         return lambda: w.state(running) != "Cancelled"
-    key = w.submit(gang(kind, w.name(kind.lower()), "10s"))
+    name = w.name(kind.lower())
+    key = w.submit(serving(kind, name) if kind in SERVING_KINDS else gang(kind, name, "10s"))
     if what == "dispatch":
         return lambda: w.job_of(key) is None
     queue = {plural: kind for kind, plural in QUEUE_KINDS.items()}.get(case.resource)
@@ -287,24 +325,33 @@ def test_taking_a_grant_away_refuses_the_operation_that_needs_it(
         undone = _trigger(w, case)
 
         def refusals() -> list[tuple[str, str, str]]:
-            return [(r.verb, r.group, r.resource) for r in w.audit(since) if r.denied]
+            return [
+                (r.verb, r.group, f"{r.resource}/{r.subresource}" if r.subresource else r.resource)
+                for r in w.audit(since)
+                if r.denied
+            ]
 
         wait_for(refusals, 90, f"{case.operation}: a 403", seen=w.active)
         assert set(refusals()) == {(case.verb, case.group, case.resource)}, case.operation
         assert undone(), f"{case.operation} happened without {case.verb} {case.resource}"
     finally:
         w.grant()
-    if case.trigger.endswith(":RayCluster"):
-        _cancel_ray_clusters(w)
+    if case.trigger.partition(":")[2] in _UNENDING:
+        _cancel_unending(w)
     w.settle()  # and with the grant back, it goes through
 
 
-def _cancel_ray_clusters(w: World) -> None:
-    """A RayCluster runs until cancelled: once it runs (with the grant back), it is."""
+#: What runs until cancelled: a RayCluster, and every serving kind.
+_UNENDING = frozenset({"RayCluster", *SERVING_KINDS})
+
+
+def _cancel_unending(w: World) -> None:
+    """What runs until cancelled: once it runs (with the grant back), it is."""
+    prefixes = tuple(f"{kind.lower()}-" for kind in _UNENDING)
     for line in w.active():
         key, _, state = line.partition(" ")
         namespace, _, name = key.partition("/")
-        if name.startswith("raycluster-") and state != "Cancelling":
+        if name.startswith(prefixes) and state != "Cancelling":
             wait_for(lambda k=(namespace, name): w.state(k) == "Running", 90, f"{key} Running")
             w.services.submissions.cancel(ADMIN, namespace, name)
 
@@ -316,4 +363,5 @@ def test_every_grant_of_the_role_has_its_case() -> None:
     assert unknown == [], f"grants the workers are not known to use: {unknown}"
     assert {c.resource for c in CASES} >= {"nodes", "pods", "namespaces", "workloads", "leases"}
     assert {c.resource for c in CASES} >= set(QUEUE_KINDS.values())
-    assert {c.resource for c in CASES} >= {p for _, p in JOB_KINDS.values()}
+    assert {c.resource for c in CASES} >= {p for _, p in RUN_KINDS.values()}
+    assert {c.resource for c in CASES} >= {f"{p}/scale" for _, p in SERVING_KINDS.values()}

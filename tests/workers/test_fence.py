@@ -234,4 +234,7 @@ def test_the_base_renders_an_agent_with_exactly_its_rules() -> None:
         "mpijobs",
         "rayjobs",
         "rayclusters",
+        "deployments",
+        "statefulsets",
+        "leaderworkersets",
     }
