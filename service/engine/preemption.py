@@ -182,8 +182,8 @@ class _Search:
 
 
 def _ordering_key(
-    state: CycleState, cq: CQState
-) -> Callable[[AdmittedInfo], tuple[bool, int, float, float, str]]:
+    state: CycleState, cq: CQState, wi: WorkloadInfo
+) -> Callable[[AdmittedInfo], tuple[bool, int, bool, float, float, str]]:
     """Other ClusterQueues first, lower priority first (Kueue's rules), then the
     least work destroyed per accelerator freed — the seconds since the last
     checkpoint (issue 24; kueue#477) — then most recently admitted first.
@@ -191,9 +191,40 @@ def _ordering_key(
     Per accelerator freed, not in all: ordered by whole GPU-seconds the search
     took many small victims where one would do, and on cluster04 preempted 23 %
     more and delayed jobs 28 % longer (docs/scheduling-quality.md). With no
-    checkpoint reported this is newest-first, as Kueue orders."""
+    checkpoint reported this is newest-first, as Kueue orders.
+
+    With ``EngineConfig.spare_island_gangs``, right after the priority: a gang
+    that must restart whole in one island and holds more accelerators than the
+    preemptor asks for goes after every other candidate, since its restart
+    waits for a whole island again (docs/scheduling-quality.md, "Big gangs")."""
     now = state.now
-    return lambda c: (c.cq is cq, c.priority, c.seconds_at_risk(now), -c.admitted_at, c.key)
+    if not state.config.spare_island_gangs:
+        return lambda c: (
+            c.cq is cq,
+            c.priority,
+            False,
+            c.seconds_at_risk(now),
+            -c.admitted_at,
+            c.key,
+        )
+    names = state.config.accelerator_resources
+    need = sum(wi.resources.get(name, 0) for name in names)
+    return lambda c: (
+        c.cq is cq,
+        c.priority,
+        c.accelerators(names) > need and _island_gang(c),
+        c.seconds_at_risk(now),
+        -c.admitted_at,
+        c.key,
+    )
+
+
+def _island_gang(info: AdmittedInfo) -> bool:
+    """Whether a pod set of the gang must land in one island (or a domain of it)."""
+    return any(
+        ps.topology_request is not None and ps.topology_request.mode == "required"
+        for ps in info.wl.pod_sets
+    )
 
 
 def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
@@ -259,7 +290,7 @@ def _collect_subtree(
 def _classical(search: _Search) -> PreemptionPlan | None:
     cq = search.cq
     spec = cq.spec.preemption
-    key = _ordering_key(search.state, cq)
+    key = _ordering_key(search.state, cq, search.wi)
     same: list[tuple[AdmittedInfo, int, QuotaNode | None]] = []
     if spec.within_cluster_queue != "Never":
         for candidate in cq.preemptible.values():
@@ -366,7 +397,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
                 for c in other.preemptible.values()
                 if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
             )
-    key = _ordering_key(search.state, cq)
+    key = _ordering_key(search.state, cq, search.wi)
     result.sort(key=key)
     return result
 

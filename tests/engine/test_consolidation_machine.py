@@ -14,8 +14,11 @@ one, its buckets fed back from cycle to cycle. After every cycle:
   gang twice within it;
 * no bucket goes below zero.
 
-Run with and without fair sharing; the run must make consolidation moves,
-or it would prove nothing.
+Run with and without fair sharing, and with the big-gang options on too (a
+head-of-line reservation for island gangs, victims that spare them:
+``service.engine.reservation``, ``EngineConfig.spare_island_gangs``), which
+must keep all of the above; the run must make consolidation moves, or it
+would prove nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from service.engine import (
     EngineConfig,
     FairSharingConfig,
     PreemptionBudgetState,
+    ReservationConfig,
     Snapshot,
     admission_cycle,
 )
@@ -112,6 +116,7 @@ def _queue(team: str, nominal: int) -> ClusterQueue:
 
 class ConsolidationMachine(RuleBasedStateMachine):
     fair_sharing = False
+    big_gangs = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,6 +128,8 @@ class ConsolidationMachine(RuleBasedStateMachine):
         self.config = EngineConfig(
             fair_sharing=FairSharingConfig(enable=self.fair_sharing),
             consolidation=ConsolidationConfig(enable=True),
+            reservation=ReservationConfig(enable=self.big_gangs, min_accelerators=16),
+            spare_island_gangs=self.big_gangs,
         )
 
     @initialize(
@@ -234,6 +241,10 @@ class FairConsolidationMachine(ConsolidationMachine):
     fair_sharing = True
 
 
+class BigGangConsolidationMachine(ConsolidationMachine):
+    big_gangs = True
+
+
 SETTINGS = settings(
     max_examples=100,
     stateful_step_count=50,
@@ -252,4 +263,10 @@ def test_consolidation_keeps_priority_protection_and_invariants() -> None:
 def test_consolidation_under_fair_sharing_keeps_them_too() -> None:
     MOVES.clear()
     run_state_machine_as_test(FairConsolidationMachine, settings=SETTINGS)
+    assert MOVES, "no consolidation move was made: the run proves nothing"
+
+
+def test_consolidation_with_reservation_and_spared_gangs_keeps_them_too() -> None:
+    MOVES.clear()
+    run_state_machine_as_test(BigGangConsolidationMachine, settings=SETTINGS)
     assert MOVES, "no consolidation move was made: the run proves nothing"
