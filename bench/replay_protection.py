@@ -23,7 +23,9 @@ most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
   (``service.engine.reservation``) for gangs of 17 GPUs or more (the 32- and
   64-GPU classes); ``+spare-gangs``: ``after`` with victims ordered to spare
   gangs bigger than their preemptor (``EngineConfig.spare_island_gangs``);
-  ``+reservation+spare``: both;
+  ``+protect-gangs``: such gangs are no victims of a smaller preemptor of
+  another ClusterQueue (``protect_island_gangs``); ``+reservation+spare``;
+  ``+reservation+protect``: the reservation, sparing and protection;
 * ``best-fit``: the quota-free single-queue reference (sim/replay/baseline.py).
 
 It writes the command, each variant's seconds and its whole RESULT, and
@@ -67,7 +69,9 @@ VARIANTS = (
     "all+fair-sharing",
     "+reservation",
     "+spare-gangs",
+    "+protect-gangs",
     "+reservation+spare",
+    "+reservation+protect",
     "best-fit",
 )
 #: The smallest gang (GPUs) a reservation is made for: the 32- and 64-GPU classes.
@@ -87,7 +91,8 @@ def options_of(name: str) -> ReplayOptions:
         consolidation=ConsolidationConfig(enable=consolidation),
         fair_sharing=FairSharingConfig(enable=name == "all+fair-sharing"),
         reservation=reservation,
-        spare_island_gangs=name in ("+spare-gangs", "+reservation+spare"),
+        spare_island_gangs=name in ("+spare-gangs", "+reservation+spare", "+reservation+protect"),
+        protect_island_gangs=name in ("+protect-gangs", "+reservation+protect"),
     )
     protected = name.startswith("all")
     return replace(

@@ -227,6 +227,26 @@ def _island_gang(info: AdmittedInfo) -> bool:
     )
 
 
+def _not_a_victim(search: _Search, candidate: AdmittedInfo) -> bool:
+    """Whether ``candidate`` may not be preempted for ``search.wi``: its priority
+    is too high for the policy, or it is a protected island gang."""
+    return _too_high(search, candidate) or _protected_gang(search, candidate)
+
+
+def _protected_gang(search: _Search, candidate: AdmittedInfo) -> bool:
+    """``EngineConfig.protect_island_gangs``: a gang of another ClusterQueue that
+    must restart whole in one island, bigger than the preemptor and of no lower
+    priority, is not a victim: its restart would wait for a whole island."""
+    config = search.state.config
+    if not config.protect_island_gangs or candidate.cq is search.cq:
+        return False
+    if candidate.priority < search.wi.priority:
+        return False
+    names = config.accelerator_resources
+    need = sum(search.wi.resources.get(name, 0) for name in names)
+    return candidate.accelerators(names) > need and _island_gang(candidate)
+
+
 def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
     spec = search.cq.spec.preemption
     policy = spec.within_cluster_queue if candidate.cq is search.cq else spec.reclaim_within_cohort
@@ -243,7 +263,7 @@ def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
 def _classify(search: _Search, candidate: AdmittedInfo, advantage: bool) -> int:
     if candidate.fresh or not candidate.uses_any(search.frs):
         return _NEVER
-    if _too_high(search, candidate):
+    if _not_a_victim(search, candidate):
         return _NEVER
     if candidate.cq is search.cq:
         return _WITHIN_CQ
@@ -383,7 +403,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
         result.extend(
             c
             for c in cq.preemptible.values()
-            if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
+            if not c.fresh and c.uses_any(search.frs) and not _not_a_victim(search, c)
         )
     if cq.node.parent is not None and spec.reclaim_within_cohort != "Never":
         for other_node in cq.node.root().cluster_queues:
@@ -395,7 +415,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
             result.extend(
                 c
                 for c in other.preemptible.values()
-                if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
+                if not c.fresh and c.uses_any(search.frs) and not _not_a_victim(search, c)
             )
     key = _ordering_key(search.state, cq, search.wi)
     result.sort(key=key)

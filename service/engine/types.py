@@ -154,6 +154,11 @@ class EngineConfig:
     #: goes after every other candidate (``service.engine.preemption``). Off
     #: by default.
     spare_island_gangs: bool = False
+    #: Preemption victims: a gang of another ClusterQueue that must restart whole
+    #: in one island, bigger than the preemptor and of no lower priority, is not
+    #: one at all — a lender's reclaim of its nominal quota waits for it to end
+    #: (``service.engine.preemption._protected_gang``). Off by default.
+    protect_island_gangs: bool = False
     #: An inference pod set goes first to the islands already holding inference
     #: pods (tightest first), then to the others by best fit, so that one-GPU
     #: serving replicas do not scatter over islands a training gang needs whole

@@ -270,6 +270,13 @@ def replay(
             "bigger than its preemptor goes after every other candidate of its priority."
         ),
     ] = _ENGINE.spare_island_gangs,
+    protect_island_gangs: Annotated[
+        bool,
+        typer.Option(
+            help="Preemption victims: a gang of another ClusterQueue that must restart whole "
+            "in one island, bigger than its preemptor and of no lower priority, is none."
+        ),
+    ] = _ENGINE.protect_island_gangs,
     min_runtime: Annotated[
         int | None,
         typer.Option(
@@ -303,6 +310,7 @@ def replay(
         reservation_min_accelerators=reservation_min_accelerators,
         reservation_min_wait_s=reservation_min_wait,
         spare_island_gangs=spare_island_gangs,
+        protect_island_gangs=protect_island_gangs,
     )
     options = ReplayOptions(
         cycle_interval=cycle_interval,
@@ -351,6 +359,7 @@ def _engine_record(config: EngineConfig) -> dict[str, Any]:
         "reservation_min_accelerators": config.reservation.min_accelerators,
         "reservation_min_wait_s": config.reservation.min_wait_seconds,
         "spare_island_gangs": config.spare_island_gangs,
+        "protect_island_gangs": config.protect_island_gangs,
     }
 
 

@@ -50,6 +50,7 @@ class EngineOptions:
     reservation_min_accelerators: int = ReservationConfig().min_accelerators
     reservation_min_wait_s: float = ReservationConfig().min_wait_seconds
     spare_island_gangs: bool = False
+    protect_island_gangs: bool = False
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -76,6 +77,7 @@ class EngineOptions:
                 min_wait_seconds=self.reservation_min_wait_s,
             ),
             spare_island_gangs=self.spare_island_gangs,
+            protect_island_gangs=self.protect_island_gangs,
         )
 
 

@@ -32,8 +32,8 @@ Conveniences so that files stay short and read like the spec:
 ``preemptionBudgets`` (ClusterQueue → ``tokens``, ``lastUpdate``) set node state,
 admission fair-sharing history and preemption token buckets; ``config`` may
 also hold ``consolidation`` (``enable``, ``victimPlacement``) and
-``reservation`` (``enable``, ``minAccelerators``, ``minWaitSeconds``) and
-``spareIslandGangs``.
+``reservation`` (``enable``, ``minAccelerators``, ``minWaitSeconds``),
+``spareIslandGangs`` and ``protectIslandGangs``.
 
 ``expect`` keys: ``admitted`` (key → optional ``cluster``, ``flavors``,
 ``islands``, ``nodes``, ``borrowed``), ``preempted`` (list of ``workload``,
@@ -353,6 +353,7 @@ def _config(data: dict[str, Any]) -> EngineConfig:
         serving_islands_first=bool(cfg.get("servingIslandsFirst", True)),
         reservation=_reservation(cfg.get("reservation") or {}),
         spare_island_gangs=bool(cfg.get("spareIslandGangs", False)),
+        protect_island_gangs=bool(cfg.get("protectIslandGangs", False)),
     )
 
 

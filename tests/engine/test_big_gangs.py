@@ -166,6 +166,31 @@ def _checkpoint(name: str, at: float) -> Callable[[Data], None]:
     return edit
 
 
+def _protect(data: Data) -> None:
+    data["config"] = {"protectIslandGangs": True}
+
+
+def _only_the_gang_borrows(data: Data) -> None:
+    """The borrower runs only its gang (32 of a nominal 24); the lender 24 of its
+    32 on i1, whose last node is free: the cohort's 56 GPUs are all in use."""
+    data["admitted"] = [w for w in data["admitted"] if w["name"] == "gang"]
+    for n in range(3):
+        data["admitted"].append(
+            {
+                "name": f"l{n}",
+                "clusterQueue": "lender",
+                "admittedAt": 500,
+                "requests": {GPU: 8},
+                "admission": {
+                    "cluster": "c1",
+                    "flavors": "h100",
+                    "nodes": {f"c1-h100-i1-n{n}": 1},
+                },
+            }
+        )
+    _nominal("borrower", 24)(data)
+
+
 def _lender_asks(gpus: int, count: int = 1, **fields: Any) -> Callable[[Data], None]:
     def edit(data: Data) -> None:
         data["pending"][0].update(requests={GPU: gpus}, count=count, **fields)
@@ -197,6 +222,39 @@ SPARE_CASES: list[tuple[str, list[Callable[[Data], None]], Data]] = [
         "spared-the-least-at-risk-small-one-goes",
         [_checkpoint("s1", 999)],
         {"admitted": ["in"], "preempted": [{"workload": "s1", "reason": "InCohortReclamation"}]},
+    ),
+]
+
+
+SPARE_CASES += [
+    (
+        # Protected, not merely last: a small borrower still goes first ...
+        "protected-a-small-borrower-goes",
+        [_protect],
+        {"admitted": ["in"], "preempted": [{"workload": "s3", "reason": "InCohortReclamation"}]},
+    ),
+    (
+        # ... and when the gang is the only victim that frees quota, the lender waits.
+        "protected-the-only-borrower-is-the-gang-the-lender-waits",
+        [_protect, _only_the_gang_borrows],
+        {"admitted": [], "preempted": [], "pending": {"in": {"reason": "WaitingForQuota"}}},
+    ),
+    (
+        "unprotected-the-only-borrower-is-the-gang-it-goes",
+        [_only_the_gang_borrows, _spare_off],
+        {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
+    ),
+    (
+        # Spared (last) is not protected: with no other candidate the gang goes.
+        "spared-the-only-borrower-is-the-gang-it-goes",
+        [_only_the_gang_borrows],
+        {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
+    ),
+    (
+        # A preemptor of higher priority is not held back.
+        "protected-a-higher-priority-preemptor-takes-the-gang",
+        [_protect, _only_the_gang_borrows, _lender_asks(8, priority=10)],
+        {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
     ),
 ]
 

@@ -15,8 +15,9 @@ one, its buckets fed back from cycle to cycle. After every cycle:
 * no bucket goes below zero.
 
 Run with and without fair sharing, and with the big-gang options on too (a
-head-of-line reservation for island gangs, victims that spare them:
-``service.engine.reservation``, ``EngineConfig.spare_island_gangs``), which
+head-of-line reservation for island gangs, victims that spare and protect
+them: ``service.engine.reservation``, ``EngineConfig.spare_island_gangs``,
+``protect_island_gangs``), which
 must keep all of the above; the run must make consolidation moves, or it
 would prove nothing.
 """
@@ -130,6 +131,7 @@ class ConsolidationMachine(RuleBasedStateMachine):
             consolidation=ConsolidationConfig(enable=True),
             reservation=ReservationConfig(enable=self.big_gangs, min_accelerators=16),
             spare_island_gangs=self.big_gangs,
+            protect_island_gangs=self.big_gangs,
         )
 
     @initialize(
