@@ -16,13 +16,16 @@ Ours, behind :attr:`EngineConfig.reservation` (off by default):
   island, asking for at least ``min_accelerators`` and submitted at least
   ``min_wait_seconds`` ago, the highest priority, then the one waiting
   longest (since its submission, not its last re-queue: a big gang that was
-  preempted keeps its seniority; then queue order);
+  preempted keeps its seniority; then queue order); in a StrictFIFO
+  ClusterQueue only its head, since a gang behind a blocked head would hold
+  an island it cannot use;
 * **the island**: of the islands that hold it whole when empty, the one
   closest to fitting it now — most of its pods placeable, then most free
   accelerators, then fleet order — such that the gang's quota fits now, or
-  will once the gangs running in that island have ended (when the fleet is
-  full, quotas that add up to it are full too); a gang that would still wait
-  for quota gets none, since holding room for it would only keep it idle;
+  fits within its nominal quota once the gangs running in that island have
+  ended (when the fleet is full, quotas that add up to it are full too); a
+  gang that would still wait for quota gets none, since holding room for it
+  would only keep it idle;
 * **the hold**: before the admission loop, the island's free capacity is
   taken by a placeholder, so that no other workload of the gang's priority
   or lower is placed there this cycle (one of higher priority sees it free:
@@ -98,7 +101,7 @@ def reserve(state: CycleState, queues: dict[str, ClusterQueueQueue]) -> Reservat
     candidates = [
         wi
         for name in sorted(queues)
-        for wi in queues[name].all_workloads()
+        for wi in _waiting(queues[name])
         if wi.cq is not None
         and wi.wl.creation_time <= since
         and all(ps.mode == "required" for ps in wi.pod_sets)
@@ -112,6 +115,17 @@ def reserve(state: CycleState, queues: dict[str, ClusterQueueQueue]) -> Reservat
             reservation.hold()
             return reservation
     return None
+
+
+def _waiting(queue: ClusterQueueQueue) -> list[WorkloadInfo]:
+    """A queue's workloads that may be admitted before the others: in a
+    StrictFIFO ClusterQueue its head alone (a gang behind a blocked head
+    would hold an island it cannot use), otherwise all of them."""
+    workloads = queue.all_workloads()
+    if workloads and workloads[0].cq is not None and workloads[0].cq.strict:
+        head = queue.head()
+        return [] if head is None else [head]
+    return workloads
 
 
 def _accelerators(wi: WorkloadInfo, accelerators: Sequence[str]) -> int:

@@ -64,6 +64,24 @@ def _admit(name: str, node: str) -> Callable[[Data], None]:
     return edit
 
 
+def _strict(queue: str) -> Callable[[Data], None]:
+    def edit(data: Data) -> None:
+        next(q for q in data["clusterQueues"] if q["name"] == queue)["queueingStrategy"] = (
+            "StrictFIFO"
+        )
+
+    return edit
+
+
+def _add_pending(name: str, queue: str, created: float) -> Callable[[Data], None]:
+    def edit(data: Data) -> None:
+        data["pending"].append(
+            {"name": name, "clusterQueue": queue, "created": created, "requests": {GPU: 8}}
+        )
+
+    return edit
+
+
 def _nominal(queue: str, gpus: int) -> Callable[[Data], None]:
     def edit(data: Data) -> None:
         spec = next(q for q in data["clusterQueues"] if q["name"] == queue)
@@ -124,6 +142,22 @@ CASES: list[tuple[str, list[Callable[[Data], None]], Data]] = [
                 "gang": {"reason": "WaitingForCapacity"},
                 "s2": {"reason": "WaitingForCapacity"},
             },
+        },
+    ),
+    (
+        # Behind an older job of its StrictFIFO queue the gang is not the head:
+        # no reservation (b0 goes first and takes i1's last node, s1 and s2
+        # fill i0, the gang waits behind them).
+        "strict-queue-reserves-for-its-head-alone",
+        [_strict("big"), _add_pending("b0", "big", created=-10)],
+        {
+            "admitted": {
+                "b0": {"islands": ["c1-h100-i1"]},
+                "s1": {"islands": ["c1-h100-i0"]},
+                "s2": {"islands": ["c1-h100-i0"]},
+            },
+            "preempted": [],
+            "pending": {"gang": {"reason": "WaitingForCapacity"}},
         },
     ),
     (
