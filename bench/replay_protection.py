@@ -1,8 +1,12 @@
 """Issue 24's last part: protection and consolidation replayed on an ITP trace.
 
     nice -n 19 .venv/bin/python bench/replay_protection.py \\
-        --trace /tmp/traces/cluster02.csv --fleet sim/fleets/itp-cluster02-128.yaml \\
+        --traces-tarball /work/shared/traces/msft-itp-elasticflow/raw-traces.tar.gz \\
+        --trace cluster02.csv --fleet sim/fleets/itp-cluster02-128.yaml \\
         --out bench/results/replay-protection-cluster02-128.json
+
+``--trace`` is a CSV file, or with ``--traces-tarball`` the name of one inside
+that tarball, extracted to a temporary directory removed after the run.
 
 One process, one trace and fleet, every variant (``sim.replay``, a cycle at
 most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
@@ -15,6 +19,13 @@ most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
   ``+budget`` (1 protected preemption per ClusterQueue per hour): each switch
   alone on ``after``;
 * ``all``: the three together; ``all+fair-sharing``: and fair sharing;
+* ``+reservation``: ``after`` with a head-of-line reservation
+  (``service.engine.reservation``) for gangs of 17 GPUs or more (the 32- and
+  64-GPU classes); ``+spare-gangs``: ``after`` with victims ordered to spare
+  gangs bigger than their preemptor (``EngineConfig.spare_island_gangs``);
+  ``+protect-gangs``: such gangs are no victims of a smaller preemptor of
+  another ClusterQueue (``protect_island_gangs``); ``+reservation+spare``;
+  ``+reservation+protect``: the reservation, sparing and protection;
 * ``best-fit``: the quota-free single-queue reference (sim/replay/baseline.py).
 
 It writes the command, each variant's seconds and its whole RESULT, and
@@ -27,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tarfile
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +47,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.engine import ConsolidationConfig, EngineConfig, FairSharingConfig
+from service.engine import (
+    ConsolidationConfig,
+    EngineConfig,
+    FairSharingConfig,
+    ReservationConfig,
+)
 from sim.fleet import load_fleet
 from sim.replay.baseline import best_fit_cycle
 from sim.replay.loop import ReplayOptions, Simulator, single_queue_fleet
@@ -49,8 +67,15 @@ VARIANTS = (
     "+budget",
     "all",
     "all+fair-sharing",
+    "+reservation",
+    "+spare-gangs",
+    "+protect-gangs",
+    "+reservation+spare",
+    "+reservation+protect",
     "best-fit",
 )
+#: The smallest gang (GPUs) a reservation is made for: the 32- and 64-GPU classes.
+RESERVATION_MIN = 17
 
 
 def options_of(name: str) -> ReplayOptions:
@@ -59,9 +84,15 @@ def options_of(name: str) -> ReplayOptions:
         engine = EngineConfig(spread_packing="ClusterFirst")
         return replace(base, engine=engine, engine_sees_checkpoints=False)
     consolidation = name in ("+consolidation", "all", "all+fair-sharing")
+    reservation = ReservationConfig(
+        enable=name.startswith("+reservation"), min_accelerators=RESERVATION_MIN
+    )
     engine = EngineConfig(
         consolidation=ConsolidationConfig(enable=consolidation),
         fair_sharing=FairSharingConfig(enable=name == "all+fair-sharing"),
+        reservation=reservation,
+        spare_island_gangs=name in ("+spare-gangs", "+reservation+spare", "+reservation+protect"),
+        protect_island_gangs=name in ("+protect-gangs", "+reservation+protect"),
     )
     protected = name.startswith("all")
     return replace(
@@ -123,20 +154,33 @@ def against_best_fit(runs: dict[str, dict[str, Any]], group: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--trace", type=Path, required=True, help="a CSV, or a name in the tarball")
+    parser.add_argument("--traces-tarball", type=Path, help="the ITP traces' .tar.gz")
     parser.add_argument("--fleet", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     args = parser.parse_args()
+    for name in args.variants.split(","):
+        if name not in VARIANTS:
+            parser.error(f"unknown variant {name!r}; the variants are {', '.join(VARIANTS)}")
+    if args.traces_tarball is None:
+        run(args, args.trace)
+        return
+    with tempfile.TemporaryDirectory(prefix="qm-traces-") as scratch:
+        with tarfile.open(args.traces_tarball) as tarball:
+            tarball.extract(str(args.trace), scratch, filter="data")
+        run(args, Path(scratch) / args.trace)
+
+
+def run(args: argparse.Namespace, trace: Path) -> None:
+    """Replay every variant asked for on ``trace``; write and print the results."""
     started = time.monotonic()
     runs: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     for name in args.variants.split(","):
-        if name not in VARIANTS:
-            parser.error(f"unknown variant {name!r}; the variants are {', '.join(VARIANTS)}")
         print(f"replaying {name} …", file=sys.stderr, flush=True)
         clock = time.monotonic()
-        runs[name] = simulator(name, args.fleet, args.trace).run()
+        runs[name] = simulator(name, args.fleet, trace).run()
         seconds[name] = round(time.monotonic() - clock, 1)
     result = {
         "command": " ".join(

@@ -51,6 +51,7 @@ from service.engine.types import (
     PendingReason,
     Preemption,
     PreemptionBudgetState,
+    ReservationConfig,
     Snapshot,
     WaitForPodsReadyConfig,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "PendingReason",
     "Preemption",
     "PreemptionBudgetState",
+    "ReservationConfig",
     "Snapshot",
     "WaitForPodsReadyConfig",
     "admission_cycle",

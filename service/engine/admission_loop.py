@@ -17,6 +17,7 @@ from service.engine.failures import FAILURE_MEMORY, Failure
 from service.engine.flavorassigner import NO_FIT, Assignment, assign_flavors, quota_mode_only
 from service.engine.ordering import ClusterQueueQueue, FairSelector, PlainSelector
 from service.engine.quota import FlavorResource
+from service.engine.reservation import Reservation
 from service.engine.state import CycleState
 from service.engine.workload_info import WorkloadInfo
 
@@ -27,9 +28,15 @@ class AdmissionLoop:
     """Tries the heads of the cycle's ClusterQueue queues, recording decisions."""
 
     def __init__(
-        self, state: CycleState, queues: dict[str, ClusterQueueQueue], decisions: Decisions
+        self,
+        state: CycleState,
+        queues: dict[str, ClusterQueueQueue],
+        decisions: Decisions,
+        reservation: Reservation | None = None,
     ) -> None:
         self.state = state
+        #: The island held for one gang (``service.engine.reservation``), if any.
+        self.reservation = reservation
         self.queues = queues
         self.decisions = decisions
         self.failures: dict[str, list[Failure]] = {}
@@ -56,7 +63,9 @@ class AdmissionLoop:
             wi = queue.head()
             if wi is None:
                 return None
-            failure = self._known_failure(wi, failures) if failures else None
+            reserved = self.reservation is not None and self.reservation.gang is wi
+            # Others' failures were judged without the reserved island's room.
+            failure = self._known_failure(wi, failures) if failures and not reserved else None
             if failure is None:
                 # Only this queue's own failed attempt adds to its failure memory,
                 # and that attempt moves the head on: the verdict stays valid.
@@ -149,9 +158,43 @@ class AdmissionLoop:
 
     def _try_admit(self, wi: WorkloadInfo) -> bool:
         """Try ``wi``; if it does not fit, remember why, for it and for fast rejection."""
+        reservation = self.reservation
+        if reservation is not None and reservation.holding:
+            if reservation.gang is wi:
+                return self._try_reserved(wi, reservation)
+            if wi.priority > reservation.gang.priority:
+                return self._try_above(wi, reservation)
         assignment = try_admit(self.state, wi, self.decisions)
         if assignment is None:
             return True
+        self._remember(wi, assignment)
+        return False
+
+    def _try_above(self, wi: WorkloadInfo, reservation: Reservation) -> bool:
+        """Try a workload of higher priority than the reservation's gang: the
+        island is not held from it, and what it leaves is held again."""
+        reservation.release()
+        assignment = try_admit(self.state, wi, self.decisions)
+        reservation.hold()
+        if assignment is None:
+            return True
+        self._remember(wi, assignment)
+        return False
+
+    def _try_reserved(self, wi: WorkloadInfo, reservation: Reservation) -> bool:
+        """Try the reservation's gang with its island free; hold it again if it waits."""
+        reservation.release()
+        assignment = try_admit(self.state, wi, self.decisions)
+        if assignment is None:
+            # What it left of the island is free again: like an eviction, a new
+            # epoch, so that no remembered failure rejects what may now fit.
+            self.state.epoch += 1
+            return True
+        reservation.hold()
+        self._remember(wi, assignment)
+        return False
+
+    def _remember(self, wi: WorkloadInfo, assignment: Assignment) -> None:
         state = self.state
         assert wi.cq is not None
         reason = assignment.reason or "WaitingForQuota"
@@ -164,4 +207,3 @@ class AdmissionLoop:
         memory.append(failure)
         if len(memory) > FAILURE_MEMORY:
             del memory[0]
-        return False

@@ -44,6 +44,7 @@ from service.engine.packing import GangPlacement, PodSetRequest, place_gang, pri
 from service.engine.placement import Island, NodeState, PodSetPlacement, Shape, fill_island
 from service.engine.protection import CONSOLIDATION, preemptor_borrows
 from service.engine.quota import FlavorResource
+from service.engine.reservation import Reservation
 from service.engine.state import CycleState
 from service.engine.workload_info import AdmittedInfo, WorkloadInfo
 
@@ -51,11 +52,18 @@ __all__ = ["consolidate"]
 
 
 def consolidate(
-    state: CycleState, queues: dict[str, ClusterQueueQueue], decisions: Decisions
+    state: CycleState,
+    queues: dict[str, ClusterQueueQueue],
+    decisions: Decisions,
+    reservation: Reservation | None = None,
 ) -> None:
-    """Admit fragmented gangs, highest priority and oldest first, by moving others."""
+    """Admit fragmented gangs, highest priority and oldest first, by moving others.
+
+    An island still held by a reservation (``service.engine.reservation``) is
+    left alone: no move empties it for another gang."""
     if not state.config.consolidation.enable:
         return
+    skip = reservation.island.seq if reservation is not None and reservation.holding else None
     fragmented = [
         wi
         for name in sorted(queues)
@@ -74,7 +82,7 @@ def consolidate(
         seen = hopeless.get(signature)
         if seen is not None and seen[0] == state.epoch and wi.priority <= seen[1]:
             continue
-        if not _move(state, wi, decisions, holders):
+        if not _move(state, wi, decisions, holders, skip):
             hopeless[signature] = (state.epoch, wi.priority)
 
 
@@ -92,9 +100,17 @@ def _holders_by_node(state: CycleState) -> dict[str, list[AdmittedInfo]]:
 class _Move:
     """One gang's consolidation: its requests, and the best island found."""
 
-    def __init__(self, state: CycleState, wi: WorkloadInfo, flavors: list[dict[str, str]]) -> None:
+    def __init__(
+        self,
+        state: CycleState,
+        wi: WorkloadInfo,
+        flavors: list[dict[str, str]],
+        skip: int | None = None,
+    ) -> None:
         self.state = state
         self.wi = wi
+        #: An island (seq) not to move gangs in: the one a reservation holds.
+        self.skip = skip
         self.requests = [state.pod_set_request(wi, i, f) for i, f in enumerate(flavors)]
 
     def islands(self) -> list[Island]:
@@ -105,7 +121,8 @@ class _Move:
             here = {
                 seq: island
                 for seq, island in request.eligible.items()
-                if pristine_capacity_of(island, request.shape, cache) >= request.count
+                if seq != self.skip
+                and pristine_capacity_of(island, request.shape, cache) >= request.count
             }
             common = here if common is None else {s: i for s, i in common.items() if s in here}
         return sorted((common or {}).values(), key=lambda i: i.seq)
@@ -132,12 +149,13 @@ def _move(
     wi: WorkloadInfo,
     decisions: Decisions,
     holders: dict[str, list[AdmittedInfo]],
+    skip: int | None = None,
 ) -> bool:
     assert wi.cq is not None
     assignment = assign_flavors(state, wi, physical=False)
     if assignment.mode != FIT:
         return False
-    move = _Move(state, wi, assignment.pod_set_flavors)
+    move = _Move(state, wi, assignment.pod_set_flavors, skip)
     borrows = preemptor_borrows(wi.cq, assignment.usage)
     best: tuple[float, int, int, list[AdmittedInfo]] | None = None
     for island in move.islands():

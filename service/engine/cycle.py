@@ -16,7 +16,9 @@ workloads admitted before the cycle can), priority and age do not matter.
 The steps, each a module: ``eviction`` (stopped queues, PodsReady timeouts),
 ``queueing`` (which workloads may queue, and where), ``admission_loop`` (heads
 in order, each tried by ``attempt``, decisions recorded by ``decisions``) and
-``result`` (the decisions, and why each workload left waiting waits).
+``result`` (the decisions, and why each workload left waiting waits);
+``reservation`` (off by default) holds one island for the gang that has
+waited longest while the loop runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from service.engine.consolidation import consolidate
 from service.engine.decisions import Decisions
 from service.engine.eviction import evict_stopped_and_unready
 from service.engine.queueing import Queueing
+from service.engine.reservation import reserve
 from service.engine.result import build_result
 from service.engine.state import CycleState
 from service.engine.types import CycleResult, Snapshot
@@ -40,6 +43,10 @@ def run_cycle(snapshot: Snapshot, now: float) -> CycleResult:
     evict_stopped_and_unready(state, decisions)
     queueing = Queueing(state)
     queueing.classify(list(snapshot.pending))
-    AdmissionLoop(state, queueing.queues, decisions).run()
-    consolidate(state, queueing.queues, decisions)
+    reservation = reserve(state, queueing.queues)
+    AdmissionLoop(state, queueing.queues, decisions, reservation).run()
+    consolidate(state, queueing.queues, decisions, reservation)
+    if reservation is not None:
+        # Why-not reasons and their numbers see the fleet as it is.
+        reservation.release()
     return build_result(state, queueing, decisions)

@@ -182,8 +182,8 @@ class _Search:
 
 
 def _ordering_key(
-    state: CycleState, cq: CQState
-) -> Callable[[AdmittedInfo], tuple[bool, int, float, float, str]]:
+    state: CycleState, cq: CQState, wi: WorkloadInfo
+) -> Callable[[AdmittedInfo], tuple[bool, int, bool, float, float, str]]:
     """Other ClusterQueues first, lower priority first (Kueue's rules), then the
     least work destroyed per accelerator freed — the seconds since the last
     checkpoint (issue 24; kueue#477) — then most recently admitted first.
@@ -191,9 +191,60 @@ def _ordering_key(
     Per accelerator freed, not in all: ordered by whole GPU-seconds the search
     took many small victims where one would do, and on cluster04 preempted 23 %
     more and delayed jobs 28 % longer (docs/scheduling-quality.md). With no
-    checkpoint reported this is newest-first, as Kueue orders."""
+    checkpoint reported this is newest-first, as Kueue orders.
+
+    With ``EngineConfig.spare_island_gangs``, right after the priority: a gang
+    that must restart whole in one island and holds more accelerators than the
+    preemptor asks for goes after every other candidate, since its restart
+    waits for a whole island again (docs/scheduling-quality.md, "Big gangs")."""
     now = state.now
-    return lambda c: (c.cq is cq, c.priority, c.seconds_at_risk(now), -c.admitted_at, c.key)
+    if not state.config.spare_island_gangs:
+        return lambda c: (
+            c.cq is cq,
+            c.priority,
+            False,
+            c.seconds_at_risk(now),
+            -c.admitted_at,
+            c.key,
+        )
+    names = state.config.accelerator_resources
+    need = sum(wi.resources.get(name, 0) for name in names)
+    return lambda c: (
+        c.cq is cq,
+        c.priority,
+        c.accelerators(names) > need and _island_gang(c),
+        c.seconds_at_risk(now),
+        -c.admitted_at,
+        c.key,
+    )
+
+
+def _island_gang(info: AdmittedInfo) -> bool:
+    """Whether a pod set of the gang must land in one island (or a domain of it)."""
+    return any(
+        ps.topology_request is not None and ps.topology_request.mode == "required"
+        for ps in info.wl.pod_sets
+    )
+
+
+def _not_a_victim(search: _Search, candidate: AdmittedInfo) -> bool:
+    """Whether ``candidate`` may not be preempted for ``search.wi``: its priority
+    is too high for the policy, or it is a protected island gang."""
+    return _too_high(search, candidate) or _protected_gang(search, candidate)
+
+
+def _protected_gang(search: _Search, candidate: AdmittedInfo) -> bool:
+    """``EngineConfig.protect_island_gangs``: a gang of another ClusterQueue that
+    must restart whole in one island, bigger than the preemptor and of no lower
+    priority, is not a victim: its restart would wait for a whole island."""
+    config = search.state.config
+    if not config.protect_island_gangs or candidate.cq is search.cq:
+        return False
+    if candidate.priority < search.wi.priority:
+        return False
+    names = config.accelerator_resources
+    need = sum(search.wi.resources.get(name, 0) for name in names)
+    return candidate.accelerators(names) > need and _island_gang(candidate)
 
 
 def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
@@ -212,7 +263,7 @@ def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
 def _classify(search: _Search, candidate: AdmittedInfo, advantage: bool) -> int:
     if candidate.fresh or not candidate.uses_any(search.frs):
         return _NEVER
-    if _too_high(search, candidate):
+    if _not_a_victim(search, candidate):
         return _NEVER
     if candidate.cq is search.cq:
         return _WITHIN_CQ
@@ -259,7 +310,7 @@ def _collect_subtree(
 def _classical(search: _Search) -> PreemptionPlan | None:
     cq = search.cq
     spec = cq.spec.preemption
-    key = _ordering_key(search.state, cq)
+    key = _ordering_key(search.state, cq, search.wi)
     same: list[tuple[AdmittedInfo, int, QuotaNode | None]] = []
     if spec.within_cluster_queue != "Never":
         for candidate in cq.preemptible.values():
@@ -352,7 +403,7 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
         result.extend(
             c
             for c in cq.preemptible.values()
-            if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
+            if not c.fresh and c.uses_any(search.frs) and not _not_a_victim(search, c)
         )
     if cq.node.parent is not None and spec.reclaim_within_cohort != "Never":
         for other_node in cq.node.root().cluster_queues:
@@ -364,9 +415,9 @@ def _fair_candidates(search: _Search) -> list[AdmittedInfo]:
             result.extend(
                 c
                 for c in other.preemptible.values()
-                if not c.fresh and c.uses_any(search.frs) and not _too_high(search, c)
+                if not c.fresh and c.uses_any(search.frs) and not _not_a_victim(search, c)
             )
-    key = _ordering_key(search.state, cq)
+    key = _ordering_key(search.state, cq, search.wi)
     result.sort(key=key)
     return result
 

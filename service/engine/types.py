@@ -34,6 +34,7 @@ __all__ = [
     "Preemption",
     "PreemptionBudgetState",
     "PreemptionReason",
+    "ReservationConfig",
     "Snapshot",
     "SpreadPacking",
     "WaitForPodsReadyConfig",
@@ -115,6 +116,20 @@ class ConsolidationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ReservationConfig:
+    """Head-of-line reservation (``service.engine.reservation``): the island
+    closest to fitting the gang that has waited longest takes no backfill.
+
+    Off by default. Only gangs whose every pod set must land in one island,
+    asking for at least ``min_accelerators`` (``accelerator_resources``, all
+    pod sets) and queued at least ``min_wait_seconds`` ago, are candidates."""
+
+    enable: bool = False
+    min_accelerators: int = 1
+    min_wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     fair_sharing: FairSharingConfig = field(default_factory=FairSharingConfig)
     admission_fair_sharing: AdmissionFairSharingConfig = field(
@@ -133,6 +148,17 @@ class EngineConfig:
     #: least-free nodes anywhere in the least-free cluster; kept to compare.
     spread_packing: SpreadPacking = "IslandFirst"
     consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)
+    reservation: ReservationConfig = field(default_factory=ReservationConfig)
+    #: Preemption victims: after Kueue's rules (ClusterQueue, priority), a gang
+    #: that must restart whole in one island and is bigger than the preemptor
+    #: goes after every other candidate (``service.engine.preemption``). Off
+    #: by default.
+    spare_island_gangs: bool = False
+    #: Preemption victims: a gang of another ClusterQueue that must restart whole
+    #: in one island, bigger than the preemptor and of no lower priority, is not
+    #: one at all — a lender's reclaim of its nominal quota waits for it to end
+    #: (``service.engine.preemption._protected_gang``). Off by default.
+    protect_island_gangs: bool = False
     #: An inference pod set goes first to the islands already holding inference
     #: pods (tightest first), then to the others by best fit, so that one-GPU
     #: serving replicas do not scatter over islands a training gang needs whole

@@ -248,6 +248,35 @@ def replay(
             help="Consolidation without checking that its victims fit again elsewhere at once."
         ),
     ] = False,
+    reservation: Annotated[
+        bool,
+        typer.Option(
+            help="Head-of-line reservation: the island closest to fitting the island gang "
+            "that has waited longest takes no backfill (service/engine/reservation.py)."
+        ),
+    ] = _ENGINE.reservation,
+    reservation_min_accelerators: Annotated[
+        int,
+        typer.Option(help="Reserve only for gangs of at least this many GPUs.", min=1),
+    ] = _ENGINE.reservation_min_accelerators,
+    reservation_min_wait: Annotated[
+        float,
+        typer.Option(help="Reserve only for gangs submitted at least S seconds ago.", min=0.0),
+    ] = _ENGINE.reservation_min_wait_s,
+    spare_island_gangs: Annotated[
+        bool,
+        typer.Option(
+            help="Preemption victims: a gang that must restart whole in one island and is "
+            "bigger than its preemptor goes after every other candidate of its priority."
+        ),
+    ] = _ENGINE.spare_island_gangs,
+    protect_island_gangs: Annotated[
+        bool,
+        typer.Option(
+            help="Preemption victims: a gang of another ClusterQueue that must restart whole "
+            "in one island, bigger than its preemptor and of no lower priority, is none."
+        ),
+    ] = _ENGINE.protect_island_gangs,
     min_runtime: Annotated[
         int | None,
         typer.Option(
@@ -277,6 +306,11 @@ def replay(
         spread_packing=parse_spread_packing(spread_packing),
         consolidation=consolidation,
         consolidation_any_victim_placement=consolidation_any_victim_placement,
+        reservation=reservation,
+        reservation_min_accelerators=reservation_min_accelerators,
+        reservation_min_wait_s=reservation_min_wait,
+        spare_island_gangs=spare_island_gangs,
+        protect_island_gangs=protect_island_gangs,
     )
     options = ReplayOptions(
         cycle_interval=cycle_interval,
@@ -321,6 +355,11 @@ def _engine_record(config: EngineConfig) -> dict[str, Any]:
         "spread_packing": config.spread_packing,
         "consolidation": config.consolidation.enable,
         "consolidation_victim_placement": config.consolidation.victim_placement,
+        "reservation": config.reservation.enable,
+        "reservation_min_accelerators": config.reservation.min_accelerators,
+        "reservation_min_wait_s": config.reservation.min_wait_seconds,
+        "spare_island_gangs": config.spare_island_gangs,
+        "protect_island_gangs": config.protect_island_gangs,
     }
 
 

@@ -133,6 +133,8 @@ class _Stats:
     max_pending: int = 0
     #: Preemptions per reason (``Consolidation`` among them).
     by_reason: dict[str, int] = field(default_factory=dict)
+    #: Preemptions per size class of the victim: who pays for them.
+    by_victim_size: dict[str, int] = field(default_factory=dict)
     #: Job id of a consolidation victim -> when it was moved (until it runs again).
     moved_at: dict[str, float] = field(default_factory=dict)
     #: Each consolidation victim's wait from its move to its next admission.
@@ -391,6 +393,9 @@ class Simulator:
             reasons = self.stats.by_reason
             reasons[preemption.reason] = reasons.get(preemption.reason, 0) + 1
             run = self._stop(preemption.workload, now)
+            victims = self.stats.by_victim_size
+            victim_class = size_class(run.job.num_gpu)
+            victims[victim_class] = victims.get(victim_class, 0) + 1
             if preemption.reason == CONSOLIDATION:
                 self.stats.moved_at[run.job.job_id] = now
             self._requeue(run, now)
@@ -598,6 +603,7 @@ class Simulator:
             "team_gpu_hours": {t: round(v / 3600, 1) for t, v in sorted(stats.team_gpu_s.items())},
             "preemptions": stats.preemptions,
             "preemptions_by_reason": dict(sorted(stats.by_reason.items())),
+            "preemptions_by_victim_size": dict(sorted(stats.by_victim_size.items())),
             "consolidation_victim_wait_s": summary(stats.move_waits),
             "min_runtime_s": self.options.min_runtime,
             "preemption_budget": list(self.options.preemption_budget)

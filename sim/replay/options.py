@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
 
-from service.engine import AdmissionFairSharingConfig, ConsolidationConfig, EngineConfig
+from service.engine import (
+    AdmissionFairSharingConfig,
+    ConsolidationConfig,
+    EngineConfig,
+    ReservationConfig,
+)
 from service.engine.types import FairSharingConfig, FairSharingStrategy, SpreadPacking
 
 __all__ = [
@@ -41,6 +46,11 @@ class EngineOptions:
     spread_packing: SpreadPacking = "IslandFirst"
     consolidation: bool = False
     consolidation_any_victim_placement: bool = False
+    reservation: bool = False
+    reservation_min_accelerators: int = ReservationConfig().min_accelerators
+    reservation_min_wait_s: float = ReservationConfig().min_wait_seconds
+    spare_island_gangs: bool = False
+    protect_island_gangs: bool = False
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -61,6 +71,13 @@ class EngineOptions:
                 enable=self.consolidation,
                 victim_placement="Any" if self.consolidation_any_victim_placement else "Immediate",
             ),
+            reservation=ReservationConfig(
+                enable=self.reservation,
+                min_accelerators=self.reservation_min_accelerators,
+                min_wait_seconds=self.reservation_min_wait_s,
+            ),
+            spare_island_gangs=self.spare_island_gangs,
+            protect_island_gangs=self.protect_island_gangs,
         )
 
 

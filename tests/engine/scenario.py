@@ -31,7 +31,9 @@ Conveniences so that files stay short and read like the spec:
 ``localQueueUsage`` (``ns/lq`` → ``consumed``, ``lastUpdate``) and
 ``preemptionBudgets`` (ClusterQueue → ``tokens``, ``lastUpdate``) set node state,
 admission fair-sharing history and preemption token buckets; ``config`` may
-also hold ``consolidation`` (``enable``, ``victimPlacement``).
+also hold ``consolidation`` (``enable``, ``victimPlacement``) and
+``reservation`` (``enable``, ``minAccelerators``, ``minWaitSeconds``),
+``spareIslandGangs`` and ``protectIslandGangs``.
 
 ``expect`` keys: ``admitted`` (key → optional ``cluster``, ``flavors``,
 ``islands``, ``nodes``, ``borrowed``), ``preempted`` (list of ``workload``,
@@ -73,6 +75,7 @@ from service.engine import (
     FairSharingConfig,
     LocalQueueUsage,
     PreemptionBudgetState,
+    ReservationConfig,
     Snapshot,
     WaitForPodsReadyConfig,
 )
@@ -348,6 +351,17 @@ def _config(data: dict[str, Any]) -> EngineConfig:
             victim_placement=(cfg.get("consolidation") or {}).get("victimPlacement", "Immediate"),
         ),
         serving_islands_first=bool(cfg.get("servingIslandsFirst", True)),
+        reservation=_reservation(cfg.get("reservation") or {}),
+        spare_island_gangs=bool(cfg.get("spareIslandGangs", False)),
+        protect_island_gangs=bool(cfg.get("protectIslandGangs", False)),
+    )
+
+
+def _reservation(cfg: dict[str, Any]) -> ReservationConfig:
+    return ReservationConfig(
+        enable=bool(cfg.get("enable", False)),
+        min_accelerators=int(cfg.get("minAccelerators", 1)),
+        min_wait_seconds=float(cfg.get("minWaitSeconds", 0)),
     )
 
 

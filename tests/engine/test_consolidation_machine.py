@@ -12,10 +12,17 @@ one, its buckets fed back from cycle to cycle. After every cycle:
 * no protected preemption (consolidation, fair sharing, reclaim while
   borrowing) takes a gang younger than the minimum runtime, so none moves a
   gang twice within it;
-* no bucket goes below zero.
+* no bucket goes below zero;
+* with ``protect_island_gangs`` on, no gang is taken that it protects
+  (another ClusterQueue's island gang, bigger than its preemptor, of no
+  lower priority).
 
-Run with and without fair sharing; the run must make consolidation moves,
-or it would prove nothing.
+Run with and without fair sharing, with the big-gang options on (a
+head-of-line reservation for island gangs, victims that spare and protect
+them: ``service.engine.reservation``, ``EngineConfig.spare_island_gangs``,
+``protect_island_gangs``), and with protection alone (sparing would hide
+most of what it forbids); each must keep all of the above, and the run must
+make consolidation moves, or it would prove nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +65,9 @@ from service.engine import (
     ConsolidationConfig,
     EngineConfig,
     FairSharingConfig,
+    Preemption,
     PreemptionBudgetState,
+    ReservationConfig,
     Snapshot,
     admission_cycle,
 )
@@ -112,6 +121,8 @@ def _queue(team: str, nominal: int) -> ClusterQueue:
 
 class ConsolidationMachine(RuleBasedStateMachine):
     fair_sharing = False
+    #: The big-gang options (``reservation``, ``spare_island_gangs``, ``protect_island_gangs``).
+    reserve = spare = protect = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,6 +134,9 @@ class ConsolidationMachine(RuleBasedStateMachine):
         self.config = EngineConfig(
             fair_sharing=FairSharingConfig(enable=self.fair_sharing),
             consolidation=ConsolidationConfig(enable=True),
+            reservation=ReservationConfig(enable=self.reserve, min_accelerators=16),
+            spare_island_gangs=self.spare,
+            protect_island_gangs=self.protect,
         )
 
     @initialize(
@@ -177,8 +191,11 @@ class ConsolidationMachine(RuleBasedStateMachine):
         problems = violations(snapshot, result, self.now)
         assert not problems, problems
         priority = {w.key: w.priority or 0 for w in snapshot.pending}
+        pending = {w.key: w for w in snapshot.pending}
         for preemption in result.preemptions:
             victim = self.running[preemption.workload]
+            if self.protect:
+                assert not _protected(victim, pending[preemption.preemptor], preemption), preemption
             if preemption.reason == "Consolidation":
                 MOVES.append(1)
                 assert (victim.workload.priority or 0) <= priority[preemption.preemptor], preemption
@@ -230,8 +247,39 @@ class ConsolidationMachine(RuleBasedStateMachine):
         self.cycle()
 
 
+def _gpus(wl: Workload) -> int:
+    return sum(ps.count * ps.requests.get(GPU, 0) for ps in wl.pod_sets)
+
+
+def _protected(victim: AdmittedWorkload, preemptor: Workload, preemption: Preemption) -> bool:
+    """Whether ``protect_island_gangs`` forbids this preemption: a gang of another
+    ClusterQueue that must stay in one island, bigger than the preemptor, of
+    no lower priority."""
+    wl = victim.workload
+    island = any(
+        ps.topology_request is not None and ps.topology_request.mode == "required"
+        for ps in wl.pod_sets
+    )
+    return (
+        preemption.cluster_queue != preemption.preemptor_cluster_queue
+        and (wl.priority or 0) >= (preemptor.priority or 0)
+        and _gpus(wl) > _gpus(preemptor)
+        and island
+    )
+
+
 class FairConsolidationMachine(ConsolidationMachine):
     fair_sharing = True
+
+
+class BigGangConsolidationMachine(ConsolidationMachine):
+    reserve = spare = protect = True
+
+
+class ProtectedGangConsolidationMachine(ConsolidationMachine):
+    # Alone: sparing (ordering big gangs last) would hide most of what
+    # protection forbids; without either, the check above fails.
+    protect = True
 
 
 SETTINGS = settings(
@@ -252,4 +300,16 @@ def test_consolidation_keeps_priority_protection_and_invariants() -> None:
 def test_consolidation_under_fair_sharing_keeps_them_too() -> None:
     MOVES.clear()
     run_state_machine_as_test(FairConsolidationMachine, settings=SETTINGS)
+    assert MOVES, "no consolidation move was made: the run proves nothing"
+
+
+def test_consolidation_with_the_big_gang_options_keeps_them_too() -> None:
+    MOVES.clear()
+    run_state_machine_as_test(BigGangConsolidationMachine, settings=SETTINGS)
+    assert MOVES, "no consolidation move was made: the run proves nothing"
+
+
+def test_protected_island_gangs_are_never_taken_by_smaller_preemptors() -> None:
+    MOVES.clear()
+    run_state_machine_as_test(ProtectedGangConsolidationMachine, settings=SETTINGS)
     assert MOVES, "no consolidation move was made: the run proves nothing"

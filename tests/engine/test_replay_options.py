@@ -55,6 +55,13 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "ClusterFirst",
         "--consolidation",
         "--consolidation-any-victim-placement",
+        "--reservation",
+        "--reservation-min-accelerators",
+        "32",
+        "--reservation-min-wait",
+        "3600",
+        "--spare-island-gangs",
+        "--protect-island-gangs",
         "--min-runtime",
         "600",
         "--preemption-budget",
@@ -74,6 +81,11 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "spread_packing": "ClusterFirst",
         "consolidation": True,
         "consolidation_victim_placement": "Any",
+        "reservation": True,
+        "reservation_min_accelerators": 32,
+        "reservation_min_wait_s": 3600.0,
+        "spare_island_gangs": True,
+        "protect_island_gangs": True,
     }
     assert result["cycle_interval_s"] == 15.0
     assert result["min_runtime_s"] == 600
@@ -96,6 +108,9 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
     assert free["engine"]["fair_sharing"] is False
     assert free["engine"]["spread_packing"] == "IslandFirst"
     assert free["engine"]["consolidation"] is False
+    assert free["engine"]["reservation"] is False
+    assert free["engine"]["spare_island_gangs"] is False
+    assert free["engine"]["protect_island_gangs"] is False
     assert free["min_runtime_s"] is None and free["preemption_budget"] is None
     assert free["wait_s"]["max"] == 0.0
     # One head of team-a's ClusterQueue a cycle: the jobs start 0, 100 and 200 s in.
@@ -125,6 +140,8 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
         (["--preemption-budget", "4"], "--preemption-budget"),
         (["--preemption-budget", "4/0"], "--preemption-budget"),
         (["--min-runtime", "-1"], "--min-runtime"),
+        (["--reservation-min-accelerators", "0"], "--reservation-min-accelerators"),
+        (["--reservation-min-wait", "-1"], "--reservation-min-wait"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_option(
