@@ -72,6 +72,7 @@ from tests.workers.stack import (
     team_queue,
     write_fleet,
 )
+from tests.workers.stack.watch import cut_short
 
 NS = "team-a"
 REQUIRED = "kueue.x-k8s.io/podset-required-topology"
@@ -356,12 +357,14 @@ class JobSetWatch:
         self.seen: dict[str, list[dict[str, Any]]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.watcher: Any = None
 
     def _follow(self) -> None:
         objects = kubernetes.client.CustomObjectsApi(self.api)
         args = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
         while not self.stop.is_set():
             watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+            self.watcher = watcher
             try:
                 for event in watcher.stream(
                     objects.list_cluster_custom_object, *args, timeout_seconds=5
@@ -374,6 +377,9 @@ class JobSetWatch:
                         break
             except kubernetes.client.exceptions.ApiException:
                 self.stop.wait(0.5)
+            except Exception:  # the stream cut short on closing
+                if not self.stop.is_set():
+                    raise
 
     def completed(self, name: str) -> dict[str, Any] | None:
         for obj in self.seen.get(name, ()):
@@ -388,6 +394,8 @@ class JobSetWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        if self.watcher is not None:
+            cut_short(self.watcher)
         self.thread.join(10)
         self.api.close()
 
