@@ -218,10 +218,7 @@ def _up(o: Options, exits: ExitStack) -> tuple[Stack, dict[str, Member], str, An
     members = start_members(
         stack, fleet, member_names(o.members), controllers=o.stand_ins == "controllers"
     )
-    stack.start_api(o.api_processes)
-    for _ in range(o.workers):
-        stack.start_worker(o.worker_concurrency)
-    stack.start_scheduler()
+    stack.start_services(o.api_processes, o.workers, o.worker_concurrency)
     objects = central_objects(o.config)
     with stack.client(timeout=120) as api:
         for obj in objects:

@@ -18,6 +18,7 @@ import yaml
 from quartermaster_client import Client, Outcome, Workload, outcome
 from quartermaster_client.cli import app
 from quartermaster_client.cli.shared import EXIT_CODES
+from quartermaster_client.config import ConfigFile
 from quartermaster_client.volcano import QueueRefused
 from typer.testing import CliRunner
 
@@ -97,8 +98,11 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture
 def qmctl(tmp_path: Path, api_url: str, qm: Client) -> Iterator[Run]:
     """qmctl with a contexts file in tmp_path whose current context is the
-    live API as admin, namespace team-a."""
-    env = {"QMCTL_CONFIG": str(tmp_path / "qmctl" / "config"), "PATH": "/usr/bin:/bin"}
+    live API as admin, namespace team-a: written by the client's own
+    ConfigFile, as ``qmctl config set-context`` writes it (which
+    test_contexts_in_a_config_file runs), without a process of its own."""
+    path = tmp_path / "qmctl" / "config"
+    env = {"QMCTL_CONFIG": str(path), "PATH": "/usr/bin:/bin"}
 
     def run(*args: str, stdin: str | None = None, code: int | None = 0) -> Any:
         done = subprocess.run(
@@ -114,9 +118,9 @@ def qmctl(tmp_path: Path, api_url: str, qm: Client) -> Iterator[Run]:
             assert done.returncode == code, (args, done.stdout, done.stderr)
         return done
 
-    run(
-        "config", "set-context", "live", "--server", api_url, "--token", ADMIN_TOKEN, "-n", "team-a"
-    )
+    config = ConfigFile.load(path)
+    config.set_context("live", api_url, ADMIN_TOKEN, "team-a")
+    config.save()
     yield run
 
 

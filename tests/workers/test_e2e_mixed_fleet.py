@@ -232,8 +232,11 @@ def test_a_lost_volcano_members_gangs_run_elsewhere(
     with stack.client() as api:
         for kueue in ("m1", "m2"):  # so that the gangs go to v1 first
             _cordon(api, kueue, True)
+        # 10 s of run at the stack's time scale: they are still running on v1
+        # when it is cut off (right after they are seen running), and their
+        # second run, elsewhere, is what the test waits for.
         for name in names:
-            _submit(api, "team-a", gang(name, 32, 3000))
+            _submit(api, "team-a", gang(name, 32, 1000))
         wait_until(
             lambda: all(_status(engine, "team-a", n)["state"] == "Running" for n in names),
             CEILING,

@@ -140,9 +140,7 @@ def test_a_partitioned_member_fences_its_gangs_before_they_run_elsewhere(
     upstream = urlsplit(m1.server)
     with tcp_cut((str(upstream.hostname), int(upstream.port or 443))) as relay:
         relayed = dataclasses.replace(m1, server=f"https://{relay.address}")
-        stack.start_api()
-        stack.start_worker()
-        stack.start_scheduler()
+        stack.start_services()
         agent = stack.supervisor.start(
             "fence-m1",
             [

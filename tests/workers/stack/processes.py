@@ -44,6 +44,16 @@ def _workers() -> list[str]:
     return [sys.executable, "-m", "workers.cli"]
 
 
+@dataclass(frozen=True)
+class _Starting:
+    """A part's process, launched: ``ready`` says when it serves, ``started``
+    records it on the stack then."""
+
+    child: Child
+    ready: Callable[[], bool]
+    started: Callable[[], None] | None = None
+
+
 @dataclass
 class Stack:
     """API, Celery workers, scheduler and stand-in member clusters, each a
@@ -94,6 +104,11 @@ class Stack:
     ) -> None:
         """``controllers=False``: API servers only (no scheduler, kubelet or
         Kueue): jobs are stored and nothing runs them."""
+        self._await(self._launch_clusters(fleet, count, time_scale, controllers))
+
+    def _launch_clusters(
+        self, fleet: Path, count: int, time_scale: float, controllers: bool = True
+    ) -> _Starting:
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         child = self.supervisor.start(
             "clusters",
@@ -105,50 +120,83 @@ class Stack:
                 *(() if controllers else ("--no-controllers",)),
             ],
         )
-        self._ready(child, lambda: "kubeconfig written" in child.output())
-        self.members = stand_ins(self.kubeconfig)
+
+        def started() -> None:
+            self.members = stand_ins(self.kubeconfig)
+
+        return _Starting(child, lambda: "kubeconfig written" in child.output(), started)
 
     def start_api(self, processes: int = 1, port: int | None = None) -> Child:
         """An API process (``processes`` uvicorn workers). Called again, another
         one beside it (``api1``, …), on ``port`` if given (a killed one's, so
         that its clients find the new one where they knew the old); the first
         stays ``api`` / ``api_url``."""
+        return self._await(self._launch_api(processes, port))
+
+    def _launch_api(self, processes: int = 1, port: int | None = None) -> _Starting:
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
         name = f"api{len(self.api_urls)}" if self.api_urls else "api"
         argv = [*_service(), "api", "--port", str(port), "--workers", str(processes)]
         child = self.supervisor.start(name, argv)
-        self._ready(child, lambda: _status(f"{url}/readyz") == 200)
+        # Named now, so that another API launched before this one is ready
+        # is ``api1``.
         self.api_urls[name] = url
-        if self.api is None:
-            self.api, self.api_url = child, url
-        return child
+
+        def started() -> None:
+            if self.api is None:
+                self.api, self.api_url = child, url
+
+        return _Starting(child, lambda: _status(f"{url}/readyz") == 200, started)
 
     def start_worker(self, concurrency: int = 2) -> Child:
+        return self._await(self._launch_worker(concurrency))
+
+    def _launch_worker(self, concurrency: int = 2) -> _Starting:
         name = f"worker{len(self.workers)}"
         child = self.supervisor.start(
             name,
             [*_workers(), "worker", "--concurrency", str(concurrency), "--loglevel", "WARNING"],
         )
-        self._ready(child, lambda: "ready." in child.output() or _celery_up(child))
         self.workers.append(child)
-        return child
+        return _Starting(child, lambda: "ready." in child.output() or _celery_up(child))
 
     def start_scheduler(self, standby: bool = False) -> Child:
         """A scheduler: the leader (ready once it leads), or with ``standby`` a
         second one beside it (``scheduler1``, …; ready once its metrics answer,
         not leading), which takes the lead when the leader dies. The first
         stays ``scheduler`` / ``metrics_url``."""
+        return self._await(self._launch_scheduler(standby))
+
+    def _launch_scheduler(self, standby: bool = False) -> _Starting:
         port = free_port()
         metrics = f"http://127.0.0.1:{port}/metrics"
         name = f"scheduler{len(self.scheduler_metrics)}" if self.scheduler_metrics else "scheduler"
         child = self.supervisor.start(name, [*_workers(), "scheduler", "--metrics-port", str(port)])
         leading = 0 if standby else 1
-        self._ready(child, lambda: _metric(metrics, "qm_admission_leader") == leading)
         self.scheduler_metrics[name] = metrics
-        if self.scheduler is None:
-            self.scheduler, self.metrics_url = child, metrics
-        return child
+
+        def started() -> None:
+            if self.scheduler is None:
+                self.scheduler, self.metrics_url = child, metrics
+
+        return _Starting(child, lambda: _metric(metrics, "qm_admission_leader") == leading, started)
+
+    def start_services(
+        self, api_processes: int = 1, workers: int = 1, concurrency: int = 2
+    ) -> None:
+        """The API, ``workers`` Celery workers and the scheduler, started side
+        by side (none needs another to start)."""
+        self._await_all(self._launch_services(api_processes, workers, concurrency))
+
+    def _launch_services(
+        self, api_processes: int, workers: int, concurrency: int
+    ) -> list[_Starting]:
+        return [
+            self._launch_api(api_processes),
+            *(self._launch_worker(concurrency) for _ in range(workers)),
+            self._launch_scheduler(),
+        ]
 
     def leaders(self) -> list[Child]:
         """The live schedulers that say they lead admission (one, but for a
@@ -173,12 +221,10 @@ class Stack:
         controllers: bool = True,
     ) -> None:
         """Everything, then the quotas and the stand-ins' Cluster objects
-        through the API; returns once every cluster reports Ready."""
-        self.start_clusters(fleet, clusters, time_scale, controllers)
-        self.start_api(api_processes)
-        for _ in range(workers):
-            self.start_worker(concurrency)
-        self.start_scheduler()
+        through the API; returns once every cluster reports Ready. The parts
+        start side by side: none needs another to start."""
+        members = self._launch_clusters(fleet, clusters, time_scale, controllers)
+        self._await_all([members, *self._launch_services(api_processes, workers, concurrency)])
         with self.client() as api:
             for obj in manifests:
                 self.create(api, obj)
@@ -186,16 +232,23 @@ class Stack:
             assert not registered.failed, registered.failed
         wait_until(self.clusters_ready, 60, "member clusters Ready")
 
-    def _ready(
-        self, child: Child, check: Callable[[], bool], timeout: float = LONG_CEILING
-    ) -> None:
+    def _await_all(self, parts: Iterable[_Starting]) -> None:
+        for part in parts:
+            self._await(part)
+
+    def _await(self, part: _Starting, timeout: float = LONG_CEILING) -> Child:
+        """``part``'s process, once ready (its ``started`` done)."""
+        child = part.child
         deadline = time.monotonic() + timeout
-        while not check():
+        while not part.ready():
             if not child.alive:
                 raise RuntimeError(f"{child.name} exited:\n{child.tail(40)}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{child.name} not ready in {timeout} s:\n{child.tail(40)}")
             time.sleep(0.1)
+        if part.started is not None:
+            part.started()
+        return child
 
     def stop(self) -> None:
         self.supervisor.stop(grace=10)

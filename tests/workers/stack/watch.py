@@ -3,6 +3,7 @@ Jobs, Pods and Nodes through the official client's watches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -17,6 +18,18 @@ from kubernetes import watch
 from service.runtime.demo import StandIn
 from tests.waiting import wait_for as wait_until
 from tests.workers.stack.names import ADMISSION_LABEL, GPU, ISLAND, WORKLOAD_LABEL
+
+
+def cut_short(watcher: Any) -> None:
+    """End ``watcher``'s stream now, from another thread: the socket under the
+    response it reads (``Watch._resp``) is shut down. ``Watch.stop`` is seen
+    only at the next event, and a quiet stream ends only at its
+    ``timeout_seconds``: every test's watches would otherwise take that
+    long to close."""
+    response = getattr(watcher, "_resp", None)
+    if response is not None:
+        with contextlib.suppress(Exception):
+            response.shutdown()
 
 
 @dataclass
@@ -76,6 +89,8 @@ class MemberWatch:
         self._bound: dict[tuple[str, str], dict[tuple[str, str, str], int]] = {}
         self._threads: list[threading.Thread] = []
         self._synced: set[tuple[str, str]] = set()
+        #: Each stream's current watch, by (cluster, kind), cut short on closing.
+        self._watchers: dict[tuple[str, str], Any] = {}
 
     def _client(self, member: StandIn) -> Any:
         """The official client's ApiClient for ``member`` (untyped library)."""
@@ -104,6 +119,10 @@ class MemberWatch:
 
     def close(self) -> None:
         self.stop.set()
+        with self.lock:
+            watchers = list(self._watchers.values())
+        for watcher in watchers:
+            cut_short(watcher)
         for thread in self._threads:
             thread.join(10)
 
@@ -133,6 +152,8 @@ class MemberWatch:
                         version = listed["metadata"]["resourceVersion"]
                         self._synced.add((member.name, kind))
                     watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+                    with self.lock:
+                        self._watchers[member.name, kind] = watcher
                     stream = watcher.stream(
                         lister,
                         label_selector=selector,
@@ -182,6 +203,8 @@ class MemberWatch:
             self._seen(cluster, kind, "ADDED", obj)
 
     def _error(self, cluster: str, kind: str, error: Exception) -> None:
+        if self.stop.is_set():
+            return  # the stream we cut short on closing
         with self.lock:
             self.errors.append(f"{cluster} {kind}: {type(error).__name__}: {error}"[:300])
 
