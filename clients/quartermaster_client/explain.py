@@ -55,14 +55,19 @@ class QueueUsage:
 
 
 def workload_gpus(workload: Workload) -> int:
-    admission = workload.status.admission
-    if admission is not None:
+    """The GPUs it holds, as admitted (every replica of a serving workload);
+    what it asks for while nothing is admitted."""
+    admissions = workload.status.admissions
+    if admissions:
         used = [
-            a.resource_usage.get(GPU) for a in admission.pod_set_assignments if a.resource_usage
+            a.resource_usage.get(GPU)
+            for admission in admissions
+            for a in admission.pod_set_assignments
+            if a.resource_usage
         ]
         if used and all(u is not None for u in used):
             return int(sum(quantity_value(u) for u in used if u is not None))
-    return workload.requests(GPU)
+    return workload.requests(GPU) * (workload.spec.replicas or 1)
 
 
 def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
@@ -80,6 +85,8 @@ def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
             pending += 1
         elif workload.status.state in ADMITTED_STATES:
             admitted += 1
+        # A serving workload holds what its admitted replicas do, whatever its state.
+        if workload.status.state in ADMITTED_STATES or workload.status.replica_admissions:
             for flavor, gpus in _gpus_by_flavor(workload).items():
                 used[flavor] = used.get(flavor, 0) + gpus
     status = cq.status
@@ -95,9 +102,8 @@ def queue_usage(cq: ClusterQueue, workloads: Iterable[Workload]) -> QueueUsage:
 
 def _gpus_by_flavor(workload: Workload) -> dict[str, int]:
     """GPUs of an admitted workload per flavor ("" where no flavor is recorded)."""
-    admission = workload.status.admission
     found: dict[str, int] = {}
-    if admission is not None:
+    for admission in workload.status.admissions:
         for assignment in admission.pod_set_assignments:
             gpus = assignment.resource_usage.get(GPU)
             if gpus is not None:

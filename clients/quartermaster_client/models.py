@@ -257,6 +257,8 @@ class WorkloadSpec(Model):
     priority: int | None = None
     workload_class: str | None = None
     pod_sets: list[PodSet]
+    #: A serving workload's: how many gangs of ``pod_sets`` it asks for.
+    replicas: int | None = None
     cluster_selector: dict[str, Any] | None = None
     active: bool | None = None
     job: dict[str, Any] | None = None
@@ -307,12 +309,29 @@ class Admission(Model):
         return found
 
 
+class ReplicaAdmission(Model):
+    """One admitted replica of a serving workload (docs/serving.md)."""
+
+    replica: int
+    admission: Admission
+    admitted_at: str | None = None
+
+
 class WorkloadStatus(Model):
     state: str = "Pending"
     cluster_queue: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     admission: Admission | None = None
+    #: A serving workload's: one per admitted replica, instead of ``admission``.
+    replica_admissions: list[ReplicaAdmission] = Field(default_factory=list)
     pending_reason: str | None = None
+
+    @property
+    def admissions(self) -> list[Admission]:
+        """Every admission it holds: its gang's, or each admitted replica's."""
+        if self.admission is not None:
+            return [self.admission]
+        return [r.admission for r in self.replica_admissions]
 
     def condition(self, type_: str) -> Condition | None:
         """The latest condition of this type."""

@@ -168,6 +168,60 @@ def test_admitted_workloads_show_cluster_island_and_gpus() -> None:
     assert row.splitlines()[1].split()[:6] == ["team-a", "research", "1", "1", "32/24", "8"]
 
 
+def _replica(index: int, cluster: str, island: str) -> dict[str, Any]:
+    """One replica of 8 GPUs as the centre records it in replicaAdmissions."""
+    assignment = {**ADMISSION["podSetAssignments"][0], "count": 1, "islands": [island]}
+    assignment["resourceUsage"] = {"nvidia.com/gpu": "8", "cpu": "8"}
+    admission = {
+        **ADMISSION,
+        "cluster": cluster,
+        "island": island,
+        "podSetAssignments": [assignment],
+    }
+    return {"replica": index, "admission": admission, "admittedAt": "2026-01-01T00:01:00Z"}
+
+
+def test_a_serving_workload_shows_and_counts_every_admitted_replica() -> None:
+    """Three of four replicas admitted in two clusters: the table names both
+    clusters and their islands and shows the 24 GPUs held; its queue counts
+    them (not one replica's request); nothing admitted shows what is asked."""
+    units = [
+        _replica(0, "east-1", "e-i0"),
+        _replica(1, "east-1", "e-i0"),
+        _replica(2, "eu-1", "u-i1"),
+    ]
+    serving = _workload({"state": "Running", "clusterQueue": "team-a", "replicaAdmissions": units})
+    serving.spec.pod_sets[0].count = 1
+    serving.spec.replicas = 4
+    waiting = _workload({"state": "Pending", "clusterQueue": "team-a"}, "p")
+    waiting.spec.pod_sets[0].count = 1
+    waiting.spec.replicas = 4
+    text = render_table(lookup("wl"), [serving, waiting], False, False, Context())
+    _, first, second = text.splitlines()
+    assert first.split()[:6] == ["w", "train", "Running", "east-1,eu-1", "e-i0,u-i1", "24"]
+    assert second.split()[:6] == ["p", "train", "Pending", "-", "-", "32"]
+    cq = ClusterQueue.model_validate(
+        {
+            "metadata": {"name": "team-a"},
+            "spec": {
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "h100",
+                                "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        }
+    )
+    usage = queue_usage(cq, [serving, waiting])
+    assert usage == QueueUsage(pending=1, admitted=1, used=24, nominal=16, borrowed=8)
+
+
 def test_an_admitted_workload_explained_in_words() -> None:
     explanation = Explanation.model_validate(
         {

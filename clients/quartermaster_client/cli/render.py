@@ -80,9 +80,9 @@ def _labels(labels: dict[str, str]) -> str:
 
 def _workload(w: Resource, wide: bool, context: Context) -> tuple[Row, Row]:
     assert isinstance(w, Workload)
-    admission = w.status.admission
-    cluster = (admission.cluster if admission else None) or "-"
-    islands = ",".join(admission.islands) if admission else ""
+    admissions = w.status.admissions  # a serving workload's: one per replica
+    cluster = ",".join(dict.fromkeys(a.cluster for a in admissions if a.cluster)) or "-"
+    islands = ",".join(dict.fromkeys(i for a in admissions for i in a.islands))
     row = [
         w.name,
         w.spec.queue_name,
@@ -98,7 +98,7 @@ def _workload(w: Resource, wide: bool, context: Context) -> tuple[Row, Row]:
         extra = [
             w.status.cluster_queue or "-",
             str(w.spec.priority or 0),
-            ",".join(admission.flavors) if admission else "-",
+            ",".join(dict.fromkeys(f for a in admissions for f in a.flavors)) or "-",
             (latest.reason or "-") if latest else "-",
         ]
     return row, extra
