@@ -146,26 +146,21 @@ def test_admitted_workloads_show_cluster_island_and_gpus() -> None:
     cq = ClusterQueue.model_validate(
         {
             "metadata": {"name": "team-a"},
-            "spec": {
-                "cohortName": "research",
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["nvidia.com/gpu"],
-                        "flavors": [
-                            {
-                                "name": "h100",
-                                "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 24}],
-                            }
-                        ],
-                    }
-                ],
-            },
+            "spec": {"cohortName": "research", "resourceGroups": _gpu_group(24)},
         }
     )
     usage = queue_usage(cq, [admitted, pending])
     assert usage == QueueUsage(pending=1, admitted=1, used=32, nominal=24, borrowed=8)
     row = render_table(lookup("cq"), [cq], False, False, Context(lambda: [admitted, pending]))
     assert row.splitlines()[1].split()[:6] == ["team-a", "research", "1", "1", "32/24", "8"]
+
+
+def _gpu_group(nominal: int) -> list[dict[str, Any]]:
+    """One resource group: ``nominal`` GPUs of flavor h100."""
+    quota = [{"name": "nvidia.com/gpu", "nominalQuota": nominal}]
+    return [
+        {"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "h100", "resources": quota}]}
+    ]
 
 
 def _replica(index: int, cluster: str, island: str) -> dict[str, Any]:
@@ -201,22 +196,7 @@ def test_a_serving_workload_shows_and_counts_every_admitted_replica() -> None:
     assert first.split()[:6] == ["w", "train", "Running", "east-1,eu-1", "e-i0,u-i1", "24"]
     assert second.split()[:6] == ["p", "train", "Pending", "-", "-", "32"]
     cq = ClusterQueue.model_validate(
-        {
-            "metadata": {"name": "team-a"},
-            "spec": {
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["nvidia.com/gpu"],
-                        "flavors": [
-                            {
-                                "name": "h100",
-                                "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}],
-                            }
-                        ],
-                    }
-                ],
-            },
-        }
+        {"metadata": {"name": "team-a"}, "spec": {"resourceGroups": _gpu_group(16)}}
     )
     usage = queue_usage(cq, [serving, waiting])
     assert usage == QueueUsage(pending=1, admitted=1, used=24, nominal=16, borrowed=8)

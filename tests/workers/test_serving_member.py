@@ -387,23 +387,10 @@ def test_a_deployment_on_a_volcano_member_runs_under_its_podgroup(
         name, pod_sets = _submit(services, _served(deployment()))
         island = _islands(c1)[0]
         _admit(engine, name, [_unit(i, island, pod_sets) for i in range(3)])
-        found = _until(
-            one_pass,
-            lambda: (
-                len(d := _deployments(c1)) == 1
-                and (d[0].status.available_replicas or 0) == 3
-                and d[0]
-            ),
-            "3 replicas available on the Volcano member",
-            _deployments,
-        )
+        found = _one_available(c1, one_pass, 3)
         assert found.spec.template.spec.scheduler_name == "volcano"
         assert QUEUE not in (found.metadata.labels or {})
-        with c1.api_client() as client:
-            groups = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
-                "scheduling.volcano.sh", "v1beta1", NS, "podgroups"
-            )["items"]
-        (group,) = groups
+        (group,) = _podgroups(c1)
         assert group["metadata"]["name"] == found.metadata.name
         assert group["spec"]["minMember"] == 1 and group["spec"]["minResources"][GPU] == "3"
         _until(
@@ -413,22 +400,32 @@ def test_a_deployment_on_a_volcano_member_runs_under_its_podgroup(
             lambda: workload_status(engine, NS, name),
         )
         _admit(engine, name, [_unit(i, island, pod_sets) for i in range(4)])
-        four = _until(
-            one_pass,
-            lambda: (
-                len(d := _deployments(c1)) == 1
-                and (d[0].status.available_replicas or 0) == 4
-                and d[0]
-            ),
-            "scaled to 4 on the Volcano member",
-            _deployments,
-        )
+        four = _one_available(c1, one_pass, 4)
         assert four.metadata.uid == found.metadata.uid
-        with c1.api_client() as client:
-            (group,) = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
-                "scheduling.volcano.sh", "v1beta1", NS, "podgroups"
-            )["items"]
+        (group,) = _podgroups(c1)
         assert group["spec"]["minResources"][GPU] == "4"
+
+
+def _one_available(c1: RunningCluster, one_pass: Callable[[], None], replicas: int) -> Any:
+    """The member's one Deployment, once ``replicas`` of it are available."""
+    return _until(
+        one_pass,
+        lambda: (
+            len(d := _deployments(c1)) == 1
+            and (d[0].status.available_replicas or 0) == replicas
+            and d[0]
+        ),
+        f"{replicas} replicas available on the member",
+        _deployments,
+    )
+
+
+def _podgroups(c1: RunningCluster) -> list[Obj]:
+    with c1.api_client() as client:
+        found: list[Obj] = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", NS, "podgroups"
+        )["items"]
+    return found
 
 
 def test_a_deployment_the_member_refuses_releases_every_replica_and_deactivates_it(
