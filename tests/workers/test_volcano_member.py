@@ -187,12 +187,15 @@ def test_a_rival_podgroup_in_our_queue_gets_none_of_the_centres_capacity(
 ) -> None:
     """A PodGroup created on the member behind the centre's back, in the
     member Queue that mirrors ``cq``, stays Pending (NotInqueueable) while the
-    centre's gang runs; the gang runs all the same."""
+    centre's gang runs; the gang runs all the same. Created once the centre's
+    group holds the queue: in the moment between the capability's raise and
+    our group's creation a rival can still take the room (docs/volcano.md,
+    "The dispatch window")."""
     with members(tmp_path, backend="volcano") as (c1,):
         setup_central(services, [c1], gpu_quota=32)
         with scheduling(engine, settings(database_url, broker), send):
             services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
-            wait_for(lambda: _queue(c1), 60)
+            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
             rival = {
                 "apiVersion": VOLCANO,
                 "kind": "PodGroup",
@@ -204,7 +207,6 @@ def test_a_rival_podgroup_in_our_queue_gets_none_of_the_centres_capacity(
                 },
             }
             c1.run(lambda: c1.cluster.apply_object(rival))
-            wait_for(lambda: workload_status(engine, "team-a", "a")["state"] == "Running", 60)
 
             def refused() -> bool:
                 status = (_group(c1, "rival") or {}).get("status") or {}
