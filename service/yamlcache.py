@@ -42,14 +42,22 @@ def yaml_documents(path: Path) -> list[Any]:
     """Every document of the YAML file at ``path``, as ``yaml.safe_load_all`` reads them."""
     data = path.read_bytes()
     cached = cache_dir() / f"{hashlib.sha256(data).hexdigest()}.v{_FORMAT}.json"
-    try:
-        found: list[Any] = orjson.loads(cached.read_bytes())
+    found = _read(cached)
+    if found is not None:
         return found
-    except (OSError, orjson.JSONDecodeError):
-        pass
     documents = list(yaml.load_all(data, Loader=_LOADER))
     _keep(cached, documents)
     return documents
+
+
+def _read(cached: Path) -> list[Any] | None:
+    """The cache entry's documents; ``None`` when there is none (or it is
+    unreadable: then it is parsed again and written anew)."""
+    try:
+        found: list[Any] = orjson.loads(cached.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return found
 
 
 def _plain(node: Any) -> bool:

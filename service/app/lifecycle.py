@@ -491,17 +491,21 @@ def finish(
     return Transition(FINISHED_EVENT, Status(new), _close(subject, status, body, now))
 
 
+#: Why a gang (or a serving unit) is preempted: Kueue's reasons, and ours.
+PreemptionReason = Literal[
+    "InClusterQueue",
+    "InCohortReclamation",
+    "InCohortFairSharing",
+    "InCohortReclaimWhileBorrowing",
+    "Consolidation",
+]
+
+
 def preempt(
     subject: Subject,
     status: Status,
     *,
-    reason: Literal[
-        "InClusterQueue",
-        "InCohortReclamation",
-        "InCohortFairSharing",
-        "InCohortReclaimWhileBorrowing",
-        "Consolidation",
-    ],
+    reason: PreemptionReason,
     message: str,
     preemptor: str,
     preemptor_cluster_queue: str,
@@ -714,13 +718,7 @@ def preempt_unit(
     status: Status,
     replica: int,
     *,
-    reason: Literal[
-        "InClusterQueue",
-        "InCohortReclamation",
-        "InCohortFairSharing",
-        "InCohortReclaimWhileBorrowing",
-        "Consolidation",
-    ],
+    reason: PreemptionReason,
     message: str,
     preemptor: str,
     preemptor_cluster_queue: str,

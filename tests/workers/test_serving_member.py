@@ -189,6 +189,17 @@ def _available(deployment: Any) -> bool:
     return any(c.type == "Available" and c.status == "True" for c in conditions)
 
 
+def _deployment_admitted(
+    services: Services, c1: RunningCluster, replicas: int
+) -> tuple[str, str, list[Mapping[str, Any]]]:
+    """A Deployment submitted, its first ``replicas`` replicas admitted to c1's
+    first island as the centre records them: its name, that island, its pod sets."""
+    name, pod_sets = _submit(services, _served(deployment()))
+    island = _islands(c1)[0]
+    _admit(services.engine, name, [_unit(i, island, pod_sets) for i in range(replicas)])
+    return name, island, list(pod_sets)
+
+
 def _until(one_pass: Callable[[], None], check: Callable[[], Any], what: str, seen: Any) -> Any:
     def step() -> Any:
         one_pass()
@@ -220,9 +231,7 @@ def test_a_deployment_is_planned_from_its_replicas_reaches_available_and_scales_
     engine = services.engine
     with _member(tmp_path, services, database_url, broker) as (c1, one_pass):
         one_pass()  # the heartbeat: c1 Ready, its islands known
-        name, pod_sets = _submit(services, _served(deployment()))
-        island = _islands(c1)[0]
-        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(3)])
+        name, island, pod_sets = _deployment_admitted(services, c1, 3)
 
         def available(count: int) -> Any:
             found = _deployments(c1)
@@ -349,9 +358,7 @@ def test_a_deployment_deleted_under_us_is_made_again_with_the_admitted_count(
     engine = services.engine
     with _member(tmp_path, services, database_url, broker) as (c1, one_pass):
         one_pass()
-        name, pod_sets = _submit(services, _served(deployment()))
-        island = _islands(c1)[0]
-        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(2)])
+        name, _, _ = _deployment_admitted(services, c1, 2)
         first = _until(
             one_pass,
             lambda: len(d := _deployments(c1)) == 1 and _available(d[0]) and d[0],
@@ -384,9 +391,7 @@ def test_a_deployment_on_a_volcano_member_runs_under_its_podgroup(
     engine = services.engine
     with _member(tmp_path, services, database_url, broker, backend="volcano") as (c1, one_pass):
         one_pass()
-        name, pod_sets = _submit(services, _served(deployment()))
-        island = _islands(c1)[0]
-        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(3)])
+        name, island, pod_sets = _deployment_admitted(services, c1, 3)
         found = _one_available(c1, one_pass, 3)
         assert found.spec.template.spec.scheduler_name == "volcano"
         assert QUEUE not in (found.metadata.labels or {})
@@ -465,9 +470,7 @@ def test_a_cancelled_deployment_is_removed_and_each_replica_closed(
     engine = services.engine
     with _member(tmp_path, services, database_url, broker) as (c1, one_pass):
         one_pass()
-        name, pod_sets = _submit(services, _served(deployment()))
-        island = _islands(c1)[0]
-        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(2)])
+        name, _, _ = _deployment_admitted(services, c1, 2)
         _until(
             one_pass,
             lambda: workload_status(engine, NS, name)["state"] == "Running",
@@ -494,9 +497,7 @@ def test_a_lost_member_releases_its_replicas_and_its_objects_go_when_it_returns(
     engine = services.engine
     with _member(tmp_path, services, database_url, broker, lease=2.0) as (c1, one_pass):
         one_pass()
-        name, pod_sets = _submit(services, _served(deployment()))
-        island = _islands(c1)[0]
-        _admit(engine, name, [_unit(i, island, pod_sets) for i in range(2)])
+        name, _, _ = _deployment_admitted(services, c1, 2)
         _until(
             one_pass,
             lambda: workload_status(engine, NS, name)["state"] == "Running",
