@@ -28,7 +28,27 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AuditRecord", "Authorizer", "User", "forbidden_reason", "grants", "rule_allows"]
+__all__ = [
+    "AuditRecord",
+    "Authorizer",
+    "User",
+    "forbidden_reason",
+    "grants",
+    "groups_of",
+    "rule_allows",
+]
+
+
+AUTHENTICATED = "system:authenticated"
+
+
+def groups_of(name: str) -> tuple[str, ...]:
+    """The groups the token authenticator gives ``name``: a ServiceAccount's
+    ``system:serviceaccounts`` and ``system:serviceaccounts:<namespace>``."""
+    parts = name.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return ("system:serviceaccounts", f"system:serviceaccounts:{parts[2]}", AUTHENTICATED)
+    return (AUTHENTICATED,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import yaml
 from sim.fleet import BACKENDS, Fleet, load_fleet
 from sim.kubesim import errors
 from sim.kubesim.api import ApiCore, Context, now_rfc3339
-from sim.kubesim.auth import Authorizer, User
+from sim.kubesim.auth import Authorizer, User, groups_of
 from sim.kubesim.discovery import Discovery
 from sim.kubesim.faults import Faults
 from sim.kubesim.gc import EventExpiry, GarbageCollector
@@ -187,7 +187,12 @@ class SimCluster:
         admin: bool = False,
     ) -> str:
         """Register a bearer token; ``rules=None`` grants everything."""
-        user = User(name=name, rules=None if rules is None else tuple(rules), admin=admin)
+        user = User(
+            name=name,
+            groups=groups_of(name),
+            rules=None if rules is None else tuple(rules),
+            admin=admin,
+        )
         return self.auth.add(user, token)
 
     # -- lifecycle -------------------------------------------------------------------------

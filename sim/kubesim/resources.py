@@ -232,6 +232,20 @@ def builtin_types() -> tuple[ResourceType, ...]:
             short=("pc",),
             status=False,
         ),
+        # What a member's admission rules are made of (deploy/member-volcano).
+        _core(
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            namespaced=False,
+            group="admissionregistration.k8s.io",
+        ),
+        _core(
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            namespaced=False,
+            group="admissionregistration.k8s.io",
+            status=False,
+        ),
         _open_crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", ()),
         _open_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", ()),
         _open_crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ()),

@@ -25,7 +25,7 @@ from celpy.adapter import json_to_cel
 
 from sim.kubesim.errors import Cause
 
-__all__ = ["SchemaValidator"]
+__all__ = ["SchemaValidator", "cel_compile_error", "cel_program"]
 
 Schema = Mapping[str, Any]
 
@@ -39,6 +39,20 @@ _cel_env = celpy.Environment()
 @functools.cache
 def _cel_program(rule: str) -> Any:
     return _cel_env.program(_cel_env.compile(rule))
+
+
+def cel_program(expression: str) -> Any:
+    """``expression`` compiled once per process (raises on a syntax error)."""
+    return _cel_program(expression)
+
+
+def cel_compile_error(expression: str) -> str | None:
+    """Why ``expression`` does not compile, or ``None``."""
+    try:
+        _cel_program(expression)
+    except Exception as error:
+        return " ".join(str(error).split()) or type(error).__name__
+    return None
 
 
 def _type_name(value: Any) -> str:

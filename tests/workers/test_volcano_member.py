@@ -188,9 +188,9 @@ def test_a_rival_podgroup_in_our_queue_gets_none_of_the_centres_capacity(
     """A PodGroup created on the member behind the centre's back, in the
     member Queue that mirrors ``cq``, stays Pending (NotInqueueable) while the
     centre's gang runs; the gang runs all the same. Created once the centre's
-    group holds the queue: in the moment between the capability's raise and
-    our group's creation a rival can still take the room (docs/volcano.md,
-    "The dispatch window")."""
+    group holds the queue, on a member without the overlay's admission
+    policy: before that moment only the policy keeps a rival out
+    (test_volcano_member_rbac.py; docs/volcano.md, "The dispatch window")."""
     with members(tmp_path, backend="volcano") as (c1,):
         setup_central(services, [c1], gpu_quota=32)
         with scheduling(engine, settings(database_url, broker), send):

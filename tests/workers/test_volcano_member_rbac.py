@@ -1,14 +1,19 @@
 """Least privilege on a Volcano member: the workers' token holds exactly the
 rules ``deploy/member-volcano`` renders (``kubectl kustomize``), and the real
-reconcile and sync run a Volcano member's road with them — a gang dispatched
-as its PodGroup and run to its end, a preemption that deletes the victim's
-group, cancellations, a stray group of ours collected, the deletion of the
-Cluster and the collection of its mirror Queue (closed first, as Volcano
-requires) — with nothing refused, and every Volcano grant used."""
+reconcile and sync run a Volcano member's road with them, under the
+overlay's admission policy — a gang dispatched as its PodGroup and run to
+its end, a preemption that deletes the victim's group, cancellations, a
+stray group of ours collected, the deletion of the Cluster and the
+collection of its mirror Queue (closed first, as Volcano requires) — with
+nothing refused, and every Volcano grant used. The policy keeps everyone
+else's work out of the mirror Queues, even in the moment of a dispatch."""
 
 from __future__ import annotations
 
+import collections
+import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,14 @@ VOLCANO = "scheduling.volcano.sh/v1beta1"
 VOLCANO_GROUPS = frozenset(
     {"scheduling.volcano.sh", "topology.volcano.sh", "scheduling.k8s.io", "bus.volcano.sh"}
 )
+
+
+def _policies() -> list[dict[str, Any]]:
+    """The overlay's admission policy and its binding, as rendered."""
+    kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    found = [o for o in rendered(MEMBER_VOLCANO) if o["kind"] in kinds]
+    assert len(found) == 2
+    return found
 
 
 def _groups(cluster: RunningCluster) -> list[dict[str, Any]]:
@@ -67,7 +80,7 @@ def test_the_workers_run_a_volcano_members_road_with_exactly_its_rules(
     tmp_path: Path,
 ) -> None:
     rules = workers_rules(rendered(MEMBER_VOLCANO))
-    with members(tmp_path, backend="volcano") as (c1,):
+    with members(tmp_path, backend="volcano", extra_objects=_policies()) as (c1,):
         token = c1.add_user(WORKERS, rules)
         setup_central(
             services, [], gpu_quota=16, preemption={"withinClusterQueue": "LowerPriority"}
@@ -106,7 +119,7 @@ def test_the_workers_run_a_volcano_members_road_with_exactly_its_rules(
                 },
                 "spec": {"minMember": 1, "queue": "qm-cq"},
             }
-            with c1.api_client() as api:
+            with c1.api_client(token) as api:  # a leftover of the workers' own
                 kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
                     "scheduling.volcano.sh", "v1beta1", "team-a", "podgroups", stray
                 )
@@ -124,3 +137,118 @@ def test_the_workers_run_a_volcano_members_road_with_exactly_its_rules(
             if g["apiGroups"][0] in VOLCANO_GROUPS
         ]
         assert unused == [], unused
+
+
+FORBIDDEN = "403 Forbidden"
+
+
+def _rival_group(name: str, queue: str = "qm-cq") -> dict[str, Any]:
+    return {
+        "apiVersion": VOLCANO,
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"minMember": 1, "queue": queue, "minResources": {"nvidia.com/gpu": "8"}},
+    }
+
+
+def _create_group(api: kubernetes.client.ApiClient, body: dict[str, Any]) -> str:
+    """How a PodGroup's creation is answered: ``201``, or the refusal's code and reason."""
+    try:
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", "team-a", "podgroups", body
+        )
+    except kubernetes.client.ApiException as refused:
+        return f"{refused.status} {json.loads(str(refused.body))['reason']}"
+    return "201"
+
+
+def test_the_policy_keeps_rivals_out_of_our_queues_even_while_we_dispatch(
+    engine: sa.Engine,
+    services: Services,
+    database_url: str,
+    broker: str,
+    send: Send,
+    tmp_path: Path,
+) -> None:
+    """A tenant of the member tries, all through the centre's dispatch of a
+    gang (before the mirror Queue's capability is raised, between that and
+    the gang's PodGroup, and after), to put a PodGroup in the mirror Queue:
+    every try is refused (403), the gang runs whole, nothing but it is in the
+    Queue; a Volcano Job or a Pod naming the Queue is refused the same; her
+    groups in her own queue are hers to make."""
+    with members(tmp_path, backend="volcano", extra_objects=_policies()) as (c1,):
+        token = c1.add_user(WORKERS, workers_rules(rendered(MEMBER_VOLCANO)))
+        tenant = c1.add_user("alice")
+        setup_central(services, [], gpu_quota=16)
+        body = cluster_body(c1)
+        body["spec"]["credentials"] = {"token": token}
+        services.resources.create(ADMIN, "clusters", "", body)
+        with c1.api_client() as admin:  # the tenant's namespace is there before us
+            kubernetes.client.CoreV1Api(admin).create_namespace({"metadata": {"name": "team-a"}})
+        stop, codes = threading.Event(), collections.Counter[str]()
+
+        def rival() -> None:
+            with c1.api_client(tenant) as api:
+                while not stop.is_set():
+                    codes[_create_group(api, _rival_group(f"rival-{sum(codes.values())}"))] += 1
+
+        trying = threading.Thread(target=rival, daemon=True)
+        trying.start()
+        try:
+            wait_for(lambda: codes[FORBIDDEN] > 0, 60, what="the rival refused before the dispatch")
+            with scheduling(engine, settings(database_url, broker), send):
+                services.submissions.submit(ADMIN, "team-a", gang("a", duration="100000s"))
+                wait_for(
+                    lambda: workload_status(engine, "team-a", "a")["state"] == "Running",
+                    90,
+                    what="the gang Running",
+                )
+                before = codes[FORBIDDEN]
+                wait_for(lambda: codes[FORBIDDEN] > before, 60, what="the rival refused after")
+        finally:
+            stop.set()
+            trying.join(30)
+        assert set(codes) == {FORBIDDEN}, codes
+        assert [g["spec"]["queue"] for g in _groups(c1)] == ["qm-cq"]
+        with c1.api_client(tenant) as api:
+            assert _create_group(api, _rival_group("hers", "default")) == "201"
+            custom = kubernetes.client.CustomObjectsApi(api)
+            vcjob = {
+                "apiVersion": "batch.volcano.sh/v1alpha1",
+                "kind": "Job",
+                "metadata": {"name": "sneak"},
+                "spec": {
+                    "queue": "qm-cq",
+                    "minAvailable": 1,
+                    "tasks": [{"name": "t", "replicas": 1, "template": _pod_template()}],
+                },
+            }
+            with pytest.raises(kubernetes.client.ApiException) as refused:
+                custom.create_namespaced_custom_object(
+                    "batch.volcano.sh", "v1alpha1", "team-a", "jobs", vcjob
+                )
+            assert refused.value.status == 403
+            pod = {
+                "metadata": {
+                    "name": "sneak",
+                    "annotations": {"scheduling.volcano.sh/queue-name": "qm-cq"},
+                },
+                **_pod_template(),
+            }
+            with pytest.raises(kubernetes.client.ApiException) as refused:
+                kubernetes.client.CoreV1Api(api).create_namespaced_pod("team-a", pod)
+            assert refused.value.status == 403
+            assert (
+                "mirrors a Quartermaster ClusterQueue"
+                in json.loads(str(refused.value.body))["message"]
+            )
+
+
+def _pod_template() -> dict[str, Any]:
+    return {
+        "spec": {
+            "schedulerName": "volcano",
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox"}],
+        }
+    }

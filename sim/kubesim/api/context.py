@@ -51,6 +51,8 @@ class Context:
     """Who asks, and the write options of the request."""
 
     user: str = "system:admin"
+    #: The user's groups (``request.userInfo.groups`` of an admission policy).
+    groups: tuple[str, ...] = ("system:masters", "system:authenticated")
     manager: str = ""
     dry_run: bool = False
     field_validation: str = "Warn"

@@ -33,6 +33,8 @@ from sim.kubesim.api.metadata import (
     merge_update,
 )
 from sim.kubesim.api.paging import after, decode_continue, encode_continue, matches, state_at
+from sim.kubesim.api.policy import STRATEGIES as POLICY_STRATEGIES
+from sim.kubesim.api.policy import PolicyAdmission
 from sim.kubesim.builtin import STRATEGIES, Strategy, validate_metadata
 from sim.kubesim.errors import Cause
 from sim.kubesim.fieldmanager import FieldManager, Shape, schema_shape
@@ -62,6 +64,7 @@ class ApiCore:
         self.types = tuple(types)
         self.default_field_validation = default_field_validation
         self.admission: list[Admission] = []
+        self.policies = PolicyAdmission(store, self.for_kind)
         self._resources: dict[tuple[str, str, str], Resource] = {}
         self._by_kind: dict[tuple[str, str], Resource] = {}
         for rtype in self.types:
@@ -71,7 +74,7 @@ class ApiCore:
                 self._by_kind[(rtype.api_version(version.name), rtype.kind)] = resource
 
     def _bind(self, rtype: ResourceType, version: Version) -> Resource:
-        strategy = STRATEGIES.get(rtype.key, Strategy)()
+        strategy = (STRATEGIES.get(rtype.key) or POLICY_STRATEGIES.get(rtype.key, Strategy))()
         validator = SchemaValidator(version.schema) if version.schema else None
         root = schema_shape(version.schema, "") if version.schema else Shape(kind="struct")
         return Resource(rtype, version, strategy, validator, FieldManager(root, rtype.has_status))
@@ -214,7 +217,7 @@ class ApiCore:
         check_identity(resource, obj, namespace, name)
         check_preconditions(resource, old, obj, require_rv=not resource.rtype.builtin)
         new = merge_update(resource, old, obj, subresource)
-        new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
+        new = self._admit_and_validate("UPDATE", resource, new, old, ctx, subresource)
         if comparable(new) == comparable(old):
             return old
         resource.fields.record_update(
@@ -278,7 +281,7 @@ class ApiCore:
             new = patched
         else:
             new = merge_update(resource, old, patched, subresource)
-        new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
+        new = self._admit_and_validate("UPDATE", resource, new, old, ctx, subresource)
         if comparable(new) == comparable(old):
             return old
         resource.fields.record_update(
@@ -341,7 +344,7 @@ class ApiCore:
         managed = merged["metadata"].get("managedFields", [])
         new = merge_update(resource, old, merged, subresource)
         new["metadata"]["managedFields"] = managed
-        new = self._admit_and_validate("UPDATE", resource, new, old, ctx)
+        new = self._admit_and_validate("UPDATE", resource, new, old, ctx, subresource)
         if comparable(new) == comparable(old) and new["metadata"].get("managedFields") == old[
             "metadata"
         ].get("managedFields"):
@@ -384,6 +387,7 @@ class ApiCore:
         # queue webhook refuses to delete an open Queue).
         for hook in self.admission:
             hook("DELETE", resource, clone(old), old, ctx)
+        self.policies.admit("DELETE", resource, "", None, old, ctx)
         policy = propagation or self._default_propagation(resource)
         finalizers = list(old["metadata"].get("finalizers") or ())
         if policy == "Foreground" and "foregroundDeletion" not in finalizers:
@@ -472,7 +476,13 @@ class ApiCore:
             ctx.warnings.extend(f'unknown field "{u}"' for u in unknown)
 
     def _admit_and_validate(
-        self, operation: str, resource: Resource, obj: Obj, old: Obj | None, ctx: Context
+        self,
+        operation: str,
+        resource: Resource,
+        obj: Obj,
+        old: Obj | None,
+        ctx: Context,
+        subresource: str = "",
     ) -> Obj:
         self._strict_unknown(resource, obj, ctx)
         with _decoding(resource):
@@ -502,6 +512,8 @@ class ApiCore:
             raise errors.invalid(
                 resource.rtype.kind, resource.group, obj["metadata"].get("name", ""), causes
             )
+        # Validating admission comes last, on the object as it would be stored.
+        self.policies.admit(operation, resource, subresource, obj, old, ctx)
         if resource.version.deprecation_warning:
             ctx.warnings.append(resource.version.deprecation_warning)
         return obj

@@ -178,7 +178,11 @@ def write_context(request: Request, user: User) -> Context:
             'supported values: "Ignore", "Strict", "Warn"'
         )
     return Context(
-        user=user.name, manager=manager, dry_run=dry_run == "All", field_validation=validation
+        user=user.name,
+        groups=user.groups,
+        manager=manager,
+        dry_run=dry_run == "All",
+        field_validation=validation,
     )
 
 
