@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.workers.test_plan import GPU, ISLAND, admitted, view
+from tests.workers.test_plan import GPU, ISLAND, _volcano_job, admitted, template, view
 from workers.plan import (
     ADMISSION_LABEL,
     ClusterView,
@@ -74,6 +74,41 @@ def test_each_gang_gets_a_whole_podgroup_and_a_job_scheduled_by_volcano() -> Non
     assert pod["spec"]["nodeSelector"][ISLAND] == "c1-h100-i0"
     assert "kueue.x-k8s.io/queue-name" not in jobs["a"]["metadata"]["labels"]
     assert actions.groups[str(Ref.of(jobs["a"]))] is groups["a"]
+
+
+def test_a_volcano_jobs_group_starts_at_its_min_available_with_room_for_every_pod() -> None:
+    """Volcano's example/job.yaml: six pods, ``minAvailable: 3``. The centre
+    admits (and the Queue holds) all six; the group, as Volcano's job
+    controller would make it, starts once three are bound, its
+    ``minResources`` those three pods' requests, tasks in order."""
+    manifest = _volcano_job()
+    manifest["spec"]["minAvailable"] = 3
+    manifest["spec"]["tasks"] = [
+        {"replicas": 2, "name": "ps", "template": template()},
+        {"replicas": 4, "name": "worker", "template": template()},
+    ]
+    workload = admitted("v", job=manifest)
+    worker = workload.status["admission"]["podSetAssignments"][0]
+    per_pod = {"cpu": "8", GPU: "8"}
+    workload.status["admission"]["podSetAssignments"] = [
+        {
+            **worker,
+            "name": name,
+            "count": n,
+            "resourceUsage": {r: str(int(q) * n) for r, q in per_pod.items()},
+        }
+        for name, n in (("ps", 2), ("worker", 4))
+    ]
+    actions = plan(volcano(workload), [])
+    (group,) = actions.groups.values()
+    assert group["spec"]["minMember"] == 3
+    assert group["spec"]["minResources"] == {"cpu": "24", GPU: "24"}
+    (queue,) = [o for o in actions.apply if o["kind"] == "Queue"]
+    assert queue["spec"]["capability"][GPU] == "48"
+    # Every other kind, and a Volcano Job asking for all its pods, starts whole.
+    manifest["spec"]["minAvailable"] = 6
+    (whole,) = plan(volcano(admitted("w", job=manifest)), []).groups.values()
+    assert whole["spec"]["minMember"] == 2  # as admitted by this test's fixture
 
 
 def test_a_preempted_gang_loses_job_and_podgroup_and_an_unused_queue_is_emptied() -> None:

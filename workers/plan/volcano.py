@@ -23,8 +23,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
-from service.domain.jobs import job_pod_templates
-from service.domain.quantity import format_amount
+from service.domain.jobs import VOLCANO_JOB, job_kind, job_pod_templates
+from service.domain.quantity import canonical_amount, format_amount
 from workers.plan.desired import Admitted, PlanMemo, admitted_here
 from workers.plan.jobs import member_job, priority_of
 from workers.plan.names import (
@@ -232,13 +232,41 @@ def _pods(workload: WorkloadView) -> int:
     return sum(int(a.get("count") or 0) for a in workload.admission.get("podSetAssignments") or ())
 
 
+def _threshold(workload: WorkloadView) -> tuple[int, dict[str, int]] | None:
+    """A Volcano Job's own gang threshold, where it asks fewer pods than the
+    centre admitted: its ``minAvailable`` and the requests of that many pods,
+    tasks in order (as Volcano's job controller sums a group's
+    ``minResources``); ``None`` for every other workload."""
+    source = workload.spec.get("job")
+    if not isinstance(source, Mapping) or job_kind(source) != VOLCANO_JOB:
+        return None
+    wanted = (source.get("spec") or {}).get("minAvailable")
+    assignments = workload.admission.get("podSetAssignments") or ()
+    if not isinstance(wanted, int) or not 0 < wanted < _pods(workload):
+        return None
+    left, total = wanted, {}
+    for assignment in assignments:
+        count = int(assignment.get("count") or 0)
+        take = min(left, count)
+        for resource, quantity in (assignment.get("resourceUsage") or {}).items() if take else ():
+            amount = canonical_amount(str(resource), quantity) * take // count
+            total[str(resource)] = total.get(str(resource), 0) + amount
+        left -= take
+    return wanted, total
+
+
 def pod_group(entry: Admitted, queue: str, admission: str) -> Obj:
     """The gang's PodGroup: all its pods (``minMember``) and all the centre
-    reserved (``minResources``) at once, in its queue, at its priority."""
+    reserved (``minResources``) at once, in its queue, at its priority. A
+    Volcano Job that asks to start with fewer (``minAvailable``) gets that
+    threshold, as Volcano's own controller would give it; the centre still
+    reserved (and the Queue still holds) room for every pod."""
     workload = entry.workload
+    threshold = _threshold(workload)
+    members, reserved = threshold or (_pods(workload), _usage([entry]))
     spec: Obj = {
-        "minMember": _pods(workload),
-        "minResources": {r: format_amount(r, a) for r, a in sorted(_usage([entry]).items())},
+        "minMember": members,
+        "minResources": {r: format_amount(r, a) for r, a in sorted(reserved.items())},
         "queue": queue,
         "priorityClassName": priority_class_name(priority_of(workload)),
     }
