@@ -31,6 +31,7 @@ def try_admit(state: CycleState, wi: WorkloadInfo, decisions: Decisions) -> Assi
     assignment that says why it does not fit.
     """
     assert wi.cq is not None
+    state.floored = frozenset()
     simple = admit_simply(state, wi)
     if simple is not None:
         decisions.admit(wi, *simple, [])
@@ -52,4 +53,9 @@ def try_admit(state: CycleState, wi: WorkloadInfo, decisions: Decisions) -> Assi
                 wi, assignment.usage, assignment.pod_set_flavors, plan.placement, victims
             )
             return None
+    if state.floored:
+        queues = ", ".join(sorted(state.floored))
+        assignment.messages.append(
+            f"preemption stops at the minReplicas of serving workloads in {queues}"
+        )
     return assignment

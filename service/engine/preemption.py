@@ -577,12 +577,13 @@ def find_preemption_plan(
     state: CycleState, wi: WorkloadInfo, assignment: Assignment
 ) -> PreemptionPlan | None:
     """Victims and landing place for ``wi`` under ``assignment``, or ``None``."""
+    state.floored = frozenset()
     if not assignment.frs_need_preemption:
         return None
     assert wi.cq is not None
     if not state.preemptible_in_tree.get(wi.cq.root):
         return None
     search = _Search(state, wi, assignment)
-    if state.config.fair_sharing.enable:
-        return _fair(search)
-    return _classical(search)
+    plan = _fair(search) if state.config.fair_sharing.enable else _classical(search)
+    state.floored = frozenset(search.replicas.floored) if plan is None else frozenset()
+    return plan

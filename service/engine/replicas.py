@@ -37,6 +37,9 @@ class ReplicaGuard:
         #: towards the floor, though only older ones may be taken).
         self._units = units
         self._sorted: dict[str, list[AdmittedInfo]] = {}
+        #: ClusterQueues of the units the floor kept from the search: what a
+        #: preemptor that found no plan is told (without naming workloads).
+        self.floored: set[str] = set()
 
     def units(self, parent: str) -> list[AdmittedInfo]:
         """The workload's admitted units, newest first."""
@@ -68,6 +71,8 @@ class ReplicaGuard:
     def _next(self, parent: str, taken: int, candidate: AdmittedInfo) -> AdmittedInfo | None:
         units = self.units(parent)
         if len(units) - taken <= candidate.wl.min_replicas:
+            if candidate.cq is not None:
+                self.floored.add(candidate.cq.name)
             return None
         # The newest not yet taken that may be taken at all (admitted before this cycle).
         takeable = [u for u in units if not u.fresh]

@@ -103,6 +103,9 @@ class CycleState:
         self.admitted: dict[str, AdmittedInfo] = {}
         #: Serving workload key -> its admitted units by key (``service.engine.replicas``).
         self.units: dict[str, dict[str, AdmittedInfo]] = {}
+        #: ClusterQueues whose serving units the last preemption search could
+        #: not take for their ``minReplicas`` floor (``preemption``).
+        self.floored: frozenset[str] = frozenset()
         #: Per quota-tree root, how many workloads there may be preempted.
         self.preemptible_in_tree: dict[str, int] = {}
         #: Per quota-tree root, bumped on every usage change in the tree.
