@@ -13,6 +13,7 @@ from quartermaster_client.models import (
     Explanation,
     PodSetAssignment,
     Quantity,
+    Replicas,
     Workload,
 )
 
@@ -178,6 +179,14 @@ def summary(explanation: Explanation, usage: QueueUsage | None = None) -> str | 
     return "; ".join(parts) if parts and (needs or len(parts) > 1) else None
 
 
+def _replicas_line(replicas: Replicas) -> str:
+    text = f"Replicas: {replicas.admitted} of {replicas.asked} admitted"
+    waiting = _waiting_for(replicas.waiting_for)
+    if replicas.waiting and waiting:
+        return f"{text}; {replicas.waiting} waiting: {waiting}".rstrip(".") + "."
+    return text + "."
+
+
 def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[str]:
     """Sentences, one per line."""
     e = explanation
@@ -212,6 +221,8 @@ def in_words(explanation: Explanation, usage: QueueUsage | None = None) -> list[
         lines.append(text + ".")
         for assignment in e.admission.pod_set_assignments:
             lines.append("  " + _pod_set_line(assignment))
+    if e.replicas is not None:
+        lines.append(_replicas_line(e.replicas))
     waiting = _waiting_for(e.waiting_for) if e.state == "Pending" else None
     if (e.reason or e.message) and not (waiting and e.message and waiting in e.message):
         lines.append(f"Latest condition: {e.reason or ''}{': ' if e.message else ''}{e.message}")

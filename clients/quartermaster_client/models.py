@@ -382,6 +382,16 @@ class Event(Model):
         return f"{kind}/{ns + '/' if ns else ''}{name}"
 
 
+class Replicas(Model):
+    """A serving workload's replicas: asked, admitted, and why the rest wait."""
+
+    asked: int
+    admitted: int
+    waiting: int = 0
+    reason: str | None = None
+    waiting_for: str | None = None
+
+
 class Explanation(Model):
     workload: str
     state: str
@@ -395,6 +405,7 @@ class Explanation(Model):
     pending_in_cluster_queue: int | None = None
     waiting_for: str | None = None
     admission: Admission | None = None
+    replicas: Replicas | None = None
 
 
 class BulkItemResult(Model):
@@ -517,6 +528,7 @@ __all__ = [
     "Page",
     "PodSet",
     "PodSetAssignment",
+    "Replicas",
     "Resource",
     "ResourceFlavor",
     "ResourceFlavorSpec",

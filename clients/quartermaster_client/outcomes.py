@@ -57,20 +57,29 @@ def outcome(workload: Workload) -> Outcome | None:
 def waiting_for(spec: str) -> Callable[[Workload], bool]:
     """The predicate of ``qmctl wait --for``: ``state=Running`` (or several,
     ``state=Admitted,Running``), or ``condition=PodsReady`` (its status True),
-    as ``kubectl wait --for`` reads them. ValueError for anything else."""
+    or ``condition=QuotaReserved=false`` (that status), as ``kubectl wait
+    --for`` reads them, or ``replicas=N`` (a serving
+    workload with exactly N replicas admitted). ValueError for anything else."""
     what, _, value = spec.partition("=")
     wanted = {v.strip() for v in value.split(",") if v.strip()}
     if what == "state" and wanted:
         return lambda workload: workload.status.state in wanted
+    if what == "replicas" and value.strip().isdigit():
+        count = int(value)
+        return lambda workload: len(workload.status.replica_admissions) == count
     if what == "condition" and len(wanted) == 1:
-        (kind,) = wanted
+        # kubectl's form: condition=Ready, or condition=Ready=false.
+        kind, _, asked = value.strip().partition("=")
+        status = (asked or "True").capitalize()
+        if status not in ("True", "False"):
+            raise ValueError(f"{spec!r}: a condition's status is true or false")
 
         def met(workload: Workload) -> bool:
             condition = workload.status.condition(kind)
-            return condition is not None and condition.status == "True"
+            return condition is not None and condition.status == status
 
         return met
-    raise ValueError(f"{spec!r} is not state=STATE[,STATE...] or condition=TYPE")
+    raise ValueError(f"{spec!r} is not state=STATE[,STATE...], condition=TYPE or replicas=N")
 
 
 __all__ = ["Outcome", "outcome", "waiting_for"]

@@ -200,6 +200,38 @@ def test_a_serving_workload_shows_and_counts_every_admitted_replica() -> None:
     )
     usage = queue_usage(cq, [serving, waiting])
     assert usage == QueueUsage(pending=1, admitted=1, used=24, nominal=16, borrowed=8)
+    # Past two clusters or islands a row counts the rest; -o wide names them all.
+    units.append(_replica(3, "west-1", "w-i0"))
+    spread = _workload({"state": "Running", "clusterQueue": "team-a", "replicaAdmissions": units})
+    spread.spec.pod_sets[0].count = 1
+    row = render_table(lookup("wl"), [spread], False, False, Context()).splitlines()[1]
+    assert row.split()[3:5] == ["east-1,eu-1,+1", "e-i0,u-i1,+1"]
+    wide = render_table(lookup("wl"), [spread], True, False, Context()).splitlines()[1]
+    assert wide.split()[3:5] == ["east-1,eu-1,west-1", "e-i0,u-i1,w-i0"]
+
+
+def test_a_serving_workloads_replicas_explained_in_words() -> None:
+    explanation = Explanation.model_validate(
+        {
+            "workload": "serving/chat",
+            "state": "Running",
+            "localQueue": "default",
+            "replicas": {
+                "asked": 18,
+                "admitted": 16,
+                "waiting": 2,
+                "reason": "Pending",
+                "waitingFor": "insufficient unused quota for nvidia.com/gpu in flavor a100.",
+            },
+        }
+    )
+    said = (
+        "Replicas: 16 of 18 admitted; 2 waiting: "
+        "insufficient unused quota for nvidia.com/gpu in flavor a100."
+    )
+    assert said in in_words(explanation)
+    explanation.replicas.waiting, explanation.replicas.admitted = 0, 18  # type: ignore[union-attr]
+    assert "Replicas: 18 of 18 admitted." in in_words(explanation)
 
 
 def test_an_admitted_workload_explained_in_words() -> None:
@@ -433,9 +465,16 @@ def test_wait_for_reads_states_and_conditions_as_kubectl_wait_does() -> None:
     assert waiting_for("state=Admitted, Running")(admitted)
     assert waiting_for("condition=PodsReady")(running)
     assert not waiting_for("condition=PodsReady")(admitted)  # the latest one counts
-    for bad in ("Running", "state=", "condition=A,B", "phase=Running"):
+    assert waiting_for("condition=PodsReady=false")(admitted)
+    assert not waiting_for("condition=PodsReady=False")(running)
+    serving = _workload({"state": "Running", "replicaAdmissions": [_replica(0, "c", "i")] * 2})
+    assert waiting_for("replicas=2")(serving)
+    assert not waiting_for("replicas=3")(serving) and not waiting_for("replicas=1")(serving)
+    for bad in ("Running", "state=", "condition=A,B", "phase=Running", "replicas=two"):
         with pytest.raises(ValueError, match="is not state=STATE"):
             waiting_for(bad)
+    with pytest.raises(ValueError, match="true or false"):
+        waiting_for("condition=PodsReady=maybe")
 
 
 def test_the_verifier_reads_the_checkpoint_an_export_opens_with() -> None:

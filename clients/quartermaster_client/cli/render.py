@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,17 +78,28 @@ def _labels(labels: dict[str, str]) -> str:
 # -- columns per kind --------------------------------------------------------------------
 
 
+#: How many clusters or islands a row names before it counts the rest.
+LISTED = 2
+
+
+def _listed(values: Iterable[str], wide: bool) -> str:
+    """Distinct ``values`` joined; past :data:`LISTED` of them the rest counted
+    (``a,b,+4``), as kubectl shortens an Endpoints' addresses, unless ``wide``."""
+    distinct = list(dict.fromkeys(values))
+    if wide or len(distinct) <= LISTED:
+        return ",".join(distinct) or "-"
+    return ",".join([*distinct[:LISTED], f"+{len(distinct) - LISTED}"])
+
+
 def _workload(w: Resource, wide: bool, context: Context) -> tuple[Row, Row]:
     assert isinstance(w, Workload)
     admissions = w.status.admissions  # a serving workload's: one per replica
-    cluster = ",".join(dict.fromkeys(a.cluster for a in admissions if a.cluster)) or "-"
-    islands = ",".join(dict.fromkeys(i for a in admissions for i in a.islands))
     row = [
         w.name,
         w.spec.queue_name,
         w.status.state,
-        cluster,
-        islands or "-",
+        _listed((a.cluster for a in admissions if a.cluster), wide),
+        _listed((i for a in admissions for i in a.islands), wide),
         str(workload_gpus(w)),
         age(w.metadata.creation_timestamp),
     ]

@@ -169,6 +169,7 @@ def scale(
         "qmctl wait train-7 -n team-a --for state=Running",
         "qmctl wait a b --for state=Admitted,Running --timeout 5m",
         "qmctl wait train-7 --for condition=PodsReady",
+        "qmctl wait llama-8b -n serve --for replicas=5   # a serving workload's admitted replicas",
         "",
         "Exit codes: 0 every workload got there, 5 timed out; a workload that ended "
         "first exits as submit --wait does (3 failed, 4 preempted for good, 6 cancelled).",
@@ -179,7 +180,7 @@ def wait_for(
     names: Annotated[list[str], typer.Argument(help="Workloads.")],
     for_: Annotated[
         str,
-        typer.Option("--for", help="state=STATE[,STATE...] or condition=TYPE."),
+        typer.Option("--for", help="state=STATE[,STATE...], condition=TYPE or replicas=N."),
     ],
     namespace: Namespace = None,
     timeout: Annotated[str, typer.Option("--timeout", help="Give up after, e.g. 90s.")] = "5m",
