@@ -244,7 +244,7 @@ def _threshold(workload: WorkloadView) -> tuple[int, dict[str, int]] | None:
     assignments = workload.admission.get("podSetAssignments") or ()
     if not isinstance(wanted, int) or not 0 < wanted < _pods(workload):
         return None
-    left, total = wanted, {}
+    left, total = wanted, dict[str, int]()
     for assignment in assignments:
         count = int(assignment.get("count") or 0)
         take = min(left, count)
