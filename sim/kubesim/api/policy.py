@@ -16,8 +16,8 @@ admission configuration kinds themselves, as upstream. Sources:
 (``dispatcher.go``, ``validator.go``) and ``.../policy/matching`` at
 kubernetes/kubernetes; https://kubernetes.io/docs/reference/access-authn-authz/validating-admission-policy/.
 Not modelled: the ``authorizer`` variable, type checking into
-``status.typeChecking``, and ``matchPolicy: Exact`` across versions (a
-resource here is matched by group and resource).
+``status.typeChecking``, and ``matchPolicy: Equivalent`` (a rule matches the
+version a request was made in, as ``Exact`` does; our policies name ``*``).
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class Request:
 
 
 def _listed(values: Sequence[str] | None, value: str) -> bool:
-    return bool(values) and ("*" in values or value in values)  # type: ignore[operator]
+    if not values:
+        return False
+    return "*" in values or value in values
 
 
 def _resource_listed(resources: Sequence[str], plural: str, subresource: str) -> bool:
@@ -130,7 +132,7 @@ def _rule_matches(rule: Mapping[str, Any], req: Request) -> bool:
 class PolicyAdmission:
     """The validating admission policies of one cluster, applied to its writes."""
 
-    def __init__(self, store: Store, find: Any) -> None:
+    def __init__(self, store: Store, find: Callable[[str, str], Resource]) -> None:
         self.store = store
         #: ``(apiVersion, kind) -> Resource``: what a policy's ``paramKind`` names.
         self._find = find
