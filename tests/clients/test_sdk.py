@@ -39,7 +39,7 @@ from quartermaster_client.models import (
 
 from tests.api.conftest import ADMIN_TOKEN, serve
 from tests.clients.conftest import FAST_RETRIES, job, setup_quota, workload
-from tests.clients.proxy import Fault, flaky_proxy
+from tests.clients.proxy import Fault, Proxy, flaky_proxy
 
 
 def test_crud_per_kind_with_typed_models(qm: Client) -> None:
@@ -227,11 +227,20 @@ def test_the_same_key_twice_replays_the_first_answer(qm: Client) -> None:
     assert len(list(qm.workloads.list(namespace="team-a"))) == 1
 
 
-def _submit_slowly(client: Client, names: list[str], pause: float) -> threading.Thread:
+def _submit_as_streams_open(client: Client, names: list[str], proxy: Proxy) -> threading.Thread:
+    """Submit ``names`` two at a time, each pair once the watcher has opened
+    one stream more: three streams at least, however slow the machine."""
+
+    def streams() -> int:
+        return len(proxy.requests("GET", "/v1/events"))
+
     def run() -> None:
-        for name in names:
-            client.submit(workload(name), namespace="team-a")
-            time.sleep(pause)
+        for i in range(0, len(names), 2):
+            deadline = time.monotonic() + 60
+            while streams() < i // 2 + 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            for name in names[i : i + 2]:
+                client.submit(workload(name), namespace="team-a")
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -243,7 +252,7 @@ def test_watch_resumes_when_the_server_ends_the_stream(qm: Client, api_url: str)
     start = qm.head()
     names = [f"w{i}" for i in range(6)]
     with flaky_proxy(api_url) as proxy, Client(proxy.url, ADMIN_TOKEN) as watcher:
-        writer = _submit_slowly(qm, names, 0.15)
+        writer = _submit_as_streams_open(qm, names, proxy)
         seen = []
         # The server ends each stream after 0.3 s; the client reconnects.
         for event in watcher.watch(start, namespace="team-a", server_timeout=0.3, timeout=20):
