@@ -568,6 +568,15 @@ def test_apply_submits_serving_manifests_as_workloads(qmctl: Run, tmp_path: Path
     picked = json.loads(qmctl("get", "wl", "vllm", "-o", "json").stdout)
     assert picked["spec"]["job"]["kind"] == "LeaderWorkerSet"
     assert picked["spec"]["workloadClass"] == "inference"
+    # Applied again with other replicas alone, a serving manifest scales, as
+    # kubectl apply scales a Deployment; with the same, it is unchanged.
+    web["spec"]["replicas"] += 1
+    again = _lines(qmctl("apply", "-f", "-", stdin=yaml.safe_dump(web)).stdout)
+    assert again[-1].startswith(f"workload/llama-8b scaled to {web['spec']['replicas']} replicas")
+    scaled = json.loads(qmctl("get", "wl", "llama-8b", "-o", "json").stdout)
+    assert scaled["spec"]["replicas"] == web["spec"]["replicas"]
+    same = _lines(qmctl("apply", "-f", "-", stdin=yaml.safe_dump(web)).stdout)
+    assert same[-1] == "workload/llama-8b unchanged in namespace team-a"
     daemon = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"}}
     refused = qmctl("apply", "-f", "-", stdin=yaml.safe_dump(daemon), code=None)
     assert refused.returncode != 0 and "DaemonSet" in refused.stderr, refused.stderr
@@ -648,7 +657,12 @@ def test_apply_submits_job_manifests_once(qmctl: Run, tmp_path: Path) -> None:
     first = qmctl("apply", "-f", "-", stdin=documents)
     assert _lines(first.stdout)[-1] == "workload/from-apply created in namespace team-a"
     second = qmctl("apply", "-f", "-", stdin=documents)
-    assert _lines(second.stdout)[-1] == "workload/from-apply unchanged in namespace team-a (exists)"
+    assert _lines(second.stdout)[-1] == "workload/from-apply unchanged in namespace team-a"
+    changed = job("from-apply")
+    changed["metadata"]["labels"]["team"] = "other"
+    refused = qmctl("apply", "-f", "-", stdin=yaml.safe_dump(changed), code=None)
+    assert refused.returncode != 0
+    assert "immutable but for its replicas" in refused.stderr, refused.stderr
     deleted = _lines(qmctl("delete", "-f", "-", stdin=documents).stdout)
     assert deleted[0] == "workload/from-apply cancelled in namespace team-a" and len(deleted) == 7
 

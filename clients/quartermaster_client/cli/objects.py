@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
 import yaml
 
-from quartermaster_client.apply import kueue_to_quartermaster
+from quartermaster_client.apply import differs, kueue_to_quartermaster
 from quartermaster_client.cli.render import (
     OUTPUTS,
     Context,
@@ -34,7 +35,7 @@ from quartermaster_client.errors import AlreadyExists, ApiError
 from quartermaster_client.explain import in_words
 from quartermaster_client.kinds import APPLY_ORDER, KINDS, Kind, of_manifest
 from quartermaster_client.manifests import Manifest, load
-from quartermaster_client.models import ClusterQueue, Event, Resource
+from quartermaster_client.models import ClusterQueue, Event, Resource, Workload
 from quartermaster_client.volcano import QueueRefused
 
 commands = typer.Typer()
@@ -94,7 +95,9 @@ def apply(
 
     Multi-document YAML; Kueue manifests (kueue.x-k8s.io/v1beta2) are translated,
     a Volcano Queue (scheduling.volcano.sh/v1beta1) becomes a ClusterQueue
-    (docs/volcano.md); Jobs and Workloads are submitted."""
+    (docs/volcano.md); Jobs and Workloads are submitted. Applied again, a
+    workload is unchanged, or scaled when a serving manifest's replicas alone
+    differ; any other change is refused (a workload is immutable)."""
     manifests = _sorted(load(filename, recursive))
     if not manifests:
         raise ValueError("no objects in the given files")
@@ -103,13 +106,49 @@ def apply(
         for manifest in manifests:
             try:
                 _apply_one(client, manifest, namespace)
-            except (ApiError, KeyError, QueueRefused) as error:
+            except (ApiError, KeyError, QueueRefused, Immutable) as error:
                 failures += 1
                 reason = error.args[0] if isinstance(error, KeyError) else error
                 label = f"{manifest.kind.lower()}/{manifest.name}"
                 typer.echo(f"error: {label} ({manifest.source}): {reason}", err=True)
     if failures:
         raise typer.Exit(EXIT_ERROR)
+
+
+class Immutable(ValueError):
+    """A workload applied again with another spec than the one it has."""
+
+
+def _reapply(
+    client: Client, name: str, body: Mapping[str, Any], ns: str | None, kind: Kind
+) -> None:
+    """A workload that exists, applied again: unchanged; scaled, when a
+    serving manifest differs in its replicas alone (as ``kubectl apply`` of
+    a Deployment scales it); else refused, since a workload is immutable but
+    for its replicas."""
+    current = client.get(kind, name, ns)
+    assert isinstance(current, Workload)
+    stored = current.spec.job
+    if stored is None:  # a Workload applied as one
+        asked, now = dict(body.get("spec") or {}), current.spec.model_dump(by_alias=True)
+        replicas = asked.pop("replicas", None)
+    else:
+        asked = {**body, "spec": dict(body.get("spec") or {})}
+        now = {**stored, "spec": dict(stored.get("spec") or {})}
+        replicas = asked["spec"].pop("replicas", None)
+        now["spec"].pop("replicas", None)
+    where = _where(kind, current.metadata.namespace)
+    if differs(asked, now):
+        raise Immutable(
+            "exists with another spec: a workload is immutable but for its replicas "
+            "(qmctl scale); cancel it and submit it again to change it"
+        )
+    if isinstance(replicas, int) and current.spec.replicas not in (None, replicas):
+        answer = client.scale(name, replicas, current.metadata.namespace)
+        admitted = (answer.get("status") or {}).get("replicas", 0)
+        typer.echo(f"workload/{name} scaled to {replicas} replicas ({admitted} admitted){where}")
+        return
+    typer.echo(f"workload/{name} unchanged{where}")
 
 
 def _apply_one(client: Client, manifest: Manifest, namespace: str | None) -> None:
@@ -121,8 +160,7 @@ def _apply_one(client: Client, manifest: Manifest, namespace: str | None) -> Non
         try:
             result = client.submit(body, ns)
         except AlreadyExists:
-            # Workloads are immutable: cancel and resubmit to change one.
-            typer.echo(f"workload/{manifest.name} unchanged{_where(kind, ns)} (exists)")
+            _reapply(client, manifest.name, body, ns, kind)
             return
         typer.echo(f"workload/{result.name} created{_where(kind, result.namespace)}")
         return
