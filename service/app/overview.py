@@ -96,7 +96,17 @@ def _holding(engine: Engine) -> list[WorkloadRow]:
         keys = [(r.namespace, r.name) for r in conn.execute(query)]
         if not keys:
             return []
-        return [r for r in workloads_by_key(conn, keys) if r.status.get("admission")]
+        return [r for r in workloads_by_key(conn, keys) if admissions(r.status)]
+
+
+def admissions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Where a workload holds room: its admission, or each admitted unit's
+    (a serving workload's replicas, docs/serving.md)."""
+    units = status.get("replicaAdmissions") or ()
+    if units:
+        return [u.get("admission") or {} for u in units]
+    admission = status.get("admission")
+    return [admission] if admission else []
 
 
 def _pod_gpus(assignment: Mapping[str, Any]) -> int:
@@ -165,19 +175,21 @@ def fleet(
 def _place(
     workload: WorkloadRow, node_island: Mapping[tuple[str, str], IslandTile], reader: Principal
 ) -> None:
-    admission = workload.status["admission"]
-    cluster = str(admission.get("cluster"))
+    """The workload's GPUs on each island it holds: one gang per island, its
+    units' (a serving workload's replicas there) summed."""
     on: dict[int, tuple[IslandTile, int]] = {}
-    for assignment in admission.get("podSetAssignments") or ():
-        per_pod = _pod_gpus(assignment)
-        for placed in assignment.get("placement") or ():
-            island = node_island.get((cluster, str(placed.get("node"))))
-            if island is None:
-                continue
-            gpus = per_pod * int(placed.get("count") or 0)
-            island.used += gpus
-            seen = on.get(id(island))
-            on[id(island)] = (island, gpus + (seen[1] if seen else 0))
+    for admission in admissions(workload.status):
+        cluster = str(admission.get("cluster"))
+        for assignment in admission.get("podSetAssignments") or ():
+            per_pod = _pod_gpus(assignment)
+            for placed in assignment.get("placement") or ():
+                island = node_island.get((cluster, str(placed.get("node"))))
+                if island is None:
+                    continue
+                gpus = per_pod * int(placed.get("count") or 0)
+                island.used += gpus
+                seen = on.get(id(island))
+                on[id(island)] = (island, gpus + (seen[1] if seen else 0))
     readable = may_read_workloads(reader, workload.namespace)
     for island, gpus in on.values():
         island.gangs.append(

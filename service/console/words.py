@@ -30,8 +30,17 @@ def reason_words(code: str) -> str:
     return REASONS.get(code, code)
 
 
-def gpus(spec: Mapping[str, Any]) -> int:
-    """GPUs a workload asks for: pods times each pod's GPU requests."""
+def gpus(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> int:
+    """GPUs a workload asks for: pods times each pod's GPU requests, times
+    its replicas for a serving workload; what its units hold once any is
+    admitted (each replica's admission), as ``qmctl get`` counts them."""
+    units = (status or {}).get("replicaAdmissions") or ()
+    if units:
+        return sum(
+            _usage_gpus(a)
+            for u in units
+            for a in (u.get("admission") or {}).get("podSetAssignments") or ()
+        )
     total = 0
     for pod_set in spec.get("podSets") or ():
         count = int(pod_set.get("count") or 1)
@@ -44,7 +53,32 @@ def gpus(spec: Mapping[str, Any]) -> int:
                         total += count * int(float(quantity))
                     except (TypeError, ValueError):
                         continue  # not a count of devices
+    return total * int(spec.get("replicas") or 1)
+
+
+def _usage_gpus(assignment: Mapping[str, Any]) -> int:
+    total = 0
+    for resource, quantity in (assignment.get("resourceUsage") or {}).items():
+        if is_gpu(str(resource)):
+            try:
+                total += int(float(quantity))
+            except (TypeError, ValueError):
+                continue
     return total
+
+
+#: How many clusters or islands a row names before it counts the rest.
+LISTED = 2
+
+
+def listed(values: Iterable[Any]) -> tuple[str, str]:
+    """Distinct ``values`` joined, past :data:`LISTED` of them the rest
+    counted (``a, b, +4``, as ``qmctl get`` shortens them), and all of them."""
+    distinct = [str(v) for v in dict.fromkeys(v for v in values if v)]
+    every = ", ".join(distinct)
+    if len(distinct) <= LISTED:
+        return every, every
+    return ", ".join([*distinct[:LISTED], f"+{len(distinct) - LISTED}"]), every
 
 
 def named(key: str | None, reader: Principal) -> str:

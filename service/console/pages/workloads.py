@@ -8,6 +8,7 @@ selectors and ``continue`` tokens as ``GET /v1/workloads``),
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -102,19 +103,51 @@ def _listing(
 
 
 def _row(obj: dict[str, Any]) -> dict[str, Any]:
+    """A workload's row; a serving workload's clusters and islands are its
+    admitted replicas' (shortened past two, the title names them all)."""
     spec, status, meta = obj["spec"], obj.get("status") or {}, obj["metadata"]
-    admission = status.get("admission") or {}
+    held = overview.admissions(status)
+    cluster, clusters = words.listed(a.get("cluster") for a in held)
+    island, islands = words.listed(i for a in held for i in _islands(a))
     return {
         "namespace": meta["namespace"],
         "name": meta["name"],
         "queue": spec.get("queueName"),
         "state": status.get("state", PENDING),
-        "cluster": admission.get("cluster"),
-        "island": admission.get("island"),
+        "cluster": cluster,
+        "clusters": clusters,
+        "island": island,
+        "islands": islands,
         "priority": spec.get("priorityClassName") or spec.get("priority", 0),
-        "gpus": words.gpus(spec),
+        "gpus": words.gpus(spec, status),
         "created": meta.get("creationTimestamp"),
     }
+
+
+def _islands(admission: Mapping[str, Any]) -> list[str]:
+    """The islands an admission holds: its own, else its pod sets'."""
+    if admission.get("island"):
+        return [str(admission["island"])]
+    found = (i for a in admission.get("podSetAssignments") or () for i in a.get("islands") or ())
+    return [str(i) for i in dict.fromkeys(found)]
+
+
+def _units(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A serving workload's admitted replicas, by replica: where each runs."""
+    found = []
+    for unit in status.get("replicaAdmissions") or ():
+        admission = unit.get("admission") or {}
+        found.append(
+            {
+                "replica": unit.get("replica"),
+                "cluster": admission.get("cluster") or "-",
+                "island": ", ".join(admission.get("islands") or ())
+                or admission.get("island")
+                or "-",
+                "admitted": unit.get("admittedAt") or admission.get("admittedAt"),
+            }
+        )
+    return found
 
 
 def _detail(viewer: Viewer, services: Any, namespace: str, name: str) -> dict[str, Any]:
@@ -123,9 +156,14 @@ def _detail(viewer: Viewer, services: Any, namespace: str, name: str) -> dict[st
     obj = services.resources.get(viewer.principal, "workloads", namespace, name)
     status = obj.get("status") or {}
     state = status.get("state", PENDING)
-    explanation = None
-    if state == PENDING:
-        explanation = services.submissions.explain(viewer.actor, namespace, name)
+    explanation = replicas = None
+    units = _units(status)
+    # A serving workload: how many replicas are admitted of those asked, and why not all.
+    serving = bool(units or obj["spec"].get("replicas"))
+    if state == PENDING or serving:
+        found = services.submissions.explain(viewer.actor, namespace, name)
+        explanation = found if state == PENDING else None
+        replicas = found.get("replicas") if serving else None
     entries: list[dict[str, Any]] = []
     if viewer.may(AUDITORS):
         found = services.audit.entries(
@@ -140,6 +178,8 @@ def _detail(viewer: Viewer, services: Any, namespace: str, name: str) -> dict[st
         "status": status,
         "admission": status.get("admission") or {},
         "explain": explanation,
+        "replicas": replicas,
+        "units": units,
         "entries": entries,
         "timeline": words.timeline(history, viewer.principal),
         "may_cancel": may_cancel and state not in (FINISHED, CANCELLED, CANCELLING),
