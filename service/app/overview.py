@@ -277,6 +277,8 @@ def _snapshot(engine: Engine, fair_sharing: bool) -> tuple[Snapshot, list[Worklo
             continue  # the admission cycle leaves an unreadable row out too (caches.py)
         if entry.admitted is not None:
             admitted.append(entry.admitted)
+        if entry.units is not None:  # a serving workload's admitted replicas
+            admitted += entry.units.admitted
     with engine.connect() as conn:
         by_kind = ConfigCache().refresh(conn)
     config = EngineConfig(fair_sharing=FairSharingConfig(enable=fair_sharing))
@@ -303,8 +305,8 @@ def queues(engine: Engine, principal: Principal, fair_sharing: bool) -> QueueTre
     scoped = not principal.roles - {Role.SUBMITTER} and "*" not in principal.namespaces
     pending = _pending_counts(engine, principal.namespaces if scoped else None)
     admitted: dict[str, int] = {}
-    for row in holding:
-        queue = str(row.status["admission"].get("clusterQueue"))
+    for row in holding:  # a workload counts once, a serving one with all its replicas
+        queue = str(admissions(row.status)[0].get("clusterQueue"))
         admitted[queue] = admitted.get(queue, 0) + 1
     lent = _lent(state.tree.roots)
     cache: dict[str, dict[str, int]] = {}

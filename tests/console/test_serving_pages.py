@@ -2,7 +2,8 @@
 counts every admitted replica's GPUs and names their clusters and islands
 (shortened past two, all in the title), the workload's page lists its
 replicas and says how many are admitted of those asked and why the rest
-wait, and the Fleet page shows each replica on its island."""
+wait, the Fleet page shows each replica on its island, and the Queues page
+counts the replicas' GPUs in their ClusterQueue's usage."""
 
 from __future__ import annotations
 
@@ -58,3 +59,8 @@ def test_a_serving_workloads_replicas_in_the_list_its_page_and_the_fleet(
         tile = page.locator(f'li.tile[data-island="{island}"]')
         assert "8/8 GPUs used" in tile.inner_text()
         assert tile.locator('li[data-gang="serve/web"]').inner_text().endswith("8 GPUs")
+    page.goto(api.base_url + "/ui/queues")
+    queue = page.locator('article[data-cluster-queue="cq-serve"]')
+    assert "1 admitted" in queue.locator("p.counts").inner_text()
+    used = queue.locator('tr[data-resource="nvidia.com/gpu"] td').nth(4).inner_text()
+    assert used == "24"
