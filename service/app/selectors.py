@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, not_, or_
+from sqlalchemy import ColumnElement, Select, func, not_, or_
 
 from service.app.errors import Invalid
 from service.projections.schema import resources
@@ -77,6 +78,13 @@ class LabelSelector:
         return query
 
 
+@dataclass(frozen=True)
+class Matched:
+    """A field matched by a condition of its own rather than one column."""
+
+    condition: Callable[[str], ColumnElement[bool]]
+
+
 FIELDS: dict[str, Any] = {
     "metadata.name": resources.c.name,
     "metadata.namespace": resources.c.namespace,
@@ -86,7 +94,13 @@ WORKLOAD_FIELDS: dict[str, Any] = {
     "spec.priorityClassName": resources.c.spec["priorityClassName"].astext,
     "status.state": resources.c.status["state"].astext,
     "status.clusterQueue": resources.c.status["clusterQueue"].astext,
-    "status.admission.cluster": resources.c.status["admission"]["cluster"].astext,
+    "status.admission.cluster": Matched(
+        lambda value: or_(
+            func.coalesce(resources.c.status["admission"]["cluster"].astext, "") == value,
+            # A serving workload's units: any replica admitted to that cluster.
+            resources.c.status.contains({"replicaAdmissions": [{"admission": {"cluster": value}}]}),
+        )
+    ),
 }
 
 
@@ -114,6 +128,10 @@ class FieldSelector:
 
     def where(self, query: Select[Any]) -> Select[Any]:
         for column, op, value in self.requirements:
+            if isinstance(column, Matched):
+                matched = column.condition(value)
+                query = query.where(not_(matched) if op == "!=" else matched)
+                continue
             query = query.where(column != value if op == "!=" else column == value)
         return query
 

@@ -23,6 +23,11 @@ from tests.api.test_serving_units import (
 from tests.console.conftest import sign_in
 
 
+def rows(page: Any) -> list[str]:
+    listed = page.locator("tbody tr[data-workload]")
+    return list(listed.evaluate_all("rs => rs.map(r => r.dataset.workload)"))
+
+
 def test_a_serving_workloads_replicas_in_the_list_its_page_and_the_fleet(
     api: Api, browse: Any
 ) -> None:
@@ -44,6 +49,12 @@ def test_a_serving_workloads_replicas_in_the_list_its_page_and_the_fleet(
     assert cells[5] == "c1-i0, c1-i1, +1"
     assert row.locator("td").nth(5).get_attribute("title") == "c1-i0, c1-i1, c1-i2"
     assert cells[7] == "24"
+    # Filtered by cluster, a serving workload is found by its replicas' cluster.
+    page.goto(api.base_url + "/ui/workloads?namespace=serve&cluster=c1")
+    assert rows(page) == ["serve/web"]
+    page.goto(api.base_url + "/ui/workloads?namespace=serve&cluster=c2")
+    assert rows(page) == []
+    page.goto(api.base_url + "/ui/workloads?namespace=serve")
     page.get_by_role("link", name="web").click()
     page.wait_for_url("**/ui/workloads/serve/web")
     assert page.locator("#workload-replicas").inner_text() == "3 of 4 admitted"
