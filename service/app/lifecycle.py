@@ -39,6 +39,7 @@ from uuid import UUID, uuid4, uuid5
 from service.app.ran import PodTimes, Seen, estimated_run, measured_run, ran_entry_id
 from service.domain.quantity import canonical_amount
 from service.domain.times import parse_time, rfc3339
+from service.engine.types import PreemptionReason
 from service.ledger import entries as ledger
 from service.ledger.chain import NewLedgerEntry
 
@@ -489,16 +490,6 @@ def finish(
         memory_gib_seconds=memory,
     )
     return Transition(FINISHED_EVENT, Status(new), _close(subject, status, body, now))
-
-
-#: Why a gang (or a serving unit) is preempted: Kueue's reasons, and ours.
-PreemptionReason = Literal[
-    "InClusterQueue",
-    "InCohortReclamation",
-    "InCohortFairSharing",
-    "InCohortReclaimWhileBorrowing",
-    "Consolidation",
-]
 
 
 def preempt(

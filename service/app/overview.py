@@ -109,18 +109,21 @@ def admissions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [admission] if admission else []
 
 
-def _pod_gpus(assignment: Mapping[str, Any]) -> int:
-    """GPUs one pod of a pod-set assignment holds."""
-    count = int(assignment.get("count") or 1)
-    usage = assignment.get("resourceUsage") or {}
+def assignment_gpus(assignment: Mapping[str, Any]) -> int:
+    """GPUs a pod-set assignment holds, all its pods."""
     total = 0
-    for resource, quantity in usage.items():
+    for resource, quantity in (assignment.get("resourceUsage") or {}).items():
         if is_gpu(str(resource)):
             try:
                 total += int(float(quantity))
             except (TypeError, ValueError):
                 continue  # a quantity no GPU count is written as
-    return total // max(count, 1)
+    return total
+
+
+def _pod_gpus(assignment: Mapping[str, Any]) -> int:
+    """GPUs one pod of a pod-set assignment holds."""
+    return assignment_gpus(assignment) // max(int(assignment.get("count") or 1), 1)
 
 
 def fleet(

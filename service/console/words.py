@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from service.app.auth import Principal
-from service.app.overview import TimelineEvent, is_gpu
+from service.app.overview import TimelineEvent, assignment_gpus, is_gpu
 from service.app.visibility import may_read_workloads
 
 #: Kueue's pending reason codes (and ours), as a sentence fragment.
@@ -37,7 +37,7 @@ def gpus(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> in
     units = (status or {}).get("replicaAdmissions") or ()
     if units:
         return sum(
-            _usage_gpus(a)
+            assignment_gpus(a)
             for u in units
             for a in (u.get("admission") or {}).get("podSetAssignments") or ()
         )
@@ -54,17 +54,6 @@ def gpus(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> in
                     except (TypeError, ValueError):
                         continue  # not a count of devices
     return total * int(spec.get("replicas") or 1)
-
-
-def _usage_gpus(assignment: Mapping[str, Any]) -> int:
-    total = 0
-    for resource, quantity in (assignment.get("resourceUsage") or {}).items():
-        if is_gpu(str(resource)):
-            try:
-                total += int(float(quantity))
-            except (TypeError, ValueError):
-                continue
-    return total
 
 
 #: How many clusters or islands a row names before it counts the rest.

@@ -49,6 +49,9 @@ __all__ = ["ApiCore"]
 
 Obj = dict[str, Any]
 
+#: The built-in kinds' strategies, the admission policy kinds' among them.
+_STRATEGIES = {**STRATEGIES, **POLICY_STRATEGIES}
+
 
 class ApiCore:
     """Every verb of every served resource of one cluster."""
@@ -74,7 +77,7 @@ class ApiCore:
                 self._by_kind[(rtype.api_version(version.name), rtype.kind)] = resource
 
     def _bind(self, rtype: ResourceType, version: Version) -> Resource:
-        strategy = (STRATEGIES.get(rtype.key) or POLICY_STRATEGIES.get(rtype.key, Strategy))()
+        strategy = _STRATEGIES.get(rtype.key, Strategy)()
         validator = SchemaValidator(version.schema) if version.schema else None
         root = schema_shape(version.schema, "") if version.schema else Shape(kind="struct")
         return Resource(rtype, version, strategy, validator, FieldManager(root, rtype.has_status))

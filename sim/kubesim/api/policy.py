@@ -1,23 +1,12 @@
 """ValidatingAdmissionPolicy, as the API server's admission plugin runs it.
 
-A binding (``ValidatingAdmissionPolicyBinding``) puts a policy to work: a
-write that the policy's ``matchConstraints`` and the binding's
-``matchResources`` both select (resource rules, exclusions, namespace and
-object selectors), and whose ``matchConditions`` all hold, is checked
-against each of the policy's ``validations`` in CEL, over ``object``,
-``oldObject``, ``request``, ``params``, ``namespaceObject`` and
-``variables``. A failed one is acted on as the binding says: ``Deny``
-refuses the write with the policy's ``reason`` (``Invalid`` unless set) and
-the upstream wording, ``Warn`` returns a warning, ``Audit`` records nothing
-here. An expression that errs counts as a failure under ``failurePolicy:
-Fail`` and is skipped under ``Ignore``. Policies do not apply to the
-admission configuration kinds themselves, as upstream. Sources:
-``staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating``
-(``dispatcher.go``, ``validator.go``) and ``.../policy/matching`` at
-kubernetes/kubernetes; https://kubernetes.io/docs/reference/access-authn-authz/validating-admission-policy/.
-Not modelled: the ``authorizer`` variable, type checking into
-``status.typeChecking``, and ``matchPolicy: Equivalent`` (a rule matches the
-version a request was made in, as ``Exact`` does; our policies name ``*``).
+A bound policy checks the writes its ``matchConstraints`` and the binding's
+``matchResources`` select, whose ``matchConditions`` hold, against its CEL
+``validations``; a failure is denied, warned or audited as the binding says,
+in upstream's wording and codes. After kubernetes/kubernetes
+``staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating`` and
+``…/policy/matching``. Not modelled: ``authorizer``, ``status.typeChecking``,
+``matchPolicy: Equivalent`` (a rule matches the request's own version).
 """
 
 from __future__ import annotations
