@@ -43,6 +43,7 @@ TOUR = [
     # serving beside training: scale up, a reclaim down to minReplicas
     "submit",
     "wait",
+    "wait",
     "scale",
     "wait",
     "get",
