@@ -19,8 +19,12 @@ from tests.waiting import wait_for as wait_until
 
 
 def _as_postgres() -> list[str]:
-    """initdb and postgres refuse to run as root: run them as ``postgres``."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    """initdb and postgres refuse to run as root: run them as ``postgres``
+    (``runuser`` lives in sbin, which a root shell's PATH may lack)."""
+    if os.geteuid() != 0:
+        return []
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return [shutil.which("runuser", path=search) or "runuser", "-u", "postgres", "--"]
 
 
 class PrivatePostgres:
