@@ -26,7 +26,13 @@ most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
   ``+protect-gangs``: such gangs are no victims of a smaller preemptor of
   another ClusterQueue (``protect_island_gangs``); ``+reservation+spare``;
   ``+reservation+protect``: the reservation, sparing and protection;
+  ``+protect-gangs-4h`` and ``+reservation+protect-4h``: the same with a
+  protection that lapses once the preemptor has been queued 4 h
+  (``protect_island_gangs_seconds``);
 * ``best-fit``: the quota-free single-queue reference (sim/replay/baseline.py).
+
+``--team-seed N`` assigns the trace's jobs to teams by another stable hash
+(``sim.replay.trace.stable_team``), to judge the variants over several.
 
 It writes the command, each variant's seconds and its whole RESULT, and
 prints Markdown tables (delay with re-queues per variant, per size class and
@@ -53,10 +59,10 @@ from service.engine import (
     FairSharingConfig,
     ReservationConfig,
 )
-from sim.fleet import load_fleet
+from sim.fleet import Fleet, load_fleet
 from sim.replay.baseline import best_fit_cycle
 from sim.replay.loop import ReplayOptions, Simulator, single_queue_fleet
-from sim.replay.trace import load_trace
+from sim.replay.trace import TraceJob, load_trace
 
 CHECKPOINT_S, MIN_RUNTIME_S, BUDGET = 1800.0, 1800, (1, 3600)
 VARIANTS = (
@@ -72,14 +78,20 @@ VARIANTS = (
     "+protect-gangs",
     "+reservation+spare",
     "+reservation+protect",
+    "+protect-gangs-4h",
+    "+reservation+protect-4h",
     "best-fit",
 )
+#: How long a lapsing protection lasts: a preemptor queued this long takes the gang.
+PROTECT_LAPSE_S = 4 * 3600.0
 #: The smallest gang (GPUs) a reservation is made for: the 32- and 64-GPU classes.
 RESERVATION_MIN = 17
 
 
-def options_of(name: str) -> ReplayOptions:
-    base = ReplayOptions(label=name, checkpoint_interval=CHECKPOINT_S, checkpoint_seed=0)
+def options_of(name: str, team_seed: int = 0) -> ReplayOptions:
+    base = ReplayOptions(
+        label=name, checkpoint_interval=CHECKPOINT_S, checkpoint_seed=0, team_seed=team_seed
+    )
     if name == "before":
         engine = EngineConfig(spread_packing="ClusterFirst")
         return replace(base, engine=engine, engine_sees_checkpoints=False)
@@ -91,8 +103,9 @@ def options_of(name: str) -> ReplayOptions:
         consolidation=ConsolidationConfig(enable=consolidation),
         fair_sharing=FairSharingConfig(enable=name == "all+fair-sharing"),
         reservation=reservation,
-        spare_island_gangs=name in ("+spare-gangs", "+reservation+spare", "+reservation+protect"),
-        protect_island_gangs=name in ("+protect-gangs", "+reservation+protect"),
+        spare_island_gangs=name.startswith(("+spare-gangs", "+reservation+")),
+        protect_island_gangs=name.startswith(("+protect-gangs", "+reservation+protect")),
+        protect_island_gangs_seconds=PROTECT_LAPSE_S if name.endswith("-4h") else None,
     )
     protected = name.startswith("all")
     return replace(
@@ -103,11 +116,15 @@ def options_of(name: str) -> ReplayOptions:
     )
 
 
-def simulator(name: str, fleet_path: Path, trace: Path) -> Simulator:
-    fleet, jobs = load_fleet(fleet_path), load_trace(trace)
+def simulator(name: str, fleet_path: Path, trace: Path, team_seed: int = 0) -> Simulator:
+    return simulator_of(name, load_fleet(fleet_path), load_trace(trace), team_seed)
+
+
+def simulator_of(name: str, fleet: Fleet, jobs: list[TraceJob], team_seed: int = 0) -> Simulator:
+    options = options_of(name, team_seed)
     if name == "best-fit":
-        return Simulator(single_queue_fleet(fleet), jobs, options_of(name), best_fit_cycle)
-    return Simulator(fleet, jobs, options_of(name))
+        return Simulator(single_queue_fleet(fleet), jobs, options, best_fit_cycle)
+    return Simulator(fleet, jobs, options)
 
 
 def _three(block: dict[str, float]) -> str:
@@ -159,6 +176,7 @@ def main() -> None:
     parser.add_argument("--fleet", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument("--team-seed", type=int, default=0, help="salts the team assignment")
     args = parser.parse_args()
     for name in args.variants.split(","):
         if name not in VARIANTS:
@@ -180,7 +198,7 @@ def run(args: argparse.Namespace, trace: Path) -> None:
     for name in args.variants.split(","):
         print(f"replaying {name} …", file=sys.stderr, flush=True)
         clock = time.monotonic()
-        runs[name] = simulator(name, args.fleet, trace).run()
+        runs[name] = simulator(name, args.fleet, trace, args.team_seed).run()
         seconds[name] = round(time.monotonic() - clock, 1)
     result = {
         "command": " ".join(
@@ -191,6 +209,8 @@ def run(args: argparse.Namespace, trace: Path) -> None:
         "cycle_interval_s": ReplayOptions().cycle_interval,
         "gpus_per_pod": ReplayOptions().gpus_per_pod,
         "checkpoint_interval_s": CHECKPOINT_S,
+        "team_seed": args.team_seed,
+        "protect_lapse_s": PROTECT_LAPSE_S,
         "min_runtime_s": MIN_RUNTIME_S,
         "preemption_budget": list(BUDGET),
         "seconds": round(time.monotonic() - started, 1),

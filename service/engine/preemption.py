@@ -236,11 +236,16 @@ def _not_a_victim(search: _Search, candidate: AdmittedInfo) -> bool:
 def _protected_gang(search: _Search, candidate: AdmittedInfo) -> bool:
     """``EngineConfig.protect_island_gangs``: a gang of another ClusterQueue that
     must restart whole in one island, bigger than the preemptor and of no lower
-    priority, is not a victim: its restart would wait for a whole island."""
+    priority, is not a victim: its restart would wait for a whole island. With
+    ``protect_island_gangs_seconds``, not once the preemptor has been queued
+    that long: the protection delays a lender's reclaim, it does not deny it."""
     config = search.state.config
     if not config.protect_island_gangs or candidate.cq is search.cq:
         return False
     if candidate.priority < search.wi.priority:
+        return False
+    lapse = config.protect_island_gangs_seconds
+    if lapse is not None and search.state.now - search.wi.time >= lapse:
         return False
     names = config.accelerator_resources
     need = sum(search.wi.resources.get(name, 0) for name in names)

@@ -277,6 +277,22 @@ def replay(
             "in one island, bigger than its preemptor and of no lower priority, is none."
         ),
     ] = _ENGINE.protect_island_gangs,
+    protect_island_gangs_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="With --protect-island-gangs: a preemptor queued at least S seconds may "
+            "take such a gang all the same (unset: never).",
+            min=0.0,
+        ),
+    ] = _ENGINE.protect_island_gangs_s,
+    team_seed: Annotated[
+        int,
+        typer.Option(
+            help="Assign jobs without a team by a hash salted with N (0: the trace's "
+            "stable assignment, sim/replay/trace.py).",
+            min=0,
+        ),
+    ] = 0,
     min_runtime: Annotated[
         int | None,
         typer.Option(
@@ -311,6 +327,7 @@ def replay(
         reservation_min_wait_s=reservation_min_wait,
         spare_island_gangs=spare_island_gangs,
         protect_island_gangs=protect_island_gangs,
+        protect_island_gangs_s=protect_island_gangs_seconds,
     )
     options = ReplayOptions(
         cycle_interval=cycle_interval,
@@ -318,6 +335,7 @@ def replay(
         engine=engine.engine_config(),
         checkpoint_interval=checkpoint_interval or None,
         checkpoint_seed=checkpoint_seed,
+        team_seed=team_seed,
         min_runtime=min_runtime,
         preemption_budget=parse_budget(preemption_budget) if preemption_budget else None,
     )
@@ -331,6 +349,7 @@ def replay(
         "gpus_per_pod": gpus_per_pod,
         "checkpoint_interval_s": options.checkpoint_interval,
         "checkpoint_seed": checkpoint_seed,
+        "team_seed": team_seed,
         "engine": _engine_record(options.engine),
     }
     result.update(_replays(load_fleet(fleet), jobs, options, baseline, console))
@@ -360,6 +379,7 @@ def _engine_record(config: EngineConfig) -> dict[str, Any]:
         "reservation_min_wait_s": config.reservation.min_wait_seconds,
         "spare_island_gangs": config.spare_island_gangs,
         "protect_island_gangs": config.protect_island_gangs,
+        "protect_island_gangs_s": config.protect_island_gangs_seconds,
     }
 
 

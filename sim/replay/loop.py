@@ -80,6 +80,8 @@ class ReplayOptions:
     checkpoint_interval: float | None = None
     #: Seeds each job's own interval (:func:`checkpoint_interval_of`).
     checkpoint_seed: int = 0
+    #: Salts the assignment of jobs without a team (:func:`stable_team`).
+    team_seed: int = 0
     #: ``False``: the jobs still save and restart from checkpoints, but the engine is
     #: not told (the engine before issue 24 never weighed them).
     engine_sees_checkpoints: bool = True
@@ -287,7 +289,9 @@ class Simulator:
         self.jobs = [j for j in jobs if j.num_gpu > 0]
         self.skipped = len(jobs) - len(self.jobs)
         self.team_of = {
-            j.job_id: j.team if j.team in self.queues else stable_team(j.job_id, teams)
+            j.job_id: j.team
+            if j.team in self.queues
+            else stable_team(j.job_id, teams, options.team_seed)
             for j in self.jobs
         }
         self.by_key = {f"{self.team_of[j.job_id]}/{j.job_id}": j for j in self.jobs}

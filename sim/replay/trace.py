@@ -38,12 +38,15 @@ class TraceJob:
     priority_class: str | None = None
 
 
-def stable_team(job_id: str, teams: Sequence[str]) -> str:
-    """The team a job without one is charged to (see the module docstring)."""
+def stable_team(job_id: str, teams: Sequence[str], seed: int = 0) -> str:
+    """The team a job without one is charged to (see the module docstring);
+    ``seed`` > 0 hashes ``f"{seed}:{job_id}"`` instead, another assignment as
+    stable as the first, to judge a policy over several."""
     if not teams:
         raise ValueError("no teams to assign jobs to")
     ordered = sorted(teams)
-    digest = hashlib.sha256(job_id.encode("utf-8")).digest()
+    text = job_id if seed == 0 else f"{seed}:{job_id}"
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
     return ordered[int.from_bytes(digest[:8], "big") % len(ordered)]
 
 

@@ -204,6 +204,15 @@ def _protect(data: Data) -> None:
     data["config"] = {"protectIslandGangs": True}
 
 
+def _protect_for(seconds: float) -> Callable[[Data], None]:
+    """Protection that lapses once the preemptor has been queued ``seconds``."""
+
+    def edit(data: Data) -> None:
+        data["config"] = {"protectIslandGangs": True, "protectIslandGangsSeconds": seconds}
+
+    return edit
+
+
 def _only_the_gang_borrows(data: Data) -> None:
     """The borrower runs only its gang (32 of a nominal 24); the lender 24 of its
     32 on i1, whose last node is free: the cohort's 56 GPUs are all in use."""
@@ -288,6 +297,25 @@ SPARE_CASES += [
         # A preemptor of higher priority is not held back.
         "protected-a-higher-priority-preemptor-takes-the-gang",
         [_protect, _only_the_gang_borrows, _lender_asks(8, priority=10)],
+        {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
+    ),
+    (
+        # Protection that lapses: the lender, queued 100 s ago, waits under 101 s ...
+        "protected-for-longer-than-the-lender-waited-it-waits",
+        [_protect_for(101), _only_the_gang_borrows],
+        {"admitted": [], "preempted": [], "pending": {"in": {"reason": "WaitingForQuota"}}},
+    ),
+    (
+        # ... and takes the gang once it has waited the 100 s ...
+        "protection-lapsed-the-lender-takes-the-gang",
+        [_protect_for(100), _only_the_gang_borrows],
+        {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
+    ),
+    (
+        # ... and once lapsed the gang is a candidate like any other: with small
+        # borrowers beside it, least work destroyed per GPU takes it first.
+        "protection-lapsed-kueue-order-the-gang-goes",
+        [_protect_for(0)],
         {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
     ),
 ]

@@ -117,6 +117,13 @@ def test_team_hash_is_stable_and_spreads_jobs() -> None:
     assert first == [stable_team(i, list(reversed(teams))) for i in ids]
     counts = {t: first.count(t) for t in teams}
     assert all(800 < c < 1200 for c in counts.values()), counts
+    # Seed 0 is the assignment above; another seed is another, as stable and as even.
+    assert first == [stable_team(i, teams, 0) for i in ids]
+    other = [stable_team(i, teams, 7) for i in ids]
+    assert other == [stable_team(i, list(reversed(teams)), 7) for i in ids]
+    moved = sum(a != b for a, b in zip(first, other, strict=True))
+    assert 1500 < moved < 2500, moved  # about 2/3 of the jobs change team
+    assert all(800 < other.count(t) < 1200 for t in teams)
 
 
 # --- metrics -------------------------------------------------------------------------------
