@@ -29,6 +29,10 @@ most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
   ``+protect-gangs-4h`` and ``+reservation+protect-4h``: the same with a
   protection that lapses once the preemptor has been queued 4 h
   (``protect_island_gangs_seconds``);
+* ``no-reclaim``: ``after`` on the fleet with ``reclaimWithinCohort: Never``
+  on every ClusterQueue: teams still borrow, nothing is ever preempted, so
+  what is left against best fit is Kueue's entry order (heads within nominal
+  quota before borrowers) and the quota checks;
 * ``best-fit``: the quota-free single-queue reference (sim/replay/baseline.py).
 
 ``--team-seed N`` assigns the trace's jobs to teams by another stable hash
@@ -80,6 +84,7 @@ VARIANTS = (
     "+reservation+protect",
     "+protect-gangs-4h",
     "+reservation+protect-4h",
+    "no-reclaim",
     "best-fit",
 )
 #: How long a lapsing protection lasts: a preemptor queued this long takes the gang.
@@ -122,6 +127,14 @@ def simulator(name: str, fleet_path: Path, trace: Path, team_seed: int = 0) -> S
 
 def simulator_of(name: str, fleet: Fleet, jobs: list[TraceJob], team_seed: int = 0) -> Simulator:
     options = options_of(name, team_seed)
+    if name == "no-reclaim":
+        fleet = replace(
+            fleet,
+            cluster_queues=tuple(
+                replace(cq, preemption=replace(cq.preemption, reclaim_within_cohort="Never"))
+                for cq in fleet.cluster_queues
+            ),
+        )
     if name == "best-fit":
         return Simulator(single_queue_fleet(fleet), jobs, options, best_fit_cycle)
     return Simulator(fleet, jobs, options)

@@ -13,7 +13,9 @@ this runs each variant of ``bench/replay_protection.py`` under each seed, in
 one process, and counts for each the cells of the issue's goal — mean, p95 and
 p99 delay of every size class and team — that are worse than best fit under
 the same seed. A policy that meets the goal under one assignment and not under
-the next has not met it.
+the next has not met it. ``--quotas offered`` sets each team's nominal GPU
+quota to its share of the trace's offered GPU-seconds under each seed,
+instead of the fleet's (4:3:3:2 for teams whose loads the hash makes equal).
 
 It writes the command and, per seed and variant, the overall, per-class and
 per-team delays and the GPU-hours destroyed, and prints Markdown tables on
