@@ -99,6 +99,26 @@ def test_a_runnable_kind_beside_them_is_still_admitted_as_before(api: Api) -> No
     assert status["pendingReasonCode"] not in (None, "KindNotRunnable")
 
 
+def test_a_held_kind_is_ahead_of_nobody_in_explain(api: Api) -> None:
+    """A held workload is in no queue: explain counts it ahead of no one, and
+    gives it no position of its own, only why it waits."""
+    _queues(api)
+    held = _queued(kinds.gang_statefulset())
+    assert api.admin.post("/v1/namespaces/serve/workloads", json=held).status_code == 201
+    later = _queued(kinds.deployment())
+    assert api.admin.post("/v1/namespaces/serve/workloads", json=later).status_code == 201
+    AdmissionCycle(api.services.engine, api.services.unit_of_work).run(_no_guard)
+    base = "/v1/namespaces/serve/workloads"
+    waiting = api.admin.get(f"{base}/{later['metadata']['name']}/explain").json()
+    assert waiting["state"] == "Pending", waiting
+    assert (waiting["positionInQueue"], waiting["pendingInClusterQueue"]) == (1, 1), waiting
+    assert waiting["ahead"]["total"] == 0 and waiting["ahead"]["workloads"] == []
+    alone = api.admin.get(f"{base}/{held['metadata']['name']}/explain").json()
+    assert alone["reason"] == "KindNotRunnable", alone
+    assert "positionInQueue" not in alone and "ahead" not in alone
+    assert "StatefulSet" in alone["waitingFor"]
+
+
 def test_a_broken_manifest_of_each_kind_is_a_problem_naming_the_field(api: Api) -> None:
     _queues(api)
     for label, (manifest, field) in kinds.REFUSALS.items():

@@ -64,16 +64,18 @@ def explain(
     }
     if state == "Pending":
         cq = status.get("clusterQueue")
+        # A kind held until members can run it waits for that first: it is in
+        # no queue, and ahead of nobody in its ClusterQueue's.
+        held = status.get("pendingReasonCode") == NOT_RUNNABLE
         with engine.connect() as conn:
-            order = queue_order(conn, obj)
+            order = queue_order(conn, obj, NOT_RUNNABLE)
             position, total = queue_position(conn, order)
             ahead = _ahead(conn, order, reader)
-            # A kind held until members can run it waits for that first.
-            judged = cq and status.get("pendingReasonCode") != NOT_RUNNABLE
-            verdict = verdict_of(fleet(conn), namespace, obj, cq) if judged else None
-        answer["positionInQueue"] = position
-        answer["pendingInClusterQueue"] = total
-        answer["ahead"] = ahead
+            verdict = verdict_of(fleet(conn), namespace, obj, cq) if cq and not held else None
+        if not held:
+            answer["positionInQueue"] = position
+            answer["pendingInClusterQueue"] = total
+            answer["ahead"] = ahead
         answer.update(_waiting(status, verdict, position, total, ahead, reader))
     if status.get("admission"):
         answer["admission"] = status["admission"]

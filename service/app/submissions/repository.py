@@ -75,15 +75,17 @@ def _priority() -> ColumnElement[Any]:
 
 @dataclass(frozen=True)
 class QueueOrder:
-    """SQL conditions for a workload's ClusterQueue's pending workloads
-    (``pending``), and for those before it in admission order (``ahead``:
-    priority, then age, then name)."""
+    """SQL conditions for a workload's ClusterQueue's queued workloads
+    (``pending``: pending and not held out of the queue), and for those before
+    it in admission order (``ahead``: priority, then age, then name)."""
 
     pending: ColumnElement[bool]
     ahead: ColumnElement[bool]
 
 
-def queue_order(conn: Connection, obj: Obj) -> QueueOrder:
+def queue_order(conn: Connection, obj: Obj, held_reason: str) -> QueueOrder:
+    """``held_reason``: the pending reason code of a workload the cycle leaves
+    out of its snapshot; such a workload is ahead of nobody."""
     status, spec, meta = obj["status"], obj["spec"], obj["metadata"]
     cq = status.get("clusterQueue")
     priority = int(spec.get("priority", 0))
@@ -100,6 +102,7 @@ def queue_order(conn: Connection, obj: Obj) -> QueueOrder:
         resources.c.deleted.is_(False),
         resources.c.status["clusterQueue"].astext == cq,
         resources.c.status["state"].astext == "Pending",
+        func.coalesce(resources.c.status["pendingReasonCode"].astext, "") != held_reason,
     )
     ahead = or_(
         prio > priority,
@@ -115,15 +118,15 @@ def queue_order(conn: Connection, obj: Obj) -> QueueOrder:
 
 
 def queue_position(conn: Connection, order: QueueOrder) -> tuple[int, int]:
-    """1-based position among the ClusterQueue's pending workloads, in
-    admission order, and how many are pending."""
+    """1-based position among the ClusterQueue's queued workloads, in
+    admission order, and how many are queued."""
     before = conn.execute(select(func.count()).where(order.pending, order.ahead)).scalar_one()
     total = conn.execute(select(func.count()).where(order.pending)).scalar_one()
     return int(before) + 1, int(total)
 
 
 def ahead_by_namespace(conn: Connection, order: QueueOrder) -> list[tuple[str, int]]:
-    """How many pending workloads are ahead, per namespace."""
+    """How many queued workloads are ahead, per namespace."""
     counts = conn.execute(
         select(resources.c.namespace, func.count())
         .where(order.pending, order.ahead)
@@ -135,7 +138,7 @@ def ahead_by_namespace(conn: Connection, order: QueueOrder) -> list[tuple[str, i
 def ahead_names(
     conn: Connection, order: QueueOrder, namespaces: Sequence[str], limit: int
 ) -> list[str]:
-    """The first ``limit`` pending workloads ahead in ``namespaces``, in
+    """The first ``limit`` queued workloads ahead in ``namespaces``, in
     admission order, as ``namespace/name``."""
     rows = conn.execute(
         select(resources.c.namespace, resources.c.name)
