@@ -24,11 +24,11 @@ most every 60 s, 8 GPUs a pod, jobs checkpointing every ~30 min, seed 0):
   64-GPU classes); ``+spare-gangs``: ``after`` with victims ordered to spare
   gangs bigger than their preemptor (``EngineConfig.spare_island_gangs``);
   ``+protect-gangs``: such gangs are no victims of a smaller preemptor of
-  another ClusterQueue (``protect_island_gangs``); ``+reservation+spare``;
-  ``+reservation+protect``: the reservation, sparing and protection;
-  ``+protect-gangs-4h`` and ``+reservation+protect-4h``: the same with a
-  protection that lapses once the preemptor has been queued 4 h
-  (``protect_island_gangs_seconds``);
+  another ClusterQueue (``preemption.protection.islandGangGraceSeconds`` of
+  366 days on every ClusterQueue, more than any trace lasts);
+  ``+reservation+spare``; ``+reservation+protect``: the reservation, sparing
+  and protection; ``+protect-gangs-4h`` and ``+reservation+protect-4h``: the
+  same with a grace of 4 h, after which the preemptor takes the gang;
 * ``no-reclaim``: ``after`` on the fleet with ``reclaimWithinCohort: Never``
   on every ClusterQueue: teams still borrow, nothing is ever preempted, so
   what is left against best fit is Kueue's entry order (heads within nominal
@@ -87,8 +87,9 @@ VARIANTS = (
     "no-reclaim",
     "best-fit",
 )
-#: How long a lapsing protection lasts: a preemptor queued this long takes the gang.
-PROTECT_LAPSE_S = 4 * 3600.0
+#: ``islandGangGraceSeconds`` of ``+protect-gangs-4h``: a preemptor queued this long takes
+#: the gang; of ``+protect-gangs``: the longest allowed, more than any trace's span.
+PROTECT_LAPSE_S, FOR_EVER_S = 4 * 3600, 366 * 24 * 3600
 #: The smallest gang (GPUs) a reservation is made for: the 32- and 64-GPU classes.
 RESERVATION_MIN = 17
 
@@ -109,15 +110,17 @@ def options_of(name: str, team_seed: int = 0) -> ReplayOptions:
         fair_sharing=FairSharingConfig(enable=name == "all+fair-sharing"),
         reservation=reservation,
         spare_island_gangs=name.startswith(("+spare-gangs", "+reservation+")),
-        protect_island_gangs=name.startswith(("+protect-gangs", "+reservation+protect")),
-        protect_island_gangs_seconds=PROTECT_LAPSE_S if name.endswith("-4h") else None,
     )
+    grace = None
+    if name.startswith(("+protect-gangs", "+reservation+protect")):
+        grace = PROTECT_LAPSE_S if name.endswith("-4h") else FOR_EVER_S
     protected = name.startswith("all")
     return replace(
         base,
         engine=engine,
         min_runtime=MIN_RUNTIME_S if protected or name == "+min-runtime" else None,
         preemption_budget=BUDGET if protected or name == "+budget" else None,
+        island_gang_grace=grace,
     )
 
 

@@ -248,6 +248,19 @@ class PreemptionProtection(Strict):
         default="Immediate",
         description="Protected: a lender's reclaim of its nominal quota waits too.",
     )
+    islandGangGraceSeconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=366 * 24 * 3600,
+        description=(
+            "A gang of this ClusterQueue that must run whole in one island is not "
+            "preempted for a workload of another ClusterQueue that asks for fewer "
+            "accelerators and has no higher priority, lender's reclaim of nominal "
+            "quota included, until that workload has been queued this long: its "
+            "wait is bounded, and the gang is not sent back to wait for a whole "
+            "island. Unset: no such grace."
+        ),
+    )
 
 
 class PreemptionBudget(Strict):

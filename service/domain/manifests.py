@@ -205,10 +205,14 @@ def _preemption(obj: Mapping[str, Any]) -> PreemptionPolicy:
 
 
 def _protection(obj: Mapping[str, Any]) -> PreemptionProtection:
+    grace = obj.get("islandGangGraceSeconds")
     return PreemptionProtection(
         min_runtime_seconds=_non_negative(obj.get("minRuntimeSeconds", 0), "minRuntimeSeconds"),
         reclaim_nominal=_enum(
             obj.get("reclaimNominal", "Immediate"), ("Immediate", "Protected"), "reclaimNominal"
+        ),
+        island_gang_grace_seconds=(
+            None if grace is None else _non_negative(grace, "islandGangGraceSeconds")
         ),
     )
 

@@ -125,10 +125,15 @@ class PreemptionProtection:
     """``preemption.protection``: how long this ClusterQueue's gangs run before they
     may be preempted for borrowing reclaim beyond nominal, fair sharing or
     consolidation (issue 24; see ``service.engine.protection``). ``reclaimNominal:
-    Protected`` makes a lender's reclaim of its nominal quota wait too."""
+    Protected`` makes a lender's reclaim of its nominal quota wait too.
+    ``islandGangGraceSeconds``: a gang of this ClusterQueue that must run whole
+    in one island is no victim of a smaller preemptor of another ClusterQueue,
+    of no higher priority, until that preemptor has been queued this long
+    (``service.engine.preemption._protected_gang``); ``None``: no such grace."""
 
     min_runtime_seconds: int = 0
     reclaim_nominal: ReclaimNominal = "Immediate"
+    island_gang_grace_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

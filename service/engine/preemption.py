@@ -234,20 +234,24 @@ def _not_a_victim(search: _Search, candidate: AdmittedInfo) -> bool:
 
 
 def _protected_gang(search: _Search, candidate: AdmittedInfo) -> bool:
-    """``EngineConfig.protect_island_gangs``: a gang of another ClusterQueue that
-    must restart whole in one island, bigger than the preemptor and of no lower
-    priority, is not a victim: its restart would wait for a whole island. With
-    ``protect_island_gangs_seconds``, not once the preemptor has been queued
-    that long: the protection delays a lender's reclaim, it does not deny it."""
-    config = search.state.config
-    if not config.protect_island_gangs or candidate.cq is search.cq:
+    """``preemption.protection.islandGangGraceSeconds`` of the candidate's
+    ClusterQueue: a gang that must restart whole in one island, bigger than a
+    preemptor of another ClusterQueue and of no lower priority, is no victim of
+    it until the preemptor has been queued that long. Its restart would wait for
+    a whole island again; the grace delays a lender's reclaim, never denies it
+    (YuniKorn's ``preemption.delay``, "how long a task must be waiting before
+    preemption will be considered", bounds every preemption so)."""
+    cq = candidate.cq
+    if cq is None or cq is search.cq:
+        return False
+    grace = cq.spec.preemption.protection.island_gang_grace_seconds
+    if grace is None:
         return False
     if candidate.priority < search.wi.priority:
         return False
-    lapse = config.protect_island_gangs_seconds
-    if lapse is not None and search.state.now - search.wi.time >= lapse:
+    if search.state.now - search.wi.time >= grace:
         return False
-    names = config.accelerator_resources
+    names = search.state.config.accelerator_resources
     need = sum(search.wi.resources.get(name, 0) for name in names)
     return candidate.accelerators(names) > need and _island_gang(candidate)
 

@@ -154,17 +154,6 @@ class EngineConfig:
     #: goes after every other candidate (``service.engine.preemption``). Off
     #: by default.
     spare_island_gangs: bool = False
-    #: Preemption victims: a gang of another ClusterQueue that must restart whole
-    #: in one island, bigger than the preemptor and of no lower priority, is not
-    #: one at all — a lender's reclaim of its nominal quota waits for it to end
-    #: (``service.engine.preemption._protected_gang``). Off by default.
-    protect_island_gangs: bool = False
-    #: With ``protect_island_gangs``: ``None`` protects such a gang for as long
-    #: as it runs; ``S`` lets a preemptor queued at least ``S`` seconds take it,
-    #: so that a lender's reclaim waits at most ``S`` (YuniKorn's
-    #: ``preemption.delay``, "how long a task must be waiting before preemption
-    #: will be considered", bounds every preemption the same way).
-    protect_island_gangs_seconds: float | None = None
     #: An inference pod set goes first to the islands already holding inference
     #: pods (tightest first), then to the others by best fit, so that one-GPU
     #: serving replicas do not scatter over islands a training gang needs whole

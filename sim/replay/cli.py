@@ -270,21 +270,15 @@ def replay(
             "bigger than its preemptor goes after every other candidate of its priority."
         ),
     ] = _ENGINE.spare_island_gangs,
-    protect_island_gangs: Annotated[
-        bool,
+    island_gang_grace: Annotated[
+        int | None,
         typer.Option(
-            help="Preemption victims: a gang of another ClusterQueue that must restart whole "
-            "in one island, bigger than its preemptor and of no lower priority, is none."
+            help="Set preemption.protection.islandGangGraceSeconds on every ClusterQueue: "
+            "a gang that must run whole in one island is no victim of a smaller preemptor "
+            "of another ClusterQueue until it has been queued S seconds.",
+            min=0,
         ),
-    ] = _ENGINE.protect_island_gangs,
-    protect_island_gangs_seconds: Annotated[
-        float | None,
-        typer.Option(
-            help="With --protect-island-gangs: a preemptor queued at least S seconds may "
-            "take such a gang all the same (unset: never).",
-            min=0.0,
-        ),
-    ] = _ENGINE.protect_island_gangs_s,
+    ] = None,
     team_seed: Annotated[
         int,
         typer.Option(
@@ -326,8 +320,6 @@ def replay(
         reservation_min_accelerators=reservation_min_accelerators,
         reservation_min_wait_s=reservation_min_wait,
         spare_island_gangs=spare_island_gangs,
-        protect_island_gangs=protect_island_gangs,
-        protect_island_gangs_s=protect_island_gangs_seconds,
     )
     options = ReplayOptions(
         cycle_interval=cycle_interval,
@@ -337,6 +329,7 @@ def replay(
         checkpoint_seed=checkpoint_seed,
         team_seed=team_seed,
         min_runtime=min_runtime,
+        island_gang_grace=island_gang_grace,
         preemption_budget=parse_budget(preemption_budget) if preemption_budget else None,
     )
     console = Console(stderr=True)
@@ -378,8 +371,6 @@ def _engine_record(config: EngineConfig) -> dict[str, Any]:
         "reservation_min_accelerators": config.reservation.min_accelerators,
         "reservation_min_wait_s": config.reservation.min_wait_seconds,
         "spare_island_gangs": config.spare_island_gangs,
-        "protect_island_gangs": config.protect_island_gangs,
-        "protect_island_gangs_s": config.protect_island_gangs_seconds,
     }
 
 

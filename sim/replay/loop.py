@@ -89,6 +89,9 @@ class ReplayOptions:
     min_runtime: int | None = None
     #: Set on every ClusterQueue of the fleet: ``preemption.budget`` (tokens, period s).
     preemption_budget: tuple[int, int] | None = None
+    #: Set on every ClusterQueue of the fleet:
+    #: ``preemption.protection.islandGangGraceSeconds``.
+    island_gang_grace: int | None = None
 
 
 def checkpoint_interval_of(job_id: str, mean: float, seed: int) -> float:
@@ -244,13 +247,17 @@ def single_queue_fleet(fleet: Fleet) -> Fleet:
 
 def protected_fleet(fleet: Fleet, options: ReplayOptions) -> Fleet:
     """``fleet`` with the replay's protection on every ClusterQueue (when given)."""
-    if options.min_runtime is None and options.preemption_budget is None:
+    grace = options.island_gang_grace
+    if options.min_runtime is None and options.preemption_budget is None and grace is None:
         return fleet
     queues = []
     for cq in fleet.cluster_queues:
         policy = cq.preemption
         if options.min_runtime is not None:
             protection = replace(policy.protection, min_runtime_seconds=options.min_runtime)
+            policy = replace(policy, protection=protection)
+        if grace is not None:
+            protection = replace(policy.protection, island_gang_grace_seconds=grace)
             policy = replace(policy, protection=protection)
         if options.preemption_budget is not None:
             tokens, period = options.preemption_budget
@@ -610,6 +617,7 @@ class Simulator:
             "preemptions_by_victim_size": dict(sorted(stats.by_victim_size.items())),
             "consolidation_victim_wait_s": summary(stats.move_waits),
             "min_runtime_s": self.options.min_runtime,
+            "island_gang_grace_s": self.options.island_gang_grace,
             "preemption_budget": list(self.options.preemption_budget)
             if self.options.preemption_budget
             else None,

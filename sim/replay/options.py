@@ -50,8 +50,6 @@ class EngineOptions:
     reservation_min_accelerators: int = ReservationConfig().min_accelerators
     reservation_min_wait_s: float = ReservationConfig().min_wait_seconds
     spare_island_gangs: bool = False
-    protect_island_gangs: bool = False
-    protect_island_gangs_s: float | None = None
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -78,8 +76,6 @@ class EngineOptions:
                 min_wait_seconds=self.reservation_min_wait_s,
             ),
             spare_island_gangs=self.spare_island_gangs,
-            protect_island_gangs=self.protect_island_gangs,
-            protect_island_gangs_seconds=self.protect_island_gangs_s,
         )
 
 

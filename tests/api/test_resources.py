@@ -417,17 +417,33 @@ def test_cluster_queue_preemption_protection_and_budget(api: Api) -> None:
         "protected",
         preemption={
             "reclaimWithinCohort": "Any",
-            "protection": {"minRuntimeSeconds": 1800, "reclaimNominal": "Protected"},
+            "protection": {
+                "minRuntimeSeconds": 1800,
+                "reclaimNominal": "Protected",
+                "islandGangGraceSeconds": 14400,
+            },
             "budget": {"preemptions": 4, "periodSeconds": 3600},
         },
     )
     assert admin.post("/v1/clusterqueues", json=protected).status_code == 201
     got = admin.get("/v1/clusterqueues/protected").json()["spec"]["preemption"]
-    assert got["protection"] == {"minRuntimeSeconds": 1800, "reclaimNominal": "Protected"}
+    assert got["protection"] == {
+        "minRuntimeSeconds": 1800,
+        "reclaimNominal": "Protected",
+        "islandGangGraceSeconds": 14400,
+    }
     assert got["budget"] == {"preemptions": 4, "periodSeconds": 3600}
     for preemption, field in (
         ({"protection": {"minRuntimeSeconds": -1}}, "spec.preemption.protection.minRuntimeSeconds"),
         ({"protection": {"reclaimNominal": "Later"}}, "spec.preemption.protection.reclaimNominal"),
+        (
+            {"protection": {"islandGangGraceSeconds": -1}},
+            "spec.preemption.protection.islandGangGraceSeconds",
+        ),
+        (
+            {"protection": {"islandGangGraceSeconds": "4h"}},
+            "spec.preemption.protection.islandGangGraceSeconds",
+        ),
         (
             {"budget": {"preemptions": 2, "periodSeconds": 0}},
             "spec.preemption.budget.periodSeconds",

@@ -353,8 +353,6 @@ def _config(data: dict[str, Any]) -> EngineConfig:
         serving_islands_first=bool(cfg.get("servingIslandsFirst", True)),
         reservation=_reservation(cfg.get("reservation") or {}),
         spare_island_gangs=bool(cfg.get("spareIslandGangs", False)),
-        protect_island_gangs=bool(cfg.get("protectIslandGangs", False)),
-        protect_island_gangs_seconds=cfg.get("protectIslandGangsSeconds"),
     )
 
 

@@ -200,17 +200,28 @@ def _checkpoint(name: str, at: float) -> Callable[[Data], None]:
     return edit
 
 
-def _protect(data: Data) -> None:
-    data["config"] = {"protectIslandGangs": True}
-
-
-def _protect_for(seconds: float) -> Callable[[Data], None]:
-    """Protection that lapses once the preemptor has been queued ``seconds``."""
+def _protect_for(seconds: int) -> Callable[[Data], None]:
+    """The borrower's gangs protected (``islandGangGraceSeconds``) until their
+    preemptor has been queued ``seconds``; sparing off."""
 
     def edit(data: Data) -> None:
-        data["config"] = {"protectIslandGangs": True, "protectIslandGangsSeconds": seconds}
+        data["config"] = {}
+        borrower = next(q for q in data["clusterQueues"] if q["name"] == "borrower")
+        borrower["preemption"]["protection"] = {"islandGangGraceSeconds": seconds}
 
     return edit
+
+
+def _lender_grace(seconds: int) -> Callable[[Data], None]:
+    def edit(data: Data) -> None:
+        lender = next(q for q in data["clusterQueues"] if q["name"] == "lender")
+        lender["preemption"]["protection"] = {"islandGangGraceSeconds": seconds}
+
+    return edit
+
+
+#: A grace longer than any wait here: protection for as long as the gang runs.
+_protect = _protect_for(366 * 24 * 3600)
 
 
 def _only_the_gang_borrows(data: Data) -> None:
@@ -297,6 +308,12 @@ SPARE_CASES += [
         # A preemptor of higher priority is not held back.
         "protected-a-higher-priority-preemptor-takes-the-gang",
         [_protect, _only_the_gang_borrows, _lender_asks(8, priority=10)],
+        {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
+    ),
+    (
+        # The grace is the victim's ClusterQueue's: set on the lender's, it protects nothing.
+        "a-grace-of-the-lenders-queue-protects-nothing",
+        [_spare_off, _only_the_gang_borrows, _lender_grace(366 * 24 * 3600)],
         {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
     ),
     (

@@ -13,14 +13,14 @@ one, its buckets fed back from cycle to cycle. After every cycle:
   borrowing) takes a gang younger than the minimum runtime, so none moves a
   gang twice within it;
 * no bucket goes below zero;
-* with ``protect_island_gangs`` on, no gang is taken that it protects
+* with ``islandGangGraceSeconds`` set, no gang is taken that it protects
   (another ClusterQueue's island gang, bigger than its preemptor, of no
   lower priority).
 
 Run with and without fair sharing, with the big-gang options on (a
 head-of-line reservation for island gangs, victims that spare and protect
 them: ``service.engine.reservation``, ``EngineConfig.spare_island_gangs``,
-``protect_island_gangs``), and with protection alone (sparing would hide
+``preemption.protection.islandGangGraceSeconds``), and with protection alone (sparing would hide
 most of what it forbids); each must keep all of the above, and the run must
 make consolidation moves, or it would prove nothing.
 """
@@ -101,7 +101,7 @@ def _nodes() -> list[Node]:
     ]
 
 
-def _queue(team: str, nominal: int) -> ClusterQueue:
+def _queue(team: str, nominal: int, grace: int | None) -> ClusterQueue:
     group = ResourceGroup((GPU,), (FlavorQuotas("gpu", {GPU: ResourceQuota(nominal)}),))
     budget = PreemptionBudget(preemptions=2, period_seconds=1800) if team == "team-c" else None
     return ClusterQueue(
@@ -113,7 +113,9 @@ def _queue(team: str, nominal: int) -> ClusterQueue:
             # may move a queue's own lower-priority gangs.
             within_cluster_queue="Never",
             reclaim_within_cohort="Any",
-            protection=PreemptionProtection(min_runtime_seconds=MIN_RUNTIME),
+            protection=PreemptionProtection(
+                min_runtime_seconds=MIN_RUNTIME, island_gang_grace_seconds=grace
+            ),
             budget=budget,
         ),
     )
@@ -121,7 +123,8 @@ def _queue(team: str, nominal: int) -> ClusterQueue:
 
 class ConsolidationMachine(RuleBasedStateMachine):
     fair_sharing = False
-    #: The big-gang options (``reservation``, ``spare_island_gangs``, ``protect_island_gangs``).
+    #: The big-gang options (``reservation``, ``spare_island_gangs``, and
+    #: ``islandGangGraceSeconds`` on every queue).
     reserve = spare = protect = False
 
     def __init__(self) -> None:
@@ -136,8 +139,9 @@ class ConsolidationMachine(RuleBasedStateMachine):
             consolidation=ConsolidationConfig(enable=True),
             reservation=ReservationConfig(enable=self.reserve, min_accelerators=16),
             spare_island_gangs=self.spare,
-            protect_island_gangs=self.protect,
         )
+        #: ``islandGangGraceSeconds`` of every queue: longer than any run here.
+        self.grace = 366 * 24 * 3600 if self.protect else None
 
     @initialize(
         teams=st.lists(st.sampled_from(sorted(TEAMS)), min_size=4, max_size=4),
@@ -170,7 +174,7 @@ class ConsolidationMachine(RuleBasedStateMachine):
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
-            cluster_queues=tuple(_queue(t, q) for t, q in TEAMS.items()),
+            cluster_queues=tuple(_queue(t, q, self.grace) for t, q in TEAMS.items()),
             resource_flavors=(FLAVOR,),
             cohorts=(Cohort("all"),),
             local_queues=tuple(LocalQueue(t, "jobs", t) for t in TEAMS),
@@ -252,7 +256,7 @@ def _gpus(wl: Workload) -> int:
 
 
 def _protected(victim: AdmittedWorkload, preemptor: Workload, preemption: Preemption) -> bool:
-    """Whether ``protect_island_gangs`` forbids this preemption: a gang of another
+    """Whether ``islandGangGraceSeconds`` forbids this preemption: a gang of another
     ClusterQueue that must stay in one island, bigger than the preemptor, of
     no lower priority."""
     wl = victim.workload

@@ -61,8 +61,7 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "--reservation-min-wait",
         "3600",
         "--spare-island-gangs",
-        "--protect-island-gangs",
-        "--protect-island-gangs-seconds",
+        "--island-gang-grace",
         "14400",
         "--team-seed",
         "3",
@@ -89,12 +88,11 @@ def test_every_engine_option_reaches_the_engine(tmp_path: Path) -> None:
         "reservation_min_accelerators": 32,
         "reservation_min_wait_s": 3600.0,
         "spare_island_gangs": True,
-        "protect_island_gangs": True,
-        "protect_island_gangs_s": 14400.0,
     }
     assert result["team_seed"] == 3
     assert result["cycle_interval_s"] == 15.0
     assert result["min_runtime_s"] == 600
+    assert result["island_gang_grace_s"] == 14400
     assert result["preemption_budget"] == [4, 3600]
     # The recorded command runs the same configuration again.
     again = shlex.split(result["command"])
@@ -116,8 +114,7 @@ def test_defaults_are_the_engines_and_a_head_ceiling_changes_the_waits(tmp_path:
     assert free["engine"]["consolidation"] is False
     assert free["engine"]["reservation"] is False
     assert free["engine"]["spare_island_gangs"] is False
-    assert free["engine"]["protect_island_gangs"] is False
-    assert free["engine"]["protect_island_gangs_s"] is None and free["team_seed"] == 0
+    assert free["island_gang_grace_s"] is None and free["team_seed"] == 0
     assert free["min_runtime_s"] is None and free["preemption_budget"] is None
     assert free["wait_s"]["max"] == 0.0
     # One head of team-a's ClusterQueue a cycle: the jobs start 0, 100 and 200 s in.
