@@ -14,7 +14,14 @@ import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from service.domain.quantity import QuantityError, parse_quantity
 
@@ -29,6 +36,30 @@ _QUALIFIED = re.compile(
 )
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
+#: A label key, as Kubernetes takes it: a qualified name, a DNS prefix optional.
+_KEY_SCHEMA = {"type": "string", "maxLength": 316, "pattern": _QUALIFIED.pattern}
+
+
+def _map_schema(value: dict[str, Any], max_properties: int | None = None) -> WithJsonSchema:
+    """The OpenAPI schema of a map with label keys, as tight as the validators
+    below (which keep their own messages): clients generated from
+    /openapi.json refuse what the server would."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "propertyNames": _KEY_SCHEMA,
+        "additionalProperties": value,
+    }
+    if max_properties is not None:
+        schema["maxProperties"] = max_properties
+    return WithJsonSchema(schema)
+
+
+_VALUE_SCHEMA = {"type": "string", "maxLength": 63, "pattern": _LABEL_VALUE.pattern}
+#: Labels, selectors' matchLabels, a flavor's nodeLabels (at most 8).
+Labels = Annotated[dict[str, str], _map_schema(_VALUE_SCHEMA)]
+NodeLabels = Annotated[dict[str, str], _map_schema(_VALUE_SCHEMA, 8)]
+Annotations = Annotated[dict[str, str], _map_schema({"type": "string"})]
+
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN.pattern)]
 LabelName = Annotated[str, Field(min_length=1, max_length=63, pattern=_DNS_LABEL.pattern)]
 ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=_QUALIFIED.pattern)]
@@ -42,10 +73,11 @@ class Strict(BaseModel):
 
 
 def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    # fullmatch: ``$`` alone also matches before a trailing newline.
     for key, value in labels.items():
-        if len(key) > 316 or not _QUALIFIED.match(key):
+        if len(key) > 316 or not _QUALIFIED.fullmatch(key):
             raise ValueError(f"label key {key!r} is not a qualified name")
-        if len(value) > 63 or not _LABEL_VALUE.match(value):
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
             raise ValueError(f"label value {value!r} of {key!r} is not a valid label value")
     return labels
 
@@ -65,8 +97,8 @@ def check_quantity(value: int | str) -> int | str:
 class ObjectMeta(Strict):
     name: Name
     namespace: LabelName | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
+    annotations: Annotations = Field(default_factory=dict)
     resourceVersion: str | None = Field(
         default=None, description="Set on replace: the version you read (409 if stale)."
     )
@@ -84,7 +116,7 @@ class ObjectMeta(Strict):
     @classmethod
     def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if len(key) > 316 or not _QUALIFIED.match(key):
+            if len(key) > 316 or not _QUALIFIED.fullmatch(key):
                 raise ValueError(f"annotation key {key!r} is not a qualified name")
         if sum(len(k) + len(v) for k, v in value.items()) > 256 * 1024:
             raise ValueError("annotations may total at most 256 KiB")
@@ -123,7 +155,7 @@ class Toleration(Strict):
 
 
 class ResourceFlavorSpec(Strict):
-    nodeLabels: dict[str, str] = Field(default_factory=dict, max_length=8)
+    nodeLabels: NodeLabels = Field(default_factory=dict, max_length=8)
     nodeTaints: list[Taint] = Field(default_factory=list, max_length=8)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=8)
     topologyName: Name | None = None
@@ -322,8 +354,13 @@ class LabelSelectorRequirement(Strict):
 
 
 class LabelSelector(Strict):
-    matchLabels: dict[str, str] = Field(default_factory=dict)
+    matchLabels: Labels = Field(default_factory=dict)
     matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+    @field_validator("matchLabels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
 
 
 class SecurityPolicy(Strict):

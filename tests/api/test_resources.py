@@ -4,6 +4,7 @@ references."""
 
 from __future__ import annotations
 
+import jsonschema_rs
 import pytest
 
 from tests.api.conftest import Api, setup_quota
@@ -454,3 +455,44 @@ def test_cluster_queue_preemption_protection_and_budget(api: Api) -> None:
             admin.post("/v1/clusterqueues", json=_cq("bad", preemption=preemption)), 422, "invalid"
         )
         assert field in _fields(body), (preemption, _fields(body))
+
+
+def test_label_maps_are_checked_as_kubernetes_does_and_documented_so(api: Api) -> None:
+    """Label keys and values are checked whole (a trailing newline is no part
+    of a label), selectors' matchLabels too, and /openapi.json says the same
+    rules, so that a client generated from it refuses what the server would."""
+    admin = api.admin
+    bad = {
+        "metadata.labels": {"metadata": {"name": "f1", "labels": {"tier\n": "gold"}}, "spec": {}},
+        "metadata.labels ": {"metadata": {"name": "f2", "labels": {"tier": "gold\n"}}, "spec": {}},
+        "spec.nodeLabels": {"metadata": {"name": "f3"}, "spec": {"nodeLabels": {"a b": "x"}}},
+    }
+    for field, flavor in bad.items():
+        body = _problem(admin.post("/v1/resourceflavors", json=flavor), 422, "invalid")
+        assert field.strip() in _fields(body), (flavor, _fields(body))
+    good = {"metadata": {"name": "h100", "labels": {"example.com/tier": "gold"}}, "spec": {}}
+    assert admin.post("/v1/resourceflavors", json=good).status_code == 201
+    selector = _cq("picky", namespaceSelector={"matchLabels": {"team": "not valid!"}})
+    body = _problem(admin.post("/v1/clusterqueues", json=selector), 422, "invalid")
+    assert "spec.namespaceSelector.matchLabels" in _fields(body), _fields(body)
+
+    document = admin.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    labels = schemas["ObjectMeta"]["properties"]["labels"]
+    node_labels = schemas["ResourceFlavorSpec"]["properties"]["nodeLabels"]
+    match_labels = schemas["LabelSelector"]["properties"]["matchLabels"]
+    untitled = {k: v for k, v in labels.items() if k != "title"}
+    assert untitled == {k: v for k, v in match_labels.items() if k != "title"}
+    assert node_labels["maxProperties"] == 8
+    check = jsonschema_rs.validator_for(labels)
+    assert check.is_valid({"example.com/tier": "gold", "team": ""})
+    for refused in (
+        {"a b": "x"},
+        {"team": "not valid!"},
+        {"team": "x" * 64},
+        {"x" * 317: "a"},
+        {"tier\n": "gold"},
+        {"tier": "gold\n"},
+    ):
+        assert not check.is_valid(refused), refused
+    assert not jsonschema_rs.validator_for(node_labels).is_valid({f"k{i}": "v" for i in range(9)})
