@@ -59,11 +59,35 @@ def embedded_postgres(data_dir: Path, cleanup: str = "stop") -> Iterator[str]:
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     _forget_dead_handles(data_dir)
+    _ensure_system_user()
     server: Any = postgres_server.get_server(data_dir, cleanup_mode=cleanup)
     try:
         yield sqlalchemy_url(server.get_uri())
     finally:
         server.cleanup()
+
+
+#: The user embedded-postgres runs the server as when we are root (initdb refuses root).
+_SYSTEM_USER = "embedded_postgres"
+
+
+def _ensure_system_user() -> None:
+    """As root, create embedded-postgres's system user first: it runs a bare
+    ``useradd``, which a root shell whose PATH lacks /usr/sbin (``env -i``,
+    some CI images) cannot find."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return
+    import pwd
+
+    try:
+        pwd.getpwnam(_SYSTEM_USER)
+        return
+    except KeyError:
+        pass
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    useradd = shutil.which("useradd", path=search)
+    if useradd is not None:
+        subprocess.run([useradd, "-s", "/bin/bash", _SYSTEM_USER], check=True, capture_output=True)
 
 
 def _forget_dead_handles(data_dir: Path) -> None:
