@@ -51,6 +51,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -185,25 +186,43 @@ def against_best_fit(runs: dict[str, dict[str, Any]], group: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def replay_parser(doc: str, variants: str) -> argparse.ArgumentParser:
+    """The options this script and bench/replay_seeds.py share."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", maxsplit=1)[0])
     parser.add_argument("--trace", type=Path, required=True, help="a CSV, or a name in the tarball")
     parser.add_argument("--traces-tarball", type=Path, help="the ITP traces' .tar.gz")
     parser.add_argument("--fleet", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
-    parser.add_argument("--team-seed", type=int, default=0, help="salts the team assignment")
-    args = parser.parse_args()
-    for name in args.variants.split(","):
+    parser.add_argument("--variants", default=variants, help="comma-separated")
+    return parser
+
+
+def variants_of(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    names = text.split(",")
+    for name in names:
         if name not in VARIANTS:
             parser.error(f"unknown variant {name!r}; the variants are {', '.join(VARIANTS)}")
+    return names
+
+
+def with_trace(args: argparse.Namespace, run: Callable[[Path], None]) -> None:
+    """``run`` on ``--trace``: the file, or extracted from ``--traces-tarball``
+    to a temporary directory removed afterwards."""
     if args.traces_tarball is None:
-        run(args, args.trace)
+        run(args.trace)
         return
     with tempfile.TemporaryDirectory(prefix="qm-traces-") as scratch:
         with tarfile.open(args.traces_tarball) as tarball:
             tarball.extract(str(args.trace), scratch, filter="data")
-        run(args, Path(scratch) / args.trace)
+        run(Path(scratch) / args.trace)
+
+
+def main() -> None:
+    parser = replay_parser(__doc__, ",".join(VARIANTS))
+    parser.add_argument("--team-seed", type=int, default=0, help="salts the team assignment")
+    args = parser.parse_args()
+    variants_of(parser, args.variants)
+    with_trace(args, lambda trace: run(args, trace))
 
 
 def run(args: argparse.Namespace, trace: Path) -> None:

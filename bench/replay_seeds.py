@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +35,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_protection import CHECKPOINT_S, PROTECT_LAPSE_S, VARIANTS, simulator_of
+from replay_protection import (
+    CHECKPOINT_S,
+    PROTECT_LAPSE_S,
+    replay_parser,
+    simulator_of,
+    variants_of,
+    with_trace,
+)
 
 from service.domain.quota import ClusterQueue
 from sim.fleet import Fleet, load_fleet
@@ -182,13 +187,8 @@ def tables(seeds: list[int], names: list[str], runs: dict[str, dict[str, Any]]) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trace", type=Path, required=True, help="a CSV, or a name in the tarball")
-    parser.add_argument("--traces-tarball", type=Path, help="the ITP traces' .tar.gz")
-    parser.add_argument("--fleet", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser = replay_parser(__doc__, "after,best-fit")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated team seeds")
-    parser.add_argument("--variants", default="after,best-fit", help="comma-separated")
     parser.add_argument(
         "--quotas",
         choices=("fleet", "offered"),
@@ -196,10 +196,7 @@ def main() -> None:
         help="the fleet's nominal quotas, or each team's share of the offered GPU-seconds",
     )
     args = parser.parse_args()
-    names = args.variants.split(",")
-    for name in names:
-        if name not in VARIANTS:
-            parser.error(f"unknown variant {name!r}; the variants are {', '.join(VARIANTS)}")
+    names = variants_of(parser, args.variants)
     if "best-fit" not in names:
         parser.error("--variants must include best-fit, the reference of the goal")
     try:
@@ -208,13 +205,7 @@ def main() -> None:
         parser.error(f"--seeds {args.seeds!r} is not comma-separated whole numbers")
     if any(s < 0 for s in seeds):
         parser.error("--seeds must be ≥ 0")
-    if args.traces_tarball is None:
-        run(args, args.trace, seeds, names)
-        return
-    with tempfile.TemporaryDirectory(prefix="qm-traces-") as scratch:
-        with tarfile.open(args.traces_tarball) as tarball:
-            tarball.extract(str(args.trace), scratch, filter="data")
-        run(args, Path(scratch) / args.trace, seeds, names)
+    with_trace(args, lambda trace: run(args, trace, seeds, names))
 
 
 def run(args: argparse.Namespace, trace: Path, seeds: list[int], names: list[str]) -> None:
