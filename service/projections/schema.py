@@ -14,6 +14,7 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    desc,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -76,6 +77,17 @@ resources = Table(
         "ix_resources_workload_priority_class",
         "kind",
         text("(spec ->> 'priorityClassName'::text)"),
+        "namespace",
+        "name",
+    ),
+    # A ClusterQueue's queue in explain's order: priority, then age (0011).
+    Index(
+        "ix_resources_workload_queue_order",
+        "kind",
+        text("(status ->> 'clusterQueue'::text)"),
+        text("(status ->> 'state'::text)"),
+        desc(text("COALESCE((spec ->> 'priority'::text)::bigint, 0::bigint)")),
+        "created_at",
         "namespace",
         "name",
     ),

@@ -16,11 +16,11 @@ from service.app.auth import Principal, require
 from service.app.errors import Forbidden
 from service.app.kinds import KINDS
 from service.app.submissions.repository import (
+    QueueCounts,
     QueueOrder,
-    ahead_by_namespace,
     ahead_names,
+    queue_counts,
     queue_order,
-    queue_position,
 )
 from service.app.submissions.resolver import verdict_of
 from service.app.submissions.values import Obj
@@ -69,8 +69,9 @@ def explain(
         held = status.get("pendingReasonCode") == NOT_RUNNABLE
         with engine.connect() as conn:
             order = queue_order(conn, obj, NOT_RUNNABLE)
-            position, total = queue_position(conn, order)
-            ahead = _ahead(conn, order, reader)
+            counts = queue_counts(conn, order)
+            position, total = counts.position, counts.total
+            ahead = _ahead(conn, order, counts, reader)
             verdict = verdict_of(fleet(conn), namespace, obj, cq) if cq and not held else None
         if not held:
             answer["positionInQueue"] = position
@@ -98,10 +99,10 @@ def _replicas(status: Obj, spec: Obj, reader: Principal) -> Obj:
     return out
 
 
-def _ahead(conn: Connection, order: QueueOrder, reader: Principal) -> Obj:
+def _ahead(conn: Connection, order: QueueOrder, queue: QueueCounts, reader: Principal) -> Obj:
     """Who is ahead in the queue: counts, and names only in namespaces
     ``reader`` may read."""
-    counts = ahead_by_namespace(conn, order)
+    counts = queue.ahead_by_namespace
     readable = sorted(ns for ns, _ in counts if _may_read(reader, ns))
     visible = sum(n for ns, n in counts if ns in readable)
     total = sum(n for _, n in counts)

@@ -117,22 +117,34 @@ def queue_order(conn: Connection, obj: Obj, held_reason: str) -> QueueOrder:
     return QueueOrder(pending, ahead)
 
 
-def queue_position(conn: Connection, order: QueueOrder) -> tuple[int, int]:
-    """1-based position among the ClusterQueue's queued workloads, in
-    admission order, and how many are queued."""
-    before = conn.execute(select(func.count()).where(order.pending, order.ahead)).scalar_one()
-    total = conn.execute(select(func.count()).where(order.pending)).scalar_one()
-    return int(before) + 1, int(total)
+@dataclass(frozen=True)
+class QueueCounts:
+    """Where a workload stands: its 1-based ``position`` among the ClusterQueue's
+    ``total`` queued workloads, and how many are ahead of it per namespace."""
+
+    position: int
+    total: int
+    ahead_by_namespace: list[tuple[str, int]]
 
 
-def ahead_by_namespace(conn: Connection, order: QueueOrder) -> list[tuple[str, int]]:
-    """How many queued workloads are ahead, per namespace."""
-    counts = conn.execute(
-        select(resources.c.namespace, func.count())
-        .where(order.pending, order.ahead)
+def queue_counts(conn: Connection, order: QueueOrder) -> QueueCounts:
+    """One pass over the queued workloads (``ix_resources_workload_queue_order``)
+    for the position, the total and the ahead per namespace."""
+    rows = conn.execute(
+        select(
+            resources.c.namespace,
+            func.count().filter(order.ahead),
+            func.count(),
+        )
+        .where(order.pending)
         .group_by(resources.c.namespace)
     ).all()
-    return [(str(ns), int(n)) for ns, n in counts]
+    ahead = [(str(ns), int(n)) for ns, n, _ in rows if n]
+    return QueueCounts(
+        position=sum(n for _, n in ahead) + 1,
+        total=sum(int(total) for _, _, total in rows),
+        ahead_by_namespace=ahead,
+    )
 
 
 def ahead_names(
