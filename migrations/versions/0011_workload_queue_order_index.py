@@ -1,8 +1,9 @@
-"""An index of each ClusterQueue's pending workloads in the order explain
-counts them in (priority, then age): its position, total and workloads
-ahead become index ranges instead of scans of every workload (100,000
-pending in one ClusterQueue: explain 340 ms -> see bench/results/README.md,
-"The console with 100,000 workloads").
+"""An index of each ClusterQueue's workloads by state in the order explain
+reads its queue (priority, then age): the first workloads ahead of one are
+a short index range instead of a scan of every workload (100,000 pending in
+one ClusterQueue: that query 100 -> 12 ms, explain 340 -> 182 ms with its
+counts in one pass; bench/results/README.md, "The console with 100,000
+workloads").
 
 Revision ID: 0011
 Revises: 0010
