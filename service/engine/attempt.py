@@ -8,6 +8,8 @@ Reference: kueue ``pkg/scheduler/scheduler.go`` (``nominate``, ``admit``).
 
 from __future__ import annotations
 
+import math
+
 from service.engine.decisions import Decisions
 from service.engine.flavorassigner import (
     FIT,
@@ -32,6 +34,7 @@ def try_admit(state: CycleState, wi: WorkloadInfo, decisions: Decisions) -> Assi
     """
     assert wi.cq is not None
     state.floored = frozenset()
+    state.graced = {}
     simple = admit_simply(state, wi)
     if simple is not None:
         decisions.admit(wi, *simple, [])
@@ -57,5 +60,12 @@ def try_admit(state: CycleState, wi: WorkloadInfo, decisions: Decisions) -> Assi
         queues = ", ".join(sorted(state.floored))
         assignment.messages.append(
             f"preemption stops at the minReplicas of serving workloads in {queues}"
+        )
+    if state.graced:
+        queues = ", ".join(sorted(state.graced))
+        left = math.ceil(min(state.graced.values()))
+        assignment.messages.append(
+            f"preemption waits for the islandGangGraceSeconds of island gangs in {queues}: "
+            f"the first lapses in {left} s"
         )
     return assignment

@@ -76,6 +76,8 @@ class _Search:
         self.borrows = preemptor_borrows(self.cq, self.usage)
         #: Serving units: never below ``min_replicas``, newest first (``replicas``).
         self.replicas = ReplicaGuard(state.units)
+        #: ClusterQueue -> seconds left of the grace that kept its gangs from us.
+        self.graced: dict[str, float] = {}
 
     # --- fit checks ---------------------------------------------------------------------
 
@@ -249,11 +251,15 @@ def _protected_gang(search: _Search, candidate: AdmittedInfo) -> bool:
         return False
     if candidate.priority < search.wi.priority:
         return False
-    if search.state.now - search.wi.time >= grace:
+    left = grace - (search.state.now - search.wi.time)
+    if left <= 0:
         return False
     names = search.state.config.accelerator_resources
     need = sum(search.wi.resources.get(name, 0) for name in names)
-    return candidate.accelerators(names) > need and _island_gang(candidate)
+    if candidate.accelerators(names) <= need or not _island_gang(candidate):
+        return False
+    search.graced[cq.name] = min(left, search.graced.get(cq.name, left))
+    return True
 
 
 def _too_high(search: _Search, candidate: AdmittedInfo) -> bool:
@@ -587,6 +593,7 @@ def find_preemption_plan(
 ) -> PreemptionPlan | None:
     """Victims and landing place for ``wi`` under ``assignment``, or ``None``."""
     state.floored = frozenset()
+    state.graced = {}
     if not assignment.frs_need_preemption:
         return None
     assert wi.cq is not None
@@ -595,4 +602,5 @@ def find_preemption_plan(
     search = _Search(state, wi, assignment)
     plan = _fair(search) if state.config.fair_sharing.enable else _classical(search)
     state.floored = frozenset(search.replicas.floored) if plan is None else frozenset()
+    state.graced = dict(search.graced) if plan is None else {}
     return plan

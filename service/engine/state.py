@@ -106,6 +106,10 @@ class CycleState:
         #: ClusterQueues whose serving units the last preemption search could
         #: not take for their ``minReplicas`` floor (``preemption``).
         self.floored: frozenset[str] = frozenset()
+        #: ClusterQueue -> seconds until the first of its island gangs' grace
+        #: (``islandGangGraceSeconds``) lapses for the workload the last
+        #: preemption search served, when that grace kept it from a plan.
+        self.graced: dict[str, float] = {}
         #: Per quota-tree root, how many workloads there may be preempted.
         self.preemptible_in_tree: dict[str, int] = {}
         #: Per quota-tree root, bumped on every usage change in the tree.

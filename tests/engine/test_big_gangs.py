@@ -317,10 +317,21 @@ SPARE_CASES += [
         {"admitted": ["in"], "preempted": [{"workload": "gang", "reason": "InCohortReclamation"}]},
     ),
     (
-        # Protection that lapses: the lender, queued 100 s ago, waits under 101 s ...
+        # Protection that lapses: the lender, queued 100 s ago, waits under 161 s ...
         "protected-for-longer-than-the-lender-waited-it-waits",
-        [_protect_for(101), _only_the_gang_borrows],
-        {"admitted": [], "preempted": [], "pending": {"in": {"reason": "WaitingForQuota"}}},
+        [_protect_for(161), _only_the_gang_borrows],
+        {
+            "admitted": [],
+            "preempted": [],
+            "pending": {
+                "in": {
+                    "reason": "WaitingForQuota",
+                    # It is told why, and for how long: 161 - 100 s waited.
+                    "message": "islandGangGraceSeconds of island gangs in borrower: "
+                    "the first lapses in 61 s",
+                }
+            },
+        },
     ),
     (
         # ... and takes the gang once it has waited the 100 s ...
