@@ -86,7 +86,8 @@ resources = Table(
         "kind",
         text("(status ->> 'clusterQueue'::text)"),
         text("(status ->> 'state'::text)"),
-        desc(text("COALESCE((spec ->> 'priority'::text)::bigint, 0::bigint)")),
+        # A DESC expression: SQLAlchemy's stubs type Index's arguments as columns only.
+        desc(text("COALESCE((spec ->> 'priority'::text)::bigint, 0::bigint)")),  # type: ignore[arg-type]
         "created_at",
         "namespace",
         "name",
