@@ -155,8 +155,11 @@ def ahead_names(
     rows = conn.execute(
         select(resources.c.namespace, resources.c.name)
         .where(order.pending, order.ahead, resources.c.namespace.in_(namespaces))
+        # Ties as ``ahead`` breaks them, and the engine (by ``namespace/name``).
         .order_by(
-            _priority().desc(), resources.c.created_at, resources.c.namespace, resources.c.name
+            _priority().desc(),
+            resources.c.created_at,
+            resources.c.namespace + "/" + resources.c.name,
         )
         .limit(limit)
     ).all()
