@@ -29,12 +29,16 @@ def _leader(services: Services, database_url: str, redis_url: str, holder: str) 
 
 
 def _terminate_lock_session(engine: sa.Engine, leader: AdmissionLeader) -> None:
+    """End the leader's lock session and wait until its backend is gone: only
+    then is its advisory lock free (pg_terminate_backend alone only signals)."""
     session = leader.lease._session
     assert session is not None
     with engine.connect() as conn:
-        conn.execute(
-            sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": session.info.backend_pid}
-        )
+        ended = conn.execute(
+            sa.text("SELECT pg_terminate_backend(:pid, :ms)"),
+            {"pid": session.info.backend_pid, "ms": 60_000},
+        ).scalar_one()
+    assert ended, "the lock session outlived a minute's wait"
 
 
 def _admissions(engine: sa.Engine) -> dict[str, int]:
