@@ -128,8 +128,8 @@ class QueueCounts:
 
 
 def queue_counts(conn: Connection, order: QueueOrder) -> QueueCounts:
-    """One pass over the queued workloads (``ix_resources_workload_queue_order``)
-    for the position, the total and the ahead per namespace."""
+    """One pass over the queued workloads for the position, the total and the
+    ahead per namespace (it reads every queued row: the total needs them all)."""
     rows = conn.execute(
         select(
             resources.c.namespace,
