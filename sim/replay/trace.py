@@ -5,7 +5,8 @@ only the first four columns. A job without a ``team`` is assigned to one of the
 fleet's teams by a *stable hash*: the first 8 bytes of SHA-256 of its
 ``job_id`` (UTF-8), as a big-endian integer, modulo the number of teams, with
 the teams in sorted order. The same trace and fleet therefore always give the
-same assignment, on any machine and Python version (unlike ``hash()``).
+same assignment, on any machine and Python version (unlike ``hash()``);
+``sim replay --team-seed N`` salts the hash for another, as stable.
 ``priority`` is an integer or the name of a WorkloadPriorityClass.
 """
 
