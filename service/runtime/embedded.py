@@ -71,23 +71,24 @@ def embedded_postgres(data_dir: Path, cleanup: str = "stop") -> Iterator[str]:
 _SYSTEM_USER = "embedded_postgres"
 
 
+def admin_tool(name: str) -> str:
+    """An administration command (``useradd``, ``runuser``) found on PATH or in
+    /usr/sbin and /sbin, which a root shell's PATH may lack (``env -i``, some
+    CI images); the bare name when neither has it."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return shutil.which(name, path=search) or name
+
+
 def _ensure_system_user() -> None:
     """As root, create embedded-postgres's system user first: it runs a bare
-    ``useradd``, which a root shell whose PATH lacks /usr/sbin (``env -i``,
-    some CI images) cannot find."""
+    ``useradd``, which it may not find (:func:`admin_tool`)."""
     if os.name != "posix" or os.geteuid() != 0:
         return
     import pwd
 
-    try:
-        pwd.getpwnam(_SYSTEM_USER)
-        return
-    except KeyError:
-        pass
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    useradd = shutil.which("useradd", path=search)
-    if useradd is not None:
-        subprocess.run([useradd, "-s", "/bin/bash", _SYSTEM_USER], check=True, capture_output=True)
+    if _SYSTEM_USER not in {entry.pw_name for entry in pwd.getpwall()}:
+        command = [admin_tool("useradd"), "-s", "/bin/bash", _SYSTEM_USER]
+        subprocess.run(command, check=True, capture_output=True)
 
 
 def _forget_dead_handles(data_dir: Path) -> None:

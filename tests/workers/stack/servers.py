@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from service.runtime.embedded import free_port
+from service.runtime.embedded import admin_tool, free_port
 from tests.waiting import wait_for as wait_until
 
 
@@ -23,8 +23,7 @@ def _as_postgres() -> list[str]:
     (``runuser`` lives in sbin, which a root shell's PATH may lack)."""
     if os.geteuid() != 0:
         return []
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    return [shutil.which("runuser", path=search) or "runuser", "-u", "postgres", "--"]
+    return [admin_tool("runuser"), "-u", "postgres", "--"]
 
 
 class PrivatePostgres:
