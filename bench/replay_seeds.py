@@ -46,10 +46,8 @@ from replay_protection import (
 
 from service.domain.quota import ClusterQueue
 from sim.fleet import Fleet, load_fleet
-from sim.replay.loop import team_queues
+from sim.replay.loop import GPU, nominal_gpus, team_cluster_queues
 from sim.replay.trace import TraceJob, load_trace, stable_team
-
-GPU = "nvidia.com/gpu"
 
 STATS = ("mean", "p95", "p99")
 GROUPS = ("by_size", "by_team")
@@ -59,13 +57,12 @@ def offered_quotas(fleet: Fleet, jobs: list[TraceJob], seed: int) -> dict[str, i
     """Each team's GPU quota as its share of the trace's offered GPU-seconds
     under ``seed``, in whole GPUs summing to the fleet's nominal total (largest
     remainder): quotas an admin would size to each team's demand."""
-    queues = team_queues(fleet)
-    teams = sorted(queues)
+    teams = sorted(team_cluster_queues(fleet))
     offered = dict.fromkeys(teams, 0.0)
     for job in jobs:
-        team = job.team if job.team in queues else stable_team(job.job_id, teams, seed)
+        team = job.team if job.team in offered else stable_team(job.job_id, teams, seed)
         offered[team] += job.num_gpu * job.duration
-    total = sum(_gpus(cq) for cq in fleet.cluster_queues)
+    total = sum(nominal_gpus(cq) for cq in fleet.cluster_queues)
     exact = {t: total * offered[t] / sum(offered.values()) for t in teams}
     quotas = {t: int(exact[t]) for t in teams}
     for team in sorted(teams, key=lambda t: exact[t] - quotas[t], reverse=True):
@@ -75,55 +72,27 @@ def offered_quotas(fleet: Fleet, jobs: list[TraceJob], seed: int) -> dict[str, i
     return quotas
 
 
-def _gpus(cq: ClusterQueue) -> int:
-    return sum(
-        quota.nominal
-        for group in cq.resource_groups
-        for flavor in group.flavors
-        for name, quota in flavor.resources.items()
-        if name == GPU
-    )
-
-
 def with_quotas(fleet: Fleet, quotas: dict[str, int]) -> Fleet:
-    """``fleet`` with each team's ClusterQueue's GPU quota set (one flavor of GPUs each)."""
-    by_cq = {fleet_cq: quotas[team] for team, fleet_cq in _cq_of(fleet).items()}
-    queues = []
-    for cq in fleet.cluster_queues:
-        if cq.name not in by_cq:
-            queues.append(cq)
-            continue
-        groups = tuple(
-            replace(
-                group,
-                flavors=tuple(
-                    replace(
-                        flavor,
-                        resources={
-                            name: replace(quota, nominal=by_cq[cq.name]) if name == GPU else quota
-                            for name, quota in flavor.resources.items()
-                        },
-                    )
-                    for flavor in group.flavors
-                ),
-            )
-            for group in cq.resource_groups
-        )
-        queues.append(replace(cq, resource_groups=groups))
-    return replace(fleet, cluster_queues=tuple(queues))
-
-
-def _cq_of(fleet: Fleet) -> dict[str, str]:
-    """Team → its ClusterQueue; each team must have one of its own."""
-    queues = team_queues(fleet)
-    lq_cq = {(lq.namespace, lq.name): lq.cluster_queue for lq in fleet.local_queues}
-    cq_of = {team: lq_cq[(team, name)] for team, name in queues.items()}
+    """``fleet`` with each team's ClusterQueue's GPU quota set; each team needs a
+    ClusterQueue of its own with one resource group of one flavor."""
+    cq_of = team_cluster_queues(fleet)
     if len(set(cq_of.values())) != len(cq_of):
         raise SystemExit("--quotas offered needs a ClusterQueue per team")
-    for cq in fleet.cluster_queues:
-        if cq.name in cq_of.values() and sum(len(g.flavors) for g in cq.resource_groups) != 1:
-            raise SystemExit(f"--quotas offered needs one flavor in ClusterQueue {cq.name}")
-    return cq_of
+    by_cq = {cq: quotas[team] for team, cq in cq_of.items()}
+    queues = tuple(
+        _with_gpus(cq, by_cq[cq.name]) if cq.name in by_cq else cq for cq in fleet.cluster_queues
+    )
+    return replace(fleet, cluster_queues=queues)
+
+
+def _with_gpus(cq: ClusterQueue, gpus: int) -> ClusterQueue:
+    if len(cq.resource_groups) != 1 or len(cq.resource_groups[0].flavors) != 1:
+        raise SystemExit(f"--quotas offered needs one flavor in ClusterQueue {cq.name}")
+    group = cq.resource_groups[0]
+    flavor = group.flavors[0]
+    gpu = replace(flavor.resources[GPU], nominal=gpus)
+    flavor = replace(flavor, resources={**flavor.resources, GPU: gpu})
+    return replace(cq, resource_groups=(replace(group, flavors=(flavor,)),))
 
 
 def worse_cells(run: dict[str, Any], reference: dict[str, Any]) -> list[str]:

@@ -154,29 +154,31 @@ def team_queues(fleet: Fleet) -> dict[str, str]:
     return queues
 
 
+def team_cluster_queues(fleet: Fleet) -> dict[str, str]:
+    """Team → the ClusterQueue its LocalQueue (:func:`team_queues`) feeds."""
+    cq_of = {(lq.namespace, lq.name): lq.cluster_queue for lq in fleet.local_queues}
+    return {team: cq_of[(team, name)] for team, name in team_queues(fleet).items()}
+
+
+def nominal_gpus(cq: ClusterQueue) -> int:
+    """A ClusterQueue's nominal GPUs, over all its flavors."""
+    return sum(
+        quota.nominal
+        for group in cq.resource_groups
+        for flavor in group.flavors
+        for resource, quota in flavor.resources.items()
+        if resource == GPU
+    )
+
+
 def entitlements(fleet: Fleet) -> dict[str, float]:
     """Each team's nominal GPUs: its ClusterQueue's, split among the teams that share it."""
-    queues = team_queues(fleet)
-    cq_of = {(lq.namespace, lq.name): lq.cluster_queue for lq in fleet.local_queues}
+    cq_of = team_cluster_queues(fleet)
     sharing: dict[str, int] = {}
-    for team, name in queues.items():
-        cq_name = cq_of[(team, name)]
+    for cq_name in cq_of.values():
         sharing[cq_name] = sharing.get(cq_name, 0) + 1
-    nominal: dict[str, float] = {}
-    for cq in fleet.cluster_queues:
-        nominal[cq.name] = float(
-            sum(
-                quota.nominal
-                for group in cq.resource_groups
-                for flavor in group.flavors
-                for resource, quota in flavor.resources.items()
-                if resource == GPU
-            )
-        )
-    return {
-        team: nominal.get(cq_of[(team, name)], 0.0) / sharing[cq_of[(team, name)]]
-        for team, name in queues.items()
-    }
+    nominal = {cq.name: float(nominal_gpus(cq)) for cq in fleet.cluster_queues}
+    return {team: nominal.get(cq, 0.0) / sharing[cq] for team, cq in cq_of.items()}
 
 
 def fifo_fleet(fleet: Fleet) -> Fleet:
