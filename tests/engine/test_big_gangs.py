@@ -200,24 +200,25 @@ def _checkpoint(name: str, at: float) -> Callable[[Data], None]:
     return edit
 
 
+def _grace(data: Data, queue: str, seconds: int) -> None:
+    """``islandGangGraceSeconds`` of ClusterQueue ``queue``."""
+    found = next(q for q in data["clusterQueues"] if q["name"] == queue)
+    found["preemption"]["protection"] = {"islandGangGraceSeconds": seconds}
+
+
 def _protect_for(seconds: int) -> Callable[[Data], None]:
-    """The borrower's gangs protected (``islandGangGraceSeconds``) until their
-    preemptor has been queued ``seconds``; sparing off."""
+    """The borrower's gangs protected until their preemptor has been queued
+    ``seconds``; sparing off."""
 
     def edit(data: Data) -> None:
         data["config"] = {}
-        borrower = next(q for q in data["clusterQueues"] if q["name"] == "borrower")
-        borrower["preemption"]["protection"] = {"islandGangGraceSeconds": seconds}
+        _grace(data, "borrower", seconds)
 
     return edit
 
 
 def _lender_grace(seconds: int) -> Callable[[Data], None]:
-    def edit(data: Data) -> None:
-        lender = next(q for q in data["clusterQueues"] if q["name"] == "lender")
-        lender["preemption"]["protection"] = {"islandGangGraceSeconds": seconds}
-
-    return edit
+    return lambda data: _grace(data, "lender", seconds)
 
 
 #: A grace longer than any wait here: protection for as long as the gang runs.

@@ -20,9 +20,10 @@ one, its buckets fed back from cycle to cycle. After every cycle:
 Run with and without fair sharing, with the big-gang options on (a
 head-of-line reservation for island gangs, victims that spare and protect
 them: ``service.engine.reservation``, ``EngineConfig.spare_island_gangs``,
-``preemption.protection.islandGangGraceSeconds``), and with protection alone (sparing would hide
-most of what it forbids); each must keep all of the above, and the run must
-make consolidation moves, or it would prove nothing.
+``preemption.protection.islandGangGraceSeconds``), and with protection
+alone (sparing would hide most of what it forbids); each must keep all of
+the above, and the run must make consolidation moves, or it would prove
+nothing.
 """
 
 from __future__ import annotations
