@@ -275,7 +275,7 @@ def replay(
         typer.Option(
             help="Set preemption.protection.islandGangGraceSeconds on every ClusterQueue: "
             "a gang that must run whole in one island is no victim of a smaller preemptor "
-            "of another ClusterQueue until it has been queued S seconds.",
+            "of another ClusterQueue until that preemptor has been queued S seconds.",
             min=0,
         ),
     ] = None,
